@@ -1,0 +1,21 @@
+"""Scheduling policy (PAPER.md section 3), pure: frozen snapshots in, frozen decisions out."""
+
+from .batching import Budget, form_prefill_batch
+from .decode import distribute_to_groups, select_decode
+from .prefill import PrefillThresholds, select_prefill
+from .read_side import choose_read_side
+from .round_robin import RoundRobinCursor, round_robin_decode, round_robin_prefill, round_robin_read_side
+
+__all__ = [
+    "Budget",
+    "PrefillThresholds",
+    "RoundRobinCursor",
+    "choose_read_side",
+    "distribute_to_groups",
+    "form_prefill_batch",
+    "round_robin_decode",
+    "round_robin_prefill",
+    "round_robin_read_side",
+    "select_decode",
+    "select_prefill",
+]

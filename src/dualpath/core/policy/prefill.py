@@ -1,0 +1,63 @@
+"""PE selection: Algorithm 1 of the paper (PAPER.md 3.2).
+
+Runs when a PE group's leader fetches. Requests leave the global queue strictly FIFO. Engines
+fall in three categories by their node's disk-read queue and their own unfinished tokens:
+
+  overloaded: tok_e > beta                      -> gets nothing
+  C2 (short read queue): read_q <= alpha, tok_e <= beta -> preferred (its SNIC would idle)
+  C3 (long read queue):  read_q >  alpha, tok_e <= beta
+
+The head request goes to the C2 engine with the least tok_e, else the C3 engine with the least
+tok_e, else the fetch ends. tok_e grows by len(r) after each assignment, so an engine can move
+into the overloaded category within one fetch. Ties go to the lower engine id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from ..snapshot import Assignment, EngineLoad, QueuedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillThresholds:
+    """alpha: tokens a node can read from storage in 3 s; beta: tokens one GPU can process in
+    5 s (PAPER.md 3.2 and 5: alpha = 3 s of reads, beta = 5 s of GPU processing). Both are
+    profiled by the caller and given here in tokens."""
+
+    alpha_tokens: int
+    beta_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.alpha_tokens < 0 or self.beta_tokens <= 0:
+            raise ValueError(f"need alpha_tokens >= 0 and beta_tokens > 0: {self}")
+
+
+def _pick(tok: dict[int, int], candidates: list[int]) -> int:
+    return min(candidates, key=lambda e: (tok[e], e))
+
+
+def select_prefill(
+    group: Sequence[EngineLoad],
+    read_queue_tokens: Mapping[int, int],
+    queue: Iterable[QueuedRequest],
+    thresholds: PrefillThresholds,
+) -> tuple[Assignment, ...]:
+    """Assign a FIFO prefix of `queue` to engines of `group`; see the module docstring."""
+    tok = {e.engine: e.num_tokens for e in group}
+    short = {e.engine: read_queue_tokens[e.node] <= thresholds.alpha_tokens for e in group}
+    beta = thresholds.beta_tokens
+    out: list[Assignment] = []
+    for req in queue:
+        open_engines = [e for e in tok if tok[e] <= beta]
+        c2 = [e for e in open_engines if short[e]]
+        if c2:
+            pe = _pick(tok, c2)
+        elif open_engines:
+            pe = _pick(tok, open_engines)
+        else:
+            break
+        tok[pe] += req.num_tokens
+        out.append(Assignment(req.rid, pe))
+    return tuple(out)

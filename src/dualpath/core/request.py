@@ -1,0 +1,66 @@
+"""Turns and requests.
+
+A trajectory (one agent) is a list of rounds (append_tokens, gen_tokens). Round i sends the
+whole context (all earlier appends and generations) plus its own append, and generates exactly
+gen_tokens tokens (PAPER.md 4.2, A.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestId:
+    agent: int
+    turn: int
+
+    def __str__(self) -> str:
+        return f"a{self.agent}t{self.turn}"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSpec:
+    """One round of a trajectory: `append_tokens` new prompt tokens, then `gen_tokens` generated."""
+
+    append_tokens: int
+    gen_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.append_tokens < 0 or self.gen_tokens < 1:
+            raise ValueError(f"need append_tokens >= 0 and gen_tokens >= 1, got {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """What a turn asks for: `input_tokens` = context + append; generate `gen_tokens`.
+
+    `hit_tokens` is the stored prefix (a multiple of the block size, <= input_tokens - 1 so at
+    least one token is computed and the first output token has logits); `miss_tokens` are computed.
+    """
+
+    rid: RequestId
+    input_tokens: int
+    gen_tokens: int
+    hit_tokens: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.hit_tokens < self.input_tokens:
+            raise ValueError(f"need 0 <= hit_tokens < input_tokens: {self}")
+        if self.gen_tokens < 1:
+            raise ValueError(f"gen_tokens must be >= 1: {self}")
+
+    @property
+    def miss_tokens(self) -> int:
+        return self.input_tokens - self.hit_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens the request occupies at the end of its decode (input + generated)."""
+        return self.input_tokens + self.gen_tokens
+
+
+def usable_hit_tokens(stored_prefix_tokens: int, input_tokens: int, block_tokens: int) -> int:
+    """Largest block-aligned hit that leaves at least one prompt token to compute."""
+    limit = min(stored_prefix_tokens, input_tokens - 1)
+    return max(0, limit // block_tokens * block_tokens)

@@ -1,0 +1,86 @@
+"""Frozen views of cluster state handed to the policy, and the frozen decisions it returns.
+
+Engines report three values when their group fetches (PAPER.md 3.1): `num_seqs` (seq_e,
+assigned but unfinished requests), `num_tokens` (tok_e, total tokens of those requests) and, for
+the node they sit on, the disk-read queue in tokens. DEs also report free HBM in bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .request import RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    engine: int
+    node: int
+    num_seqs: int
+    num_tokens: int
+    free_hbm_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_seqs < 0 or self.num_tokens < 0 or self.free_hbm_bytes < 0:
+            raise ValueError(f"negative load in {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLoad:
+    """An engine group: all engines of one node, all PEs or all DEs (PAPER.md 3.1)."""
+
+    group: int
+    engines: tuple[EngineLoad, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.engines)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """A request as the policy sees it.
+
+    `num_tokens` is len(r), the token count added to tok_e; `hbm_bytes` is the DE HBM it needs
+    for its whole decode; `read_tokens` is what it will read from storage (its hit).
+    """
+
+    rid: RequestId
+    num_tokens: int
+    hbm_bytes: int
+    read_tokens: int
+
+
+class ReadSide(enum.IntEnum):
+    PREFILL = 0  # storage -> PE node SNIC -> PE buffer (the conventional path)
+    DECODE = 1  # storage -> DE node SNIC -> DE buffer -> CNIC RDMA -> PE (DualPath's new path)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    rid: RequestId
+    engine: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAssignment:
+    rid: RequestId
+    group: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCandidate:
+    """A request waiting in a PE's batch queue: `cached_tokens` already have KV (hit plus earlier
+    chunks); `remaining_tokens` still need computing."""
+
+    rid: RequestId
+    cached_tokens: int
+    remaining_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    rid: RequestId
+    cached_tokens: int
+    compute_tokens: int
