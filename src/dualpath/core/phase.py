@@ -11,7 +11,7 @@ Numbered path (DESIGN.md 4):
   8. FINISHED      all requested tokens generated; new full blocks persisted by the DE
 
 Phases may be skipped forward only along `LEGAL_TRANSITIONS` (READING is skipped when there
-is nothing to read).
+is nothing to read; DECODING when the turn generates a single token, which prefill produces).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ LEGAL_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.READING: frozenset({Phase.PREFILL_READY}),
     Phase.PREFILL_READY: frozenset({Phase.PREFILLING}),
     Phase.PREFILLING: frozenset({Phase.PREFILL_READY, Phase.KV_TO_DECODE}),  # back: next chunk
-    Phase.KV_TO_DECODE: frozenset({Phase.DECODING}),
+    Phase.KV_TO_DECODE: frozenset({Phase.DECODING, Phase.FINISHED}),  # FINISHED: gen_tokens == 1
     Phase.DECODING: frozenset({Phase.FINISHED}),
     Phase.FINISHED: frozenset(),
 }

@@ -16,18 +16,19 @@ Phase 2 (inside a group):
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from ..snapshot import Assignment, GroupAssignment, GroupLoad, QueuedRequest
 
 Z_FACTOR_DEFAULT = 1.05  # PAPER.md 3.3 (its origin is not explained in the paper)
 
 
-def distribute_to_groups(groups: Sequence[GroupLoad], queue: Iterable[QueuedRequest]) -> tuple[GroupAssignment, ...]:
-    """Phase 1: every queued request to the group with the least total tokens."""
-    if not groups:
+def distribute_to_groups(group_tokens: Mapping[int, int], queue: Iterable[QueuedRequest]) -> tuple[GroupAssignment, ...]:
+    """Phase 1: every queued request to the group with the least total tokens (sum of tok_e over
+    the group's engines, given per group id)."""
+    if not group_tokens:
         raise ValueError("no DE groups")
-    totals = {g.group: g.num_tokens for g in groups}
+    totals = dict(group_tokens)
     out: list[GroupAssignment] = []
     for req in queue:
         g = min(totals, key=lambda k: (totals[k], k))

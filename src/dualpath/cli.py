@@ -1,0 +1,206 @@
+"""Command line: `dualpath sim | trace gen | trace stats | bench sim-speed`.
+
+Bad input (unknown names, malformed values or file lines) prints one clear message and exits
+with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .config import ClusterConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
+from .errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
+trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks that print and save their figures.")
+app.add_typer(trace_app, name="trace")
+app.add_typer(bench_app, name="bench")
+console = Console(stderr=True)
+out = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _positive(value: int, option: str) -> int:
+    if value <= 0:
+        raise InputError(f"{option} must be positive, got {value}")
+    return value
+
+
+def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, seed: int, aps: Optional[float],
+                     trajectories: Optional[Path], append_scale: float = 1.0, gen_scale: float = 1.0) -> SimConfig:
+    cluster: ClusterConfig = paper_cluster(model, pd)
+    workload = WorkloadConfig(
+        max_len_tokens=parse_tokens(max_len), num_agents=_positive(agents, "--agents"), seed=seed,
+        arrival_aps=aps, append_scale=append_scale, gen_scale=gen_scale,
+        trajectory_file=str(trajectories) if trajectories else None,
+    )
+    if trajectories is not None and not trajectories.is_file():
+        raise InputError(f"trajectory file not found: {trajectories}")
+    return SimConfig(cluster=cluster, workload=workload)
+
+
+def _progress_bar(total_modes: int):
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+    tasks: dict[str, int] = {}
+
+    def update(mode: str, done: int, total: int) -> None:
+        if mode not in tasks:
+            tasks[mode] = progress.add_task(f"sim {mode} (agents done)", total=total)
+        progress.update(tasks[mode], completed=done)
+
+    return progress, update
+
+
+def print_runs(result: dict) -> None:
+    table = Table(title="simulated runs")
+    for col in ("mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "PE-path TB", "DE-path TB", "SNIC max/avg", "PE busy", "turns", "wall s"):
+        table.add_column(col, justify="right")
+    for r in result["runs"]:
+        bal = r["snic_max_over_avg"]
+        table.add_row(
+            r["mode"], f"{r['jct_s']:.0f}", f"{r['ttft_s']['p50']:.2f}", f"{r['ttft_s']['p90']:.2f}",
+            f"{r['tpot_s']['mean'] * 1e3:.1f}", f"{r['bytes']['storage_to_prefill'] / 1e12:.1f}",
+            f"{r['bytes']['storage_via_decode'] / 1e12:.1f}", "-" if bal != bal else f"{bal:.2f}",
+            f"{r['gpu_busy']['prefill_mean']:.2f}", str(r["num_turns"]), f"{r['wall_s']:.1f}",
+        )
+    out.print(table)
+
+
+@app.command()
+def sim(
+    model: Annotated[str, typer.Option(help="ds-v3.2-660b, ds-27b, qwen2.5-32b, ...")] = "ds-v3.2-660b",
+    pd: Annotated[Optional[str], typer.Option(help="P/D shape, e.g. 2P4D (default: the paper's for the model)")] = None,
+    max_len: Annotated[str, typer.Option(help="trajectory MaxLen, e.g. 64k")] = "64k",
+    agents: Annotated[int, typer.Option(help="number of agents")] = 1024,
+    mode: Annotated[Optional[list[str]], typer.Option(help="basic | dualpath | oracle | basic+layerwise[+de_read][+scheduler]; repeat")] = None,
+    seed: Annotated[int, typer.Option(help="workload seed")] = 1,
+    aps: Annotated[Optional[float], typer.Option(help="online: Poisson agent arrivals per second (default: offline)")] = None,
+    trajectories: Annotated[Optional[Path], typer.Option(help="trajectory JSONL instead of the generator")] = None,
+    append_scale: Annotated[float, typer.Option(help="multiply every round's append (Fig. 9)")] = 1.0,
+    gen_scale: Annotated[float, typer.Option(help="multiply every round's generation (Fig. 9)")] = 1.0,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode."""
+    from .sim.runner import plot_runs, run_modes, write_json
+
+    modes = mode or ["basic", "dualpath", "oracle"]
+    for m in modes:
+        parse_mode(m)
+    cfg = build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale)
+    if quiet:
+        result = run_modes(cfg, modes)
+    else:
+        progress, update = _progress_bar(len(modes))
+        with progress:
+            result = run_modes(cfg, modes, update)
+    print_runs(result)
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        plot_runs(result, plot, f"{cfg.cluster.model} {cfg.cluster.pd} {max_len} {agents} agents")
+        console.print(f"wrote {plot}")
+
+
+@trace_app.command("gen")
+def trace_gen(
+    max_len: Annotated[str, typer.Option(help="MaxLen, e.g. 64k")] = "64k",
+    agents: Annotated[int, typer.Option(help="number of trajectories")] = 500,
+    seed: Annotated[int, typer.Option(help="seed")] = 7,
+    output: Annotated[Path, typer.Option("-o", "--output", help="JSONL file to write")] = Path("trajectories.jsonl"),
+) -> None:
+    """Generate Table-2-calibrated agent trajectories as JSONL."""
+    from .workloads import generate, write_trajectories
+
+    trajs = generate(parse_tokens(max_len), _positive(agents, "--agents"), seed)
+    write_trajectories(output, trajs)
+    console.print(f"wrote {len(trajs)} trajectories to {output}")
+
+
+@trace_app.command("stats")
+def trace_stats(
+    path: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],
+    block_tokens: Annotated[int, typer.Option(help="block size for prefix_hit_ratio")] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Table-2-style statistics of a workload file."""
+    from .workloads import workload_stats
+
+    if not path.is_file():
+        raise InputError(f"file not found: {path}")
+    stats = workload_stats(path, _positive(block_tokens, "--block-tokens"))
+    if as_json:
+        out.print_json(json.dumps(stats))
+        return
+    table = Table(title=str(path))
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    for k, v in stats.items():
+        table.add_row(k, f"{v:,.4g}" if isinstance(v, float) else str(v))
+    out.print(table)
+
+
+@bench_app.command("sim-speed")
+def bench_sim_speed(
+    agents: Annotated[str, typer.Option(help="comma-separated agent counts")] = "512,1024,2048,4096",
+    model: Annotated[str, typer.Option()] = "ds-v3.2-660b",
+    pd: Annotated[str, typer.Option()] = "2P4D",
+    max_len: Annotated[str, typer.Option()] = "64k",
+    mode: Annotated[str, typer.Option(help="one mode")] = "dualpath",
+    seed: Annotated[int, typer.Option()] = 1,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    plot: Annotated[Optional[Path], typer.Option()] = None,
+) -> None:
+    """Simulator speed: wall time and simulated turns per second by agent count."""
+    from .sim.bench import run_speed_bench
+
+    counts = [_positive(int(a), "--agents") for a in _split_ints(agents)]
+    parse_mode(mode)
+    rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
+    table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode}")
+    for col in ("agents", "turns", "events", "wall s", "turns/s", "JCT s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['wall_s']:.1f}",
+                      f"{r['turns_per_wall_s']:.0f}", f"{r['jct_s']:.0f}")
+    out.print(table)
+
+
+def _split_ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except InputError as e:
+        console.print(f"[red]error:[/red] {e}")
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

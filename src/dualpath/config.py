@@ -1,0 +1,249 @@
+"""One typed config tree for the simulator (and, later, the runtime). Validated on construction.
+
+Every field with a number carries its unit in its name and its source in a comment; the CLI
+derives its options from these fields and presets.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .core.lanes import LaneWeights
+from .core.models import ModelSpec, get_model
+from .errors import InputError
+from .core.hardware import GB, GPUS, GpuSpec, NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """Ablation switches (PAPER.md 6.5). `basic` has none; `dualpath` all; `oracle` adds io_free."""
+
+    layerwise_prefill: bool
+    de_read_path: bool
+    dualpath_scheduler: bool
+    io_free: bool = False
+
+
+_FEATURE_WORDS = {"layerwise": "layerwise_prefill", "de_read": "de_read_path", "scheduler": "dualpath_scheduler"}
+MODE_PRESETS = {
+    "basic": Features(False, False, False),
+    "dualpath": Features(True, True, True),
+    "oracle": Features(True, True, True, io_free=True),
+}
+
+
+def parse_mode(text: str) -> Features:
+    """`basic`, `dualpath`, `oracle`, or `basic+W[+W...]` with W in layerwise, de_read, scheduler."""
+    name = text.strip().lower()
+    if name in MODE_PRESETS:
+        return MODE_PRESETS[name]
+    parts = name.split("+")
+    if parts[0] != "basic" or len(parts) < 2 or any(p not in _FEATURE_WORDS for p in parts[1:]):
+        raise InputError(
+            f"unknown mode {text!r}: use basic, dualpath, oracle, or basic+{'/'.join(_FEATURE_WORDS)} combined with '+'"
+        )
+    return replace(MODE_PRESETS["basic"], **{_FEATURE_WORDS[p]: True for p in parts[1:]})
+
+
+_PD_RE = re.compile(r"^\s*(\d+)\s*[pP]\s*(\d+)\s*[dD]\s*$")
+
+
+def parse_pd(text: str) -> tuple[int, int]:
+    """'2P4D' -> (2, 4): prefill and decode node counts."""
+    m = _PD_RE.match(text)
+    if not m:
+        raise InputError(f"malformed P/D shape {text!r}: expected e.g. 1P1D, 2P4D, 48P96D")
+    p, d = int(m.group(1)), int(m.group(2))
+    if p <= 0 or d <= 0:
+        raise InputError(f"P/D shape {text!r} needs at least one prefill and one decode node")
+    return p, d
+
+
+def parse_tokens(text: str | int) -> int:
+    """'64k' -> 65536, '32K' -> 32768, '4096' -> 4096."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.match(r"^\s*(\d+)\s*([kK]?)\s*$", str(text))
+        if not m:
+            raise InputError(f"malformed token count {text!r}: expected e.g. 64k or 32768")
+        value = int(m.group(1)) * (1024 if m.group(2) else 1)
+    if value <= 0:
+        raise InputError(f"token count must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeKnobs:
+    # System-level prefill MFU on the linear (GEMM) part, FP8 dense peak: DeepSeek's H800 fleet
+    # computed 32.2k tokens/s per node at 71.4 GFLOP per token = 14.5% of FP8 dense, a 24-hour
+    # average and thus a lower bound (HARDWARE.md 1.3, [S-D6]).
+    prefill_mfu: float = 0.145
+    # Attention kernels run BF16 math: FlashMLA sparse prefill 640 TFLOPS on H800 = 65% of 989
+    # (HARDWARE.md 1.2, [S-FMLA]).
+    attn_efficiency: float = 0.65
+    # Fixed cost per prefill forward (launches, per-layer EP dispatch/combine latency). PAPER.md
+    # 4.1 Fig. 3 right [F]: throughput x2.6 at batch 5, x2.9 at 10, x3.0 at 20 over batch 1 fits
+    # t(b) = t0 + b * t1 with t0 ~ 2.5 * t1, t1 = one 30K-context, 300-token request; the
+    # simulator derives t0 from that rule for each model unless this is set (seconds).
+    prefill_overhead_s: float | None = None
+    prefill_overhead_per_request_ratio: float = 2.5
+    # Decode: DeepEP low-latency dispatch + combine per layer at EP32 ~ 120 + 170 us (HARDWARE.md
+    # 1.2, [S-DEP]: 77-194 us and 114-369 us from EP8 to EP256) -> 0.29 ms per layer.
+    decode_overhead_per_layer_s: float = 0.29e-3
+    # FlashMLA memory-bound decode reaches 3,000 of 3,350 GB/s = 0.9 (HARDWARE.md 1.2, [S-FMLA]).
+    decode_hbm_efficiency: float = 0.9
+    # Decode GEMMs at small batch: same system-level MFU as prefill (HARDWARE.md 1.3 gives 14.6%
+    # for DeepSeek's decode fleet).
+    decode_mfu: float = 0.146
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_mfu", "attn_efficiency", "decode_hbm_efficiency", "decode_mfu"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    alpha_read_s: float = 3.0  # PAPER.md 3.2/5: short-read-queue threshold, seconds of reads
+    beta_compute_s: float = 5.0  # PAPER.md 3.2/5: unfinished-token cap, seconds of GPU processing
+    z_factor: float = 1.05  # PAPER.md 3.3
+    compute_quota_s: float = 0.300  # PAPER.md 3.5: predicted attention time per PE forward
+    # Basic engine batching: 16K tokens per GPU per prefill batch, DeepSeek's profiled prefill
+    # setting (HARDWARE.md 7.1, [S-PROF]).
+    basic_tokens_per_forward: int = 16384
+    lane_weights: LaneWeights = field(default_factory=LaneWeights)
+
+    def __post_init__(self) -> None:
+        if min(self.alpha_read_s, self.beta_compute_s, self.z_factor, self.compute_quota_s) <= 0:
+            raise InputError("scheduler thresholds must be positive")
+        if self.basic_tokens_per_forward <= 0:
+            raise InputError("basic_tokens_per_forward must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    model: str = "ds-v3.2-660b"
+    gpu: str = "h800"
+    num_prefill_nodes: int = 2
+    num_decode_nodes: int = 4
+    node: NodeSpec = field(default_factory=NodeSpec)
+    block_tokens: int = 64  # PAPER.md 1.5
+    # Aggregate storage-cluster egress; None = unlimited. 3FS total bandwidth of the testbed is
+    # not published (PAPER.md 5); 3FS "can saturate 400 Gbps per SNIC".
+    storage_egress_bytes_per_s: float | None = None
+    # Reads a node's storage client runs at once (sharing its SNIC); 1 = strict FIFO at full rate.
+    reads_in_flight_per_node: int = 1
+    # Fraction of HBM usable for weights + KV; the rest is activations and workspace (vLLM's
+    # default gpu_memory_utilization = 0.9).
+    hbm_usable_fraction: float = 0.9
+    # Weights are sharded across all GPUs of a role by expert parallelism (EP + DP attention for
+    # the DeepSeek models, PAPER.md 5); False = every GPU holds a full copy (Qwen 32B: DP only).
+    expert_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            get_model(self.model)
+        except KeyError as e:
+            raise InputError(str(e.args[0])) from None
+        if self.gpu not in GPUS:
+            raise InputError(f"unknown GPU {self.gpu!r}; choose one of: {', '.join(sorted(GPUS))}")
+        if self.num_prefill_nodes <= 0 or self.num_decode_nodes <= 0:
+            raise InputError("need at least one prefill and one decode node")
+        if self.block_tokens <= 0 or self.reads_in_flight_per_node <= 0:
+            raise InputError("block_tokens and reads_in_flight_per_node must be positive")
+        if not 0 < self.hbm_usable_fraction <= 1:
+            raise InputError("hbm_usable_fraction must be in (0, 1]")
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return get_model(self.model)
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        return GPUS[self.gpu]
+
+    @property
+    def pd(self) -> str:
+        return f"{self.num_prefill_nodes}P{self.num_decode_nodes}D"
+
+    def weight_shards(self, num_nodes: int) -> int:
+        return num_nodes * self.node.gpus_per_node if self.expert_parallel else 1
+
+    def kv_hbm_bytes_per_gpu(self, num_nodes: int) -> float:
+        g = self.gpu_spec
+        free = g.hbm_bytes * self.hbm_usable_fraction - self.model_spec.weight_bytes / self.weight_shards(num_nodes)
+        if free <= 0:
+            raise InputError(
+                f"{self.model} does not fit on {num_nodes} node(s) of {g.name}: weights per GPU exceed usable HBM"
+            )
+        return free
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    max_len_tokens: int = 65536
+    num_agents: int = 1024
+    seed: int = 1
+    append_scale: float = 1.0
+    gen_scale: float = 1.0
+    arrival_aps: float | None = None  # None = offline (all agents at t=0); else Poisson agents/s
+    trajectory_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_agents <= 0:
+            raise InputError(f"--agents must be positive, got {self.num_agents}")
+        if self.max_len_tokens <= 0:
+            raise InputError("--max-len must be positive")
+        if self.append_scale <= 0 or self.gen_scale <= 0:
+            raise InputError("append/gen scales must be positive")
+        if self.arrival_aps is not None and self.arrival_aps <= 0:
+            raise InputError("--aps must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    # Window for SNIC Max/Avg balance (PAPER.md 6.6: "a short window"; length not given).
+    balance_window_s: float = 10.0
+    # Windows whose mean SNIC read utilisation is below this are skipped: the paper drops the
+    # tail where "both ratios lose meaning once the system is underloaded".
+    balance_min_utilisation: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    compute: ComputeKnobs = field(default_factory=ComputeKnobs)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    check_invariants_every: int = 0  # run ledger checks every N events (0 = only at the end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Paper presets (PAPER.md 5): model -> default P/D, DRAM buffer per node, parallelism.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "ds-v3.2-660b": {"pd": "2P4D", "dram_buffer_bytes": 80 * GB, "expert_parallel": True},
+    "ds-27b": {"pd": "1P1D", "dram_buffer_bytes": 80 * GB, "expert_parallel": True},
+    "qwen2.5-32b": {"pd": "1P2D", "dram_buffer_bytes": 320 * GB, "expert_parallel": False},
+}
+
+
+def paper_cluster(model: str, pd: str | None = None, **overrides: Any) -> ClusterConfig:
+    try:
+        spec = get_model(model)
+    except KeyError as e:
+        raise InputError(str(e.args[0])) from None
+    preset = MODEL_PRESETS.get(spec.name, {"pd": "2P4D", "dram_buffer_bytes": 80 * GB, "expert_parallel": True})
+    p, d = parse_pd(pd or preset["pd"])
+    node = NodeSpec(dram_buffer_bytes=preset["dram_buffer_bytes"])
+    return ClusterConfig(
+        model=spec.name, num_prefill_nodes=p, num_decode_nodes=d, node=node,
+        expert_parallel=preset["expert_parallel"], **overrides,
+    )

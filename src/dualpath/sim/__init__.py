@@ -1,0 +1,1 @@
+"""Discrete-event cluster simulator that runs the shared `dualpath.core` policy."""

@@ -1,0 +1,43 @@
+"""Simulator speed benchmark (`dualpath bench sim-speed`): wall time and simulated turns per
+second by agent count; one process, runs in sequence, nothing else should load the machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
+from .runner import load_trajectories, write_json
+from .simulator import Simulator
+
+
+def run_speed_bench(model: str, pd: str, max_len: str, counts: list[int], mode: str, seed: int,
+                    json_path: Path | None, plot: Path | None) -> list[dict[str, Any]]:
+    rows = []
+    cluster = paper_cluster(model, pd)
+    for n in counts:
+        cfg = SimConfig(cluster=cluster, workload=WorkloadConfig(max_len_tokens=parse_tokens(max_len), num_agents=n, seed=seed))
+        trajs, arrivals = load_trajectories(cfg)
+        r = Simulator(cfg, parse_mode(mode), trajs, arrivals).run()
+        rows.append({"agents": n, "num_turns": r["num_turns"], "num_events": r["num_events"], "wall_s": r["wall_s"],
+                     "turns_per_wall_s": r["turns_per_wall_s"], "jct_s": r["jct_s"]})
+    if json_path:
+        write_json({"model": model, "pd": pd, "max_len": max_len, "mode": mode, "rows": rows}, json_path)
+    if plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r["num_turns"] for r in rows], [r["wall_s"] for r in rows], "o-")
+        for r in rows:
+            ax.annotate(f"{r['agents']} agents", (r["num_turns"], r["wall_s"]), fontsize=8)
+        ax.set_xlabel("simulated turns")
+        ax.set_ylabel("wall time (s)")
+        ax.set_title(f"simulator speed ({model} {pd} {max_len} {mode})")
+        fig.tight_layout()
+        Path(plot).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(plot, dpi=120)
+        plt.close(fig)
+    return rows

@@ -1,0 +1,103 @@
+"""A decode engine group (one node, GPUs in lockstep) running continuous batching.
+
+Numbered path of one request on the DE side (PAPER.md 1.3 steps 8-9 / 6-7, 1.4):
+  1. `kv_landed` (simulator): the full prompt KV is in the DE buffer; it is copied into the DE's HBM
+     (loopback on the DE's CNIC, KV lane), then the buffer space is freed.
+  2. `join`: the request enters the running batch; it needs gen_tokens - 1 steps (the first token
+     came from prefill).
+  3. Progress is fluid between membership changes: with step time t fixed while the batch is
+     unchanged, the group advances 1/t steps per second; each join or leave re-derives t from the
+     batch (per GPU: attention compute- or memory-bound; shared: weights or linear FLOPs).
+  4. `_on_finish`: the request leaves; the simulator persists its new full blocks and starts the
+     agent's next turn.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from .events import PRIO_COMPLETE
+from .state import Engine, Node, SimRequest
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
+
+_EPS_STEPS = 1e-9
+
+
+class DecodeGroup:
+    def __init__(self, sim: "Simulator", node: Node) -> None:
+        self.sim = sim
+        self.node = node
+        n = len(node.engines)
+        self.attn_s = [0.0] * n  # per GPU: sum of attention compute seconds per step
+        self.kv_bytes = [0.0] * n  # per GPU: KV bytes read per step
+        self.num_running = 0
+        self.progress_steps = 0.0
+        self.updated_s = 0.0
+        self.step_s = 0.0
+        self.version = 0
+        self._heap: list[tuple[float, int, SimRequest, int, float, float]] = []
+        self._seq = 0
+        self.busy_s = 0.0
+        self.num_steps = 0.0
+
+    def _advance(self) -> None:
+        now = self.sim.loop.now_s
+        if self.num_running and self.step_s > 0:
+            dt = now - self.updated_s
+            self.progress_steps += dt / self.step_s
+            self.num_steps += dt / self.step_s
+            self.busy_s += dt
+        self.updated_s = now
+
+    def _restep(self) -> None:
+        cm = self.sim.compute
+        if not self.num_running:
+            self.step_s = 0.0
+            return
+        worst = max(cm.gpu_attention_s(a, b) for a, b in zip(self.attn_s, self.kv_bytes))
+        self.step_s = cm.decode_step_s(worst, self.num_running)
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if not self._heap:
+            return
+        wait = max(0.0, (self._heap[0][0] - self.progress_steps) * self.step_s)
+        self.sim.loop.call_at(self.sim.loop.now_s + wait, self._on_event, self.version, PRIO_COMPLETE)
+
+    def join(self, req: SimRequest, eng: Engine) -> None:
+        self._advance()
+        steps = req.gen_tokens - 1
+        ctx = req.input_tokens + req.gen_tokens / 2  # mean context over the decode (fluid model)
+        attn, kvb = self.sim.compute.decode_request_cost(ctx)
+        i = eng.index
+        self.attn_s[i] += attn
+        self.kv_bytes[i] += kvb
+        self.num_running += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (self.progress_steps + steps, self._seq, req, i, attn, kvb))
+        self._restep()
+        req.t_second = self.sim.loop.now_s + self.step_s
+        self._reschedule()
+
+    def _on_event(self, version: int) -> None:
+        if version != self.version:
+            return
+        self._advance()
+        done: list[SimRequest] = []
+        heap = self._heap
+        while heap and heap[0][0] <= self.progress_steps + _EPS_STEPS:
+            _, _, req, i, attn, kvb = heapq.heappop(heap)
+            self.attn_s[i] -= attn
+            self.kv_bytes[i] -= kvb
+            self.num_running -= 1
+            done.append(req)
+        if not self.num_running:  # drop float residue
+            self.attn_s = [0.0] * len(self.attn_s)
+            self.kv_bytes = [0.0] * len(self.kv_bytes)
+        self._restep()
+        self._reschedule()
+        for req in done:
+            self.sim.decode_finished(req)

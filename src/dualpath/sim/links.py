@@ -1,0 +1,209 @@
+"""Links with lanes and the flows that cross them.
+
+Sharing model (weighted processor sharing, local fair share):
+- a link's capacity is split between its busy lanes in proportion to the lane weights (an idle
+  lane's share goes to the busy ones), then equally between the flows of a lane;
+- a flow crossing several links runs at the smallest share it gets on any of them.
+
+The second rule does not hand bandwidth a flow cannot use on one link to the others (it is not
+max-min fair across links); on a single link it is exact processor sharing. It keeps every rate
+update local: when the flows of one link change, only that link's flows are re-rated, because a
+flow's share on its other links does not depend on this link.
+
+Ledger: `served_bytes[lane]` of every link equals the bytes its flows have moved; each finished
+flow moved exactly its size. `check_invariants` verifies both.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..core.lanes import Lane, LaneWeights
+from .events import EventLoop
+
+_EPS_BYTES = 1e-6
+_DONE_FRACTION = 1e-9  # a flow within this fraction of its size is done (float error of rate * dt)
+
+
+class Link:
+    __slots__ = ("name", "capacity_bytes_per_s", "weights", "flows", "served_bytes", "_lane_share")
+
+    def __init__(self, name: str, capacity_bytes_per_s: float, weights: LaneWeights) -> None:
+        if capacity_bytes_per_s <= 0:
+            raise ValueError(f"link {name}: capacity must be positive")
+        self.name = name
+        self.capacity_bytes_per_s = capacity_bytes_per_s
+        self.weights = weights
+        self.flows: tuple[dict[int, "Flow"], dict[int, "Flow"]] = ({}, {})  # by Lane value
+        self.served_bytes = [0.0, 0.0]
+        self._lane_share = [0.0, 0.0]
+
+    def share(self, lane: int) -> float:
+        """Rate one flow of `lane` gets on this link now."""
+        n = len(self.flows[lane])
+        return self._lane_share[lane] / n if n else self.capacity_bytes_per_s
+
+    def _refresh_lane_shares(self) -> None:
+        busy_lc = bool(self.flows[0])
+        busy_kv = bool(self.flows[1])
+        cap = self.capacity_bytes_per_s
+        if busy_lc and busy_kv:
+            w_lc, w_kv = self.weights.latency_critical, self.weights.kv
+            total = w_lc + w_kv
+            self._lane_share[0] = cap * w_lc / total
+            self._lane_share[1] = cap * w_kv / total
+        else:
+            self._lane_share[0] = cap if busy_lc else 0.0
+            self._lane_share[1] = cap if busy_kv else 0.0
+
+    @property
+    def num_flows(self) -> int:
+        return len(self.flows[0]) + len(self.flows[1])
+
+
+class Flow:
+    __slots__ = ("fid", "size_bytes", "left_bytes", "lane", "links", "rate", "updated_s", "version", "eta_s", "on_done", "tag")
+
+    def __init__(self, fid: int, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[["Flow"], None], tag: object) -> None:
+        self.fid = fid
+        self.size_bytes = size_bytes
+        self.left_bytes = size_bytes
+        self.lane = int(lane)
+        self.links = links
+        self.rate = 0.0
+        self.updated_s = 0.0
+        self.version = 0
+        self.eta_s = float("inf")  # time of the pending completion event (may be early, never late)
+        self.on_done = on_done
+        self.tag = tag
+
+
+class Network:
+    """Owns every active flow; starts, re-rates and completes them on the event loop."""
+
+    def __init__(self, loop: EventLoop) -> None:
+        self.loop = loop
+        self._next_fid = 0
+        self.num_active = 0
+        self.completed_bytes = [0.0, 0.0]
+        self.started_bytes = [0.0, 0.0]
+        self.booked_bytes = [0.0, 0.0]
+
+    def start(self, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[[Flow], None], tag: object = None) -> Flow:
+        if not links:
+            raise ValueError("a flow needs at least one link")
+        if size_bytes < 0:
+            raise ValueError("negative flow size")
+        self._next_fid += 1
+        flow = Flow(self._next_fid, float(size_bytes), lane, links, on_done, tag)
+        flow.updated_s = self.loop.now_s
+        self.started_bytes[flow.lane] += flow.size_bytes
+        self.num_active += 1
+        for link in links:
+            self._advance_link(link)
+            link.flows[flow.lane][flow.fid] = flow
+            link._refresh_lane_shares()
+        for link in links:
+            self._rerate_link(link)
+        return flow
+
+    def _advance(self, flow: Flow) -> None:
+        now = self.loop.now_s
+        dt = now - flow.updated_s
+        if dt > 0.0 and flow.rate > 0.0:
+            moved = min(flow.left_bytes, flow.rate * dt)
+            flow.left_bytes -= moved
+            for link in flow.links:
+                link.served_bytes[flow.lane] += moved
+        flow.updated_s = now
+
+    def book(self, link: Link, lane: Lane, nbytes: float) -> None:
+        """Account bytes on a link whose timing is modelled elsewhere (or not at all): they count in
+        the link's ledger and utilisation but do not take a share of its capacity."""
+        link.served_bytes[int(lane)] += nbytes
+        self.booked_bytes[int(lane)] += nbytes
+
+    def settle(self, link: Link) -> None:
+        """Bring `served_bytes` of `link` up to now (for sampling)."""
+        self._advance_link(link)
+
+    def _advance_link(self, link: Link) -> None:
+        for lane_flows in link.flows:
+            for f in lane_flows.values():
+                self._advance(f)
+
+    def _rerate(self, flow: Flow) -> None:
+        """Re-derive the rate of an already advanced flow.
+
+        Completion events are rescheduled lazily: a faster rate moves the event earlier (a new
+        event, the old one goes stale by version); a slower one keeps the pending, now early, event,
+        which on firing finds bytes left and re-arms itself. This halves the heap traffic, since
+        every flow start slows its neighbours down and every finish speeds them up."""
+        links = flow.links
+        rate = links[0].share(flow.lane)
+        for link in links[1:]:
+            r = link.share(flow.lane)
+            if r < rate:
+                rate = r
+        if rate == flow.rate:
+            return
+        flow.rate = rate
+        eta = self.loop.now_s + flow.left_bytes / rate
+        if eta < flow.eta_s:
+            flow.version += 1
+            flow.eta_s = eta
+            self.loop.call_at(eta, self._finish, (flow, flow.version))
+
+    def _rerate_link(self, link: Link) -> None:
+        """Callers advance the link's flows first (every mutation path does)."""
+        for lane_flows in link.flows:
+            for f in list(lane_flows.values()):
+                self._rerate(f)
+
+    def _finish(self, arg: tuple[Flow, int]) -> None:
+        flow, version = arg
+        if version != flow.version:
+            return
+        self._advance(flow)
+        if flow.left_bytes > _DONE_FRACTION * flow.size_bytes + _EPS_BYTES:
+            eta = self.loop.now_s + flow.left_bytes / flow.rate
+            if eta > self.loop.now_s:  # else the rest is below the clock's resolution: done
+                # the flow slowed down after this event was armed: re-arm at the true finish
+                flow.eta_s = eta
+                self.loop.call_at(eta, self._finish, (flow, flow.version))
+                return
+        # Floating error: whatever is left (a few bytes at most) is moved now.
+        if flow.left_bytes > 0.0:
+            for link in flow.links:
+                link.served_bytes[flow.lane] += flow.left_bytes
+            flow.left_bytes = 0.0
+        flow.version += 1
+        self.num_active -= 1
+        self.completed_bytes[flow.lane] += flow.size_bytes
+        for link in flow.links:
+            self._advance_link(link)
+            del link.flows[flow.lane][flow.fid]
+            link._refresh_lane_shares()
+        for link in flow.links:
+            self._rerate_link(link)
+        flow.on_done(flow)
+
+    def check_invariants(self, links: list[Link]) -> None:
+        active_left = [0.0, 0.0]
+        seen: set[int] = set()
+        for link in links:
+            for lane_flows in link.flows:
+                for f in lane_flows.values():
+                    if f.fid not in seen:
+                        seen.add(f.fid)
+                        active_left[f.lane] += f.left_bytes
+                    if f.left_bytes < -_EPS_BYTES or f.left_bytes > f.size_bytes + _EPS_BYTES:
+                        raise AssertionError(f"flow {f.fid} has {f.left_bytes} of {f.size_bytes} bytes left")
+        if len(seen) != self.num_active:
+            raise AssertionError(f"{len(seen)} flows on links, {self.num_active} active")
+        for lane in (0, 1):
+            in_flight = self.started_bytes[lane] - self.completed_bytes[lane]
+            tol = 1e-6 * max(1.0, self.started_bytes[lane])
+            # every started byte is either finished or accounted as in flight
+            assert in_flight >= -tol, f"lane {lane}: more completed than started"
+            assert active_left[lane] <= in_flight + tol, f"lane {lane}: flows hold more bytes than in flight"

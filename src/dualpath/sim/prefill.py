@@ -1,0 +1,257 @@
+"""A prefill engine group (one node, all GPUs in lockstep: DP attention + EP).
+
+Numbered path of one forward (PAPER.md 1.3, 3.5):
+  1. `try_start`: when the group is idle, each GPU takes its ready requests in FIFO order within
+     the budgets (DualPath: compute quota on predicted attention time; basic: tokens per forward,
+     plus HBM when prefill is not layerwise), the last one possibly chunked. A request whose
+     prompt KV will need room in its DE buffer reserves it now; if it cannot, it is passed over
+     for this forward and the group waits on that buffer.
+  2. Layerwise: hit-KV Layer Blocks stream in (PE path: PE buffer -> loopback on the PE's CNIC;
+     DE path: DE buffer -> DE CNIC -> PE CNIC) while layers compute, and each layer's new KV streams
+     to the DE buffer (all of it on the PE path, only the miss on the DE path). Flows are
+     aggregated per PE GPU and forward (see `_start_streams`). The forward ends
+     when compute and the incoming streams are both done.
+     Not layerwise: the whole cached KV is loaded first, then compute, then the PD transfer; the
+     GPU cannot start its next forward before its KV left HBM.
+  3. `_forward_done`: chunks advance; a fully computed request emits its first token, frees its
+     PE buffer and PE load, and goes to the DE once its PD transfers have landed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Iterator
+
+from ..core.lanes import Lane
+from ..core.phase import Phase
+from ..core.policy import Budget, form_prefill_batch
+from ..core.snapshot import BatchCandidate, ReadSide
+from .events import PRIO_COMPLETE
+from .links import Flow
+from .state import Engine, Node, SimRequest
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
+
+
+class Forward:
+    __slots__ = ("entries", "pending", "compute_s", "pd_flows")
+
+    def __init__(self, entries: list[tuple[Engine, SimRequest, int]], compute_s: float) -> None:
+        self.entries = entries
+        self.pending = 0
+        self.compute_s = compute_s
+        self.pd_flows = 0
+
+
+class PrefillGroup:
+    def __init__(self, sim: "Simulator", node: Node) -> None:
+        self.sim = sim
+        self.node = node
+        self.busy = False
+        self.busy_s = 0.0
+        self.num_forwards = 0
+        self.stream_bytes = 0.0  # cached KV streamed into PE HBM (all chunks)
+        self.pd_bytes = 0.0  # KV sent PE -> DE buffers
+        f = sim.features
+        sched = sim.cfg.scheduler
+        cm = sim.compute
+        kvbpt = sim.kv_bytes_per_token
+        if f.dualpath_scheduler:
+            self.budgets = [Budget("compute_quota_s", cm.attention_time_s, sched.compute_quota_s)]
+        else:
+            self.budgets = [Budget("tokens", lambda c, n: n, sched.basic_tokens_per_forward)]
+        if not f.layerwise_prefill:
+            self.budgets.append(Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, sim.pe_kv_hbm_bytes))
+
+    # --- 1. batch formation ----------------------------------------------------------------
+    def _candidates(self, eng: Engine, picked: list[SimRequest]) -> Iterator[BatchCandidate]:
+        """FIFO over the GPU's ready requests. One whose DE buffer is full is passed over for this
+        forward (and the group waits on that buffer): holding the line for it could deadlock with
+        DE-path requests behind it that occupy the same buffer and only free it after prefill."""
+        sim = self.sim
+        tentative: dict[int, float] = {}
+        for req in eng.batch_queue:
+            need = sim.de_buffer_need_at_prefill(req)
+            if need:
+                dn = req.de.node
+                if dn.buffer_free_bytes - tentative.get(dn.nid, 0.0) < need:
+                    dn.waiters[id(self)] = self
+                    continue
+                tentative[dn.nid] = tentative.get(dn.nid, 0.0) + need
+            picked.append(req)
+            yield BatchCandidate(req.rid, req.cached_tokens, req.remaining_tokens)
+
+    def try_start(self) -> None:
+        if self.busy:
+            return
+        sim = self.sim
+        entries: list[tuple[Engine, SimRequest, int]] = []
+        max_attn_s = 0.0
+        total_tokens = 0
+        for eng in self.node.engines:
+            if not eng.batch_queue:
+                continue
+            picked: list[SimRequest] = []
+            batch = form_prefill_batch(self._candidates(eng, picked), self.budgets)
+            attn_s = 0.0
+            for req, be in zip(picked, batch):
+                need = sim.de_buffer_need_at_prefill(req)
+                if need:
+                    req.de.node.reserve(need)
+                    req.de_buffer_bytes += need
+                entries.append((eng, req, be.compute_tokens))
+                attn_s += sim.compute.attention_time_s(be.cached_tokens, be.compute_tokens)
+                total_tokens += be.compute_tokens
+            max_attn_s = max(max_attn_s, attn_s)
+        if not entries:
+            return
+        self.busy = True
+        self.num_forwards += 1
+        fwd = Forward(entries, sim.compute.prefill_forward_s(max_attn_s, total_tokens))
+        now = sim.loop.now_s
+        for _, req, _ in entries:
+            req.to(Phase.PREFILLING)
+            if req.t_prefill_start < 0:
+                req.t_prefill_start = now
+        if sim.features.io_free:
+            self._start_compute(fwd)
+        elif sim.features.layerwise_prefill:
+            self._start_streams(fwd)
+            self._start_pd(fwd)
+            self._start_compute(fwd)
+        else:
+            self._start_streams(fwd)
+            if fwd.pending == 0:
+                self._start_compute(fwd)
+
+    # --- 2. streams and compute ------------------------------------------------------------
+    def _start_streams(self, fwd: Forward) -> None:
+        """Cached KV into PE HBM. Per PE GPU one loopback flow (PE buffer -> its own CNIC, both
+        directions) and one flow for everything arriving from DE buffers.
+
+        The remote flow is rate-limited where the streams converge, on the PE GPU's CNIC-in
+        (incast); each sending DE CNIC has its bytes booked on its ledger but does not limit the
+        rate. Per-pair flows would be exact but cost O(pairs^2) re-rates per forward (a PE GPU
+        hears from up to every DE GPU), and DE CNICs carry little else (one H2D per request)."""
+        sim = self.sim
+        kvbpt = sim.kv_bytes_per_token
+        per_gpu: dict[int, list] = {}
+        for eng, req, _ in fwd.entries:
+            if req.cached_tokens == 0:
+                continue
+            acc = per_gpu.setdefault(eng.eid, [eng, 0, 0, {}])
+            nbytes = req.cached_tokens * kvbpt
+            if req.side is ReadSide.DECODE:
+                acc[2] += nbytes
+                src = acc[3].setdefault(req.de.eid, [req.de, 0])
+                src[1] += nbytes
+            else:
+                acc[1] += nbytes
+        for eng, local, remote, sources in per_gpu.values():
+            self.stream_bytes += local + remote
+            if local:
+                fwd.pending += 1
+                sim.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done, fwd)
+            if remote:
+                fwd.pending += 1
+                for src, nbytes in sources.values():
+                    sim.net.book(src.cnic_out, Lane.KV, nbytes)
+                sim.net.start(remote, Lane.KV, (eng.cnic_in,), self._stream_done, fwd)
+
+    def _stream_done(self, flow: Flow) -> None:
+        fwd = flow.tag
+        fwd.pending -= 1
+        if fwd.pending == 0:
+            if self.sim.features.layerwise_prefill:
+                self._forward_done(fwd)
+            else:
+                self._free_loaded_host_copies(fwd)
+                self._start_compute(fwd)
+
+    def _free_loaded_host_copies(self, fwd: Forward) -> None:
+        """Not layerwise: once a request's whole hit KV is in HBM, its PE-buffer copy is no longer
+        needed, unless a later chunk will load it again."""
+        sim = self.sim
+        for eng, req, ntok in fwd.entries:
+            if req.pe_buffer_bytes and ntok == req.remaining_tokens:
+                sim.release_buffer(eng.node, req.pe_buffer_bytes)
+                req.pe_buffer_bytes = 0
+
+    def _start_compute(self, fwd: Forward) -> None:
+        fwd.pending += 1
+        self.busy_s += fwd.compute_s
+        self.sim.loop.call_at(self.sim.loop.now_s + fwd.compute_s, self._compute_done, fwd, PRIO_COMPLETE)
+
+    def _compute_done(self, fwd: Forward) -> None:
+        fwd.pending -= 1
+        sim = self.sim
+        if sim.features.io_free or sim.features.layerwise_prefill:
+            if fwd.pending == 0:
+                self._forward_done(fwd)
+            return
+        # not layerwise: compute done, now move the whole KV to the DE; the GPU waits for it
+        self._start_pd(fwd)
+        self._advance_chunks(fwd)
+        if fwd.pd_flows == 0:
+            self._release(fwd)
+
+    def _start_pd(self, fwd: Forward) -> None:
+        """KV of this forward to the DE buffers: per PE GPU one flow, rate-limited on its CNIC-out
+        where it fans out; each receiving DE CNIC-in has its bytes booked (see `_start_streams`)."""
+        sim = self.sim
+        kvbpt = sim.kv_bytes_per_token
+        per_gpu: dict[int, list] = {}
+        for eng, req, ntok in fwd.entries:
+            tokens = ntok
+            if req.side is ReadSide.PREFILL and not req.hit_sent:
+                tokens += req.hit_tokens  # the PE path sends the hit KV on to the DE too
+                req.hit_sent = True
+            acc = per_gpu.setdefault(eng.eid, [eng, 0, []])
+            acc[1] += tokens * kvbpt
+            acc[2].append((req, tokens * kvbpt))
+            req.pending_pd += 1
+        for eng, nbytes, reqs in per_gpu.values():
+            self.pd_bytes += nbytes
+            fwd.pd_flows += 1
+            for req, b in reqs:
+                sim.net.book(req.de.cnic_in, Lane.KV, b)
+            sim.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs))
+
+    def _pd_done(self, flow: Flow) -> None:
+        fwd, reqs = flow.tag
+        for req, nbytes in reqs:
+            req.pending_pd -= 1
+            req.delivered_bytes += nbytes
+            if req.pending_pd == 0 and req.computed:
+                self.sim.kv_landed(req)
+        fwd.pd_flows -= 1
+        if fwd.pd_flows == 0 and not self.sim.features.layerwise_prefill:
+            self._release(fwd)
+
+    # --- 3. completion ---------------------------------------------------------------------
+    def _forward_done(self, fwd: Forward) -> None:
+        self._advance_chunks(fwd)
+        self._release(fwd)
+
+    def _advance_chunks(self, fwd: Forward) -> None:
+        sim = self.sim
+        io_free = sim.features.io_free
+        for eng, req, ntok in fwd.entries:
+            req.cached_tokens += ntok
+            req.remaining_tokens -= ntok
+            if io_free:
+                req.delivered_bytes += ntok * sim.kv_bytes_per_token
+            if req.remaining_tokens > 0:
+                req.to(Phase.PREFILL_READY)
+                continue
+            if io_free:
+                req.delivered_bytes += req.hit_tokens * sim.kv_bytes_per_token
+            sim.prefill_computed(req)
+
+    def _release(self, fwd: Forward) -> None:
+        for eng in {id(e): e for e, _, _ in fwd.entries}.values():
+            if any(r.computed for r in eng.batch_queue):
+                eng.batch_queue = deque(r for r in eng.batch_queue if not r.computed)
+        self.busy = False
+        self.sim.kick_prefill(self)

@@ -1,0 +1,79 @@
+"""Storage reads (PAPER.md 1.3 steps 1-2): hit KV as Full Blocks, storage -> SNIC -> host buffer.
+
+Numbered path of one read:
+  1. `enqueue`: the request joins its read-side node's FIFO read queue; the node's read queue
+     (tokens, the policy's read_q) grows by its hit.
+  2. `pump`: the head starts when fewer than `reads_in_flight_per_node` reads run and its buffer
+     reservation succeeds (PE side: the hit in the PE buffer; DE side: the whole prompt in the DE
+     buffer, since the miss KV will join it there). A head that cannot reserve waits, and registers
+     itself on the full node so that a release there pumps this queue again.
+  3. The flow crosses [storage egress (if finite), SNIC in] on the KV lane.
+  4. `_done`: the read queue shrinks, the request is PREFILL_READY in its PE's batch queue.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core.lanes import Lane
+from ..core.phase import Phase
+from ..core.snapshot import ReadSide
+from .links import Flow
+from .state import Node, SimRequest
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
+
+
+class ReadPath:
+    def __init__(self, sim: "Simulator") -> None:
+        self.sim = sim
+        self.bytes_by_side = [0.0, 0.0]  # indexed by ReadSide
+
+    def enqueue(self, req: SimRequest, node: Node) -> None:
+        req.to(Phase.READING)
+        node.read_queue.append(req)
+        node.read_queue_tokens += req.hit_tokens
+        self.pump(node)
+
+    def pump(self, node: Node) -> None:
+        sim = self.sim
+        limit = sim.cfg.cluster.reads_in_flight_per_node
+        while node.read_queue and node.reads_active < limit:
+            req = node.read_queue[0]
+            if not self._reserve(req):
+                return
+            node.read_queue.popleft()
+            node.reads_active += 1
+            req.t_read_start = sim.loop.now_s
+            nbytes = req.hit_tokens * sim.kv_bytes_per_token
+            links = (node.snic_in,) if sim.storage_egress is None else (sim.storage_egress, node.snic_in)
+            sim.net.start(nbytes, Lane.KV, links, self._done, (req, node))
+
+    def _reserve(self, req: SimRequest) -> bool:
+        sim = self.sim
+        if req.side is ReadSide.PREFILL:
+            node, nbytes = req.pe.node, req.hit_tokens * sim.kv_bytes_per_token
+        else:
+            node, nbytes = req.de.node, req.input_tokens * sim.kv_bytes_per_token
+        if not node.reserve(nbytes):
+            reader = (req.pe.node if req.side is ReadSide.PREFILL else req.de.node)
+            node.waiters[id(reader)] = reader
+            return False
+        if req.side is ReadSide.PREFILL:
+            req.pe_buffer_bytes = nbytes
+        else:
+            req.de_buffer_bytes = nbytes
+        return True
+
+    def _done(self, flow: Flow) -> None:
+        req, node = flow.tag
+        sim = self.sim
+        node.reads_active -= 1
+        node.read_queue_tokens -= req.hit_tokens
+        self.bytes_by_side[req.side] += flow.size_bytes
+        req.t_read_end = sim.loop.now_s
+        if req.side is ReadSide.DECODE:
+            req.delivered_bytes += flow.size_bytes  # hit KV now sits in the DE buffer
+        sim.prefill_ready(req)
+        self.pump(node)

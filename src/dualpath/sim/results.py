@@ -1,0 +1,97 @@
+"""A finished simulation as JSON-ready numbers (names shared with the runtime's metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..core.lanes import Lane
+from ..core.snapshot import ReadSide
+from ..metrics import distribution, snic_balance
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
+
+
+def _utilisation(links: list, duration_s: float, lane: int | None = None) -> list[float]:
+    out = []
+    for link in links:
+        served = sum(link.served_bytes) if lane is None else link.served_bytes[lane]
+        out.append(served / (link.capacity_bytes_per_s * duration_s) if duration_s > 0 else 0.0)
+    return out
+
+
+def _window_bytes(sim: "Simulator") -> np.ndarray:
+    samples = np.asarray(sim._snic_samples, dtype=float)
+    if samples.shape[0] < 2:
+        return np.zeros((0, len(sim.nodes)))
+    return np.diff(samples, axis=0)
+
+
+def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
+    rec = sim.recorder
+    arrival = np.asarray(rec.arrival_s)
+    first = np.asarray(rec.first_s)
+    second = np.asarray(rec.second_s)
+    finish = np.asarray(rec.finish_s)
+    gen = np.asarray(rec.gen_tokens)
+    jct_s = max(a.finish_s for a in sim.agents) - min(a.arrival_s for a in sim.agents)
+    agent_jct = [a.finish_s - a.arrival_s for a in sim.agents]
+    two = gen >= 2
+    three = gen >= 3
+    tpot = (finish[three] - second[three]) / (gen[three] - 2)
+    duration = sim.loop.now_s
+    snic_in = [n.snic_in for n in sim.nodes]
+    snic_out = [n.snic_out for n in sim.nodes]
+    cnics = [l for e in sim.engines_by_id.values() for l in (e.cnic_out, e.cnic_in)]
+    cfg = sim.cfg
+    window_capacity = cfg.cluster.node.snic_bytes_per_s * cfg.metrics.balance_window_s
+    pe_busy = [g.busy_s / duration for g in sim.prefill_groups.values()] if duration > 0 else []
+    de_busy = [g.busy_s / duration for g in sim.decode_groups.values()] if duration > 0 else []
+    snic_read_util = _utilisation(snic_in, duration)
+    return {
+        "mode": None,  # filled in by the caller
+        "features": asdict(sim.features),
+        "jct_s": jct_s,
+        "agent_jct_s": distribution(agent_jct).to_dict(),
+        "ttft_s": distribution(first - arrival).to_dict(),
+        "ttst_s": distribution(second[two] - first[two]).to_dict(),
+        "tpot_s": distribution(tpot).to_dict(),
+        "ttft_breakdown_mean_s": {
+            "scheduling": float(np.mean(rec.sched_s)),
+            "read": float(np.mean(rec.read_s)),
+            "prefill": float(np.mean(rec.prefill_s)),
+        },
+        "bytes": {
+            "storage_to_prefill": sim.reads.bytes_by_side[ReadSide.PREFILL],
+            "storage_via_decode": sim.reads.bytes_by_side[ReadSide.DECODE],
+            "persisted": sim.persisted_bytes,
+            "kv_layer_streams": sum(g.stream_bytes for g in sim.prefill_groups.values()),
+            "pd_transfer": sum(g.pd_bytes for g in sim.prefill_groups.values()),
+            "de_h2d": sim._h2d_bytes,
+            "cnic_lane_kv": sum(l.served_bytes[Lane.KV] for l in cnics) / 2,
+            "cnic_lane_latency_critical": sum(l.served_bytes[Lane.LATENCY_CRITICAL] for l in cnics) / 2,
+        },
+        "snic_max_over_avg": snic_balance(_window_bytes(sim), window_capacity, cfg.metrics.balance_min_utilisation),
+        "snic_max_over_avg_run": (max(snic_read_util) / float(np.mean(snic_read_util))) if np.mean(snic_read_util) > 0 else float("nan"),
+        "nic_utilisation": {
+            "snic_read_by_node": snic_read_util,
+            "snic_write_by_node": _utilisation(snic_out, duration),
+            "cnic_mean": float(np.mean(_utilisation(cnics, duration))) if cnics else 0.0,
+            "cnic_max": float(np.max(_utilisation(cnics, duration))) if cnics else 0.0,
+        },
+        "gpu_busy": {
+            "prefill_mean": float(np.mean(pe_busy)) if pe_busy else 0.0,
+            "decode_mean": float(np.mean(de_busy)) if de_busy else 0.0,
+        },
+        "scheduler": {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions},
+        "prefill_forwards": sum(g.num_forwards for g in sim.prefill_groups.values()),
+        "num_agents": len(sim.agents),
+        "num_turns": len(rec),
+        "num_events": sim.loop.num_events,
+        "sim_duration_s": duration,
+        "wall_s": wall_s,
+        "turns_per_wall_s": len(rec) / wall_s if wall_s > 0 else float("nan"),
+    }

@@ -1,0 +1,118 @@
+"""Run the simulator for a config and a list of modes; JSON result and a plot.
+
+JSON layout (the runtime's `dualpath demo` writes the same keys): `config` (the resolved config
+tree), `workload` (its Table-2 statistics), `runs` (one object per mode; see results.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..config import SimConfig, parse_mode
+from ..errors import InputError
+from .simulator import Simulator
+
+Progress = Callable[[str, int, int], None]
+
+
+def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...]]:
+    """Trajectories and arrival times (seconds) for the workload config."""
+    from ..workloads import generate, offline_arrivals, poisson_arrivals, read_trajectories
+
+    w = cfg.workload
+    if w.trajectory_file:
+        trajs = read_trajectories(w.trajectory_file)
+        if len(trajs) < w.num_agents:
+            raise InputError(f"{w.trajectory_file} holds {len(trajs)} trajectories, fewer than --agents {w.num_agents}")
+        trajs = tuple(t.truncate(w.max_len_tokens) for t in trajs[: w.num_agents])
+    else:
+        trajs = generate(w.max_len_tokens, w.num_agents, w.seed, append_scale=w.append_scale, gen_scale=w.gen_scale)
+    if w.arrival_aps is None:
+        arrivals = offline_arrivals(len(trajs))
+    else:
+        arrivals = poisson_arrivals(len(trajs), w.arrival_aps, w.seed)
+    return trajs, arrivals
+
+
+def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None) -> dict[str, Any]:
+    from ..workloads import trajectory_stats
+
+    features = [(m, parse_mode(m)) for m in modes]
+    trajs, arrivals = load_trajectories(cfg)
+    runs = []
+    for name, feat in features:
+        sim = Simulator(cfg, feat, trajs, arrivals)
+        cb = None if progress is None else (lambda done, total, _n=name: progress(_n, done, total))
+        result = sim.run(progress=cb)
+        result["mode"] = name
+        runs.append(result)
+    return {
+        "config": cfg.to_dict(),
+        "workload": trajectory_stats(trajs, cfg.cluster.block_tokens),
+        "runs": runs,
+    }
+
+
+def _clean(x: Any) -> Any:
+    """JSON has no NaN/inf: write null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(_clean(result), indent=2, sort_keys=True, default=_default) + "\n")
+
+
+def _default(o: Any) -> Any:
+    if dataclasses.is_dataclass(o):
+        return dataclasses.asdict(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def plot_runs(result: dict[str, Any], path: str | Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    names = [r["mode"] for r in runs]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    axes[0].bar(names, [r["jct_s"] for r in runs], color="#4c72b0")
+    axes[0].set_ylabel("JCT (s)")
+    axes[0].set_title("job completion time")
+    ttft = [[r["ttft_s"]["p50"] for r in runs], [r["ttft_s"]["p90"] for r in runs]]
+    x = range(len(names))
+    axes[1].bar([i - 0.2 for i in x], ttft[0], width=0.4, label="p50")
+    axes[1].bar([i + 0.2 for i in x], ttft[1], width=0.4, label="p90")
+    axes[1].set_xticks(list(x), names)
+    axes[1].set_ylabel("TTFT (s)")
+    axes[1].legend()
+    axes[1].set_title("time to first token")
+    pe = [r["bytes"]["storage_to_prefill"] / 1e12 for r in runs]
+    de = [r["bytes"]["storage_via_decode"] / 1e12 for r in runs]
+    axes[2].bar(names, pe, label="PE read path")
+    axes[2].bar(names, de, bottom=pe, label="DE read path")
+    axes[2].set_ylabel("KV read from storage (TB)")
+    axes[2].legend()
+    axes[2].set_title("bytes by read path")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,372 @@
+"""The simulator: a modelled PD-disaggregated cluster driven by the shared core policy.
+
+Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details):
+  1. `_start_turn`: the turn's request (context + append, generate g) joins the global queue.
+  2. `PolicyDriver` (scheduling.py): PE by Algorithm 1, DE in two phases, then `resolve_hit`
+     (the agent's durable prefix, block aligned) and the read side.
+  3. `ReadPath` (reads.py): hit KV storage -> SNIC -> host buffer of the read side.
+  4. `prefill_ready` -> `PrefillGroup` (prefill.py): layerwise prefill with quota batching;
+     `prefill_computed` emits the first token.
+  5. `kv_landed`: the prompt KV is whole in the DE buffer -> H2D into DE HBM ->
+     `DecodeGroup.join` (decode.py).
+  6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
+     agent's next turn (tool and think time are zero, PAPER.md 4.2).
+
+Determinism: no wall clock, no global counters, no unseeded randomness; ties follow events.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..config import Features, SimConfig
+from ..core.lanes import Lane
+from ..core.phase import Phase
+from ..core.policy import PrefillThresholds
+from ..core.request import usable_hit_tokens
+from ..core.snapshot import ReadSide
+from ..errors import InputError
+from ..metrics import TurnRecorder
+from .compute import ComputeModel
+from .decode import DecodeGroup
+from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
+from .links import Flow, Link, Network
+from .prefill import PrefillGroup
+from .reads import ReadPath
+from .results import build_result
+from .scheduling import PolicyDriver
+from .state import Agent, Engine, Node, SimRequest
+
+_TOL_BYTES = 1.0
+
+
+class Simulator:
+    def __init__(self, cfg: SimConfig, features: Features, trajectories: Sequence[Any], arrivals_s: Sequence[float]) -> None:
+        if len(trajectories) != len(arrivals_s):
+            raise InputError("need one arrival time per trajectory")
+        self.cfg = cfg
+        self.features = features
+        cl = cfg.cluster
+        self.model = cl.model_spec
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token
+        self.block_tokens = cl.block_tokens
+        self.loop = EventLoop()
+        self.net = Network(self.loop)
+        weights = cfg.scheduler.lane_weights
+        self._weights = weights
+        self.compute = ComputeModel(
+            self.model, cl.gpu_spec, cfg.compute, cl.node.gpus_per_node, cl.weight_shards(cl.num_decode_nodes)
+        )
+        self.pe_kv_hbm_bytes = cl.kv_hbm_bytes_per_gpu(cl.num_prefill_nodes)
+        self.de_kv_hbm_bytes = cl.kv_hbm_bytes_per_gpu(cl.num_decode_nodes)
+        self.storage_egress: Link | None = (
+            Link("storage_egress", cl.storage_egress_bytes_per_s, weights) if cl.storage_egress_bytes_per_s else None
+        )
+        self._build_topology()
+        self.reads = ReadPath(self)
+        self.prefill_groups = {n.nid: PrefillGroup(self, n) for n in self.prefill_nodes}
+        self.decode_groups = {n.nid: DecodeGroup(self, n) for n in self.decode_nodes}
+        self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
+        self._validate_fit()
+        self.driver = PolicyDriver(self, self._profile_thresholds())
+        self.recorder = TurnRecorder()
+        self.inflight: dict = {}
+        self.persisted_bytes = 0.0
+        self.num_agents_done = 0
+        self._kick_pending: set[int] = set()
+        self._snic_samples: list[list[float]] = []
+        self._h2d_bytes = 0.0
+
+    # --- construction ----------------------------------------------------------------------
+    def _build_topology(self) -> None:
+        cl = self.cfg.cluster
+        ns = cl.node
+        w = self._weights
+        self.nodes: list[Node] = []
+        self.engines_by_id: dict[int, Engine] = {}
+        self.links: list[Link] = [self.storage_egress] if self.storage_egress else []
+        for nid in range(cl.num_prefill_nodes + cl.num_decode_nodes):
+            is_pe = nid < cl.num_prefill_nodes
+            node = Node(nid, is_pe, Link(f"snic_in{nid}", ns.snic_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
+            self.links += [node.snic_in, node.snic_out]
+            hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
+            for g in range(ns.gpus_per_node):
+                eid = nid * ns.gpus_per_node + g
+                out, inn = Link(f"cnic_out{eid}", ns.cnic_bytes_per_s, w), Link(f"cnic_in{eid}", ns.cnic_bytes_per_s, w)
+                self.links += [out, inn]
+                eng = Engine(eid, node, g, hbm, out, inn)
+                node.engines.append(eng)
+                self.engines_by_id[eid] = eng
+            self.nodes.append(node)
+        self.prefill_nodes = [n for n in self.nodes if n.is_prefill]
+        self.decode_nodes = [n for n in self.nodes if not n.is_prefill]
+
+    def _validate_fit(self) -> None:
+        for a in self.agents:
+            if not a.turns or a.turns[0].append_tokens < 1:
+                raise InputError(f"agent {a.aid}: the first round must send at least one token")
+        longest = max((sum(t.append_tokens + t.gen_tokens for t in a.turns) for a in self.agents), default=0)
+        need = longest * self.kv_bytes_per_token
+        if need > self.de_kv_hbm_bytes:
+            raise InputError(
+                f"the longest trajectory ({longest} tokens, {need / 1e9:.1f} GB of KV) does not fit one DE's free HBM "
+                f"({self.de_kv_hbm_bytes / 1e9:.1f} GB); lower --max-len or use a bigger GPU"
+            )
+        if need > self.cfg.cluster.node.dram_buffer_bytes:
+            raise InputError("the longest trajectory's KV does not fit a node's DRAM buffer")
+
+    def _profile_thresholds(self) -> PrefillThresholds:
+        """alpha and beta "profiled in advance" (PAPER.md 3.2): alpha from the SNIC rate; beta from
+        the compute model on the workload's mean turn, in batches the compute quota allows."""
+        sched = self.cfg.scheduler
+        alpha = sched.alpha_read_s * self.cfg.cluster.node.snic_bytes_per_s / self.kv_bytes_per_token
+        prompts, misses = [], []
+        for a in self.agents:
+            ctx = 0
+            for t in a.turns:
+                prompts.append(ctx + t.append_tokens)
+                misses.append(min(ctx + t.append_tokens, t.append_tokens + self.block_tokens // 2))
+                ctx += t.append_tokens + t.gen_tokens
+        prompt = max(1, int(np.mean(prompts))) if prompts else 1
+        miss = max(1, min(prompt, int(np.mean(misses)))) if misses else 1
+        per_req_attn = self.compute.attention_time_s(prompt - miss, miss)
+        batch = max(1, int(sched.compute_quota_s // per_req_attn)) if per_req_attn > 0 else 1
+        beta = sched.beta_compute_s * self.compute.prefill_tokens_per_s_per_gpu(prompt, miss, batch)
+        self.profile = {"alpha_tokens": int(alpha), "beta_tokens": int(beta), "profile_prompt_tokens": prompt,
+                        "profile_miss_tokens": miss, "profile_batch_requests_per_gpu": batch}
+        return PrefillThresholds(int(alpha), max(1, int(beta)))
+
+    # --- 1. turns ----------------------------------------------------------------------------
+    def _arrive(self, agent: Agent) -> None:
+        self._start_turn(agent)
+
+    def _start_turn(self, agent: Agent) -> None:
+        turn = agent.turns[agent.next_turn]
+        inp = agent.context_tokens + turn.append_tokens
+        req = SimRequest(agent, agent.next_turn, inp, turn.gen_tokens, (inp + turn.gen_tokens) * self.kv_bytes_per_token, self.loop.now_s)
+        self.inflight[req.rid] = req
+        self.driver.submit(req)
+
+    # --- 2. hit ------------------------------------------------------------------------------
+    def resolve_hit(self, req: SimRequest) -> None:
+        """The hit is every full block of the agent's earlier turns, as the paper's client computes
+        it (PAPER.md 1.5, A.4: hits within a trajectory, nothing evicted). Persist writes still take
+        their SNIC time; the few ms by which the last block's write may trail the next turn's
+        lookup are not modelled as a miss."""
+        hit = usable_hit_tokens(req.agent.context_tokens, req.input_tokens, self.block_tokens)
+        req.hit_tokens = hit
+        req.cached_tokens = hit
+        req.remaining_tokens = req.input_tokens - hit
+
+    # --- 4. prefill --------------------------------------------------------------------------
+    def prefill_ready(self, req: SimRequest) -> None:
+        req.to(Phase.PREFILL_READY)
+        if req.t_read_end < 0:
+            req.t_read_end = self.loop.now_s
+        req.pe.batch_queue.append(req)
+        self.kick_prefill(self.prefill_groups[req.pe.node.nid])
+
+    def kick_prefill(self, group: PrefillGroup) -> None:
+        """Coalesce: all requests that become ready at one instant share the next forward."""
+        nid = group.node.nid
+        if nid not in self._kick_pending:
+            self._kick_pending.add(nid)
+            self.loop.call_at(self.loop.now_s, self._kicked, group, PRIO_SCHEDULE)
+
+    def _kicked(self, group: PrefillGroup) -> None:
+        self._kick_pending.discard(group.node.nid)
+        group.try_start()
+
+    def de_buffer_need_at_prefill(self, req: SimRequest) -> int:
+        """DE-buffer bytes a request must reserve before its first forward (PE path and no-hit
+        requests; the DE path reserved at its read). Zero when already reserved or I/O is free."""
+        if self.features.io_free or req.de_buffer_bytes:
+            return 0
+        return req.input_tokens * self.kv_bytes_per_token
+
+    def prefill_computed(self, req: SimRequest) -> None:
+        req.computed = True
+        req.t_first = self.loop.now_s
+        pe = req.pe
+        pe.num_seqs -= 1
+        pe.num_tokens -= req.input_tokens
+        if req.pe_buffer_bytes:
+            self.release_buffer(pe.node, req.pe_buffer_bytes)
+            req.pe_buffer_bytes = 0
+        self.driver.kick()
+        if req.pending_pd == 0:
+            self.kv_landed(req)
+
+    # --- 5. to decode ------------------------------------------------------------------------
+    def kv_landed(self, req: SimRequest) -> None:
+        req.to(Phase.KV_TO_DECODE)
+        expect = req.input_tokens * self.kv_bytes_per_token
+        if abs(req.delivered_bytes - expect) > _TOL_BYTES:
+            raise AssertionError(f"{req.rid}: {req.delivered_bytes} prompt KV bytes reached the DE, expected {expect}")
+        if req.gen_tokens == 1:
+            self._release_de_buffer(req)
+            req.t_second = req.t_first
+            self._finish(req)
+            return
+        if self.features.io_free:
+            self._join(req)
+            return
+        de = req.de
+        self._h2d_bytes += expect
+        self.net.start(expect, Lane.KV, (de.cnic_out, de.cnic_in), self._h2d_done, req)
+
+    def _h2d_done(self, flow: Flow) -> None:
+        req = flow.tag
+        self._release_de_buffer(req)
+        self._join(req)
+
+    def _join(self, req: SimRequest) -> None:
+        req.to(Phase.DECODING)
+        self.decode_groups[req.de.node.nid].join(req, req.de)
+
+    def _release_de_buffer(self, req: SimRequest) -> None:
+        if req.de_buffer_bytes:
+            self.release_buffer(req.de.node, req.de_buffer_bytes)
+            req.de_buffer_bytes = 0
+
+    def release_buffer(self, node: Node, nbytes: float) -> None:
+        node.buffer_free_bytes += nbytes
+        if node.waiters:
+            waiters = list(node.waiters.values())
+            node.waiters.clear()
+            for w in waiters:
+                if isinstance(w, Node):
+                    self.reads.pump(w)
+                else:
+                    self.kick_prefill(w)
+
+    # --- 6. finish ---------------------------------------------------------------------------
+    def decode_finished(self, req: SimRequest) -> None:
+        self._finish(req)
+
+    def _finish(self, req: SimRequest) -> None:
+        now = self.loop.now_s
+        req.to(Phase.FINISHED)
+        req.t_finish = now
+        de = req.de
+        de.num_seqs -= 1
+        de.num_tokens -= req.de_len_tokens
+        de.hbm_free_bytes += req.hbm_bytes
+        self.driver.dirty.add(de.node.nid)
+        self.driver.kick()
+        del self.inflight[req.rid]
+        self.recorder.record(
+            req.rid.agent, req.rid.turn, req.t_arrival, req.t_de, req.t_read_end, req.t_first, req.t_second, now,
+            req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side),
+        )
+        agent = req.agent
+        agent.context_tokens = req.input_tokens + req.gen_tokens
+        self._persist(agent, de.node)
+        agent.next_turn += 1
+        if agent.next_turn < len(agent.turns):
+            self._start_turn(agent)
+        else:
+            agent.finish_s = now
+            self.num_agents_done += 1
+
+    def _persist(self, agent: Agent, node: Node) -> None:
+        """Every new full block goes to storage through the DE node's SNIC (PAPER.md 1.4).
+
+        Nothing waits on a persist (the hit is client-computed, see `resolve_hit`) and the write
+        direction of a SNIC carries nothing else, so writes are booked on the link's ledger
+        rather than simulated as flows (~1% of read bytes: a turn adds ~300 tokens, reads ~32K)."""
+        b = self.block_tokens
+        durable = agent.context_tokens // b * b
+        new_bytes = (durable - agent.persisted_tokens) * self.kv_bytes_per_token
+        agent.persisted_tokens = max(agent.persisted_tokens, durable)
+        if new_bytes > 0 and not self.features.io_free:
+            self.net.book(node.snic_out, Lane.KV, new_bytes)
+            self.persisted_bytes += new_bytes
+
+    # --- sampling and run ----------------------------------------------------------------------
+    def _sample(self, _: object) -> None:
+        row = []
+        for n in self.nodes:
+            self.net.settle(n.snic_in)
+            row.append(n.snic_in.served_bytes[Lane.KV])
+        self._snic_samples.append(row)
+        if self.num_agents_done < len(self.agents):
+            self.loop.call_at(self.loop.now_s + self.cfg.metrics.balance_window_s, self._sample, None, PRIO_SAMPLE)
+
+    def run(self, progress: Any = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        for agent in self.agents:
+            self.loop.call_at(agent.arrival_s, self._arrive, agent, PRIO_ARRIVAL)
+        self.loop.call_at(0.0, self._sample, None, PRIO_SAMPLE)
+        every = self.cfg.check_invariants_every
+        total = len(self.agents)
+        if every or progress is not None:
+            step = every or 20000
+            while self.loop.pending and self.num_agents_done < total:
+                before = self.loop.num_events
+                self.loop.run(stop=_counter_stop(self.loop, step))
+                if every:
+                    self.check_invariants()
+                if progress is not None:
+                    progress(self.num_agents_done, total)
+                if self.loop.num_events == before:
+                    break
+        else:
+            self.loop.run(stop=lambda: self.num_agents_done >= total)
+        if self.num_agents_done < total:
+            raise RuntimeError(f"simulation stalled: {self.num_agents_done}/{total} agents finished at t={self.loop.now_s:.1f}s")
+        self._sample(None)
+        self.check_invariants()
+        return build_result(self, time.perf_counter() - t0)
+
+    # --- ledgers -------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Conservation laws of every ledger (STYLE.md 8)."""
+        tol = _TOL_BYTES * max(1, len(self.inflight))
+        pe_buf = {n.nid: 0.0 for n in self.nodes}
+        de_buf = dict(pe_buf)
+        tok = {e: 0 for e in self.engines_by_id}
+        seq = dict(tok)
+        hbm = {e: 0.0 for e in self.engines_by_id}
+        readq = dict(pe_buf)
+        for req in self.inflight.values():
+            if req.pe is not None:
+                pe_buf[req.pe.node.nid] += req.pe_buffer_bytes
+                if not req.computed:
+                    tok[req.pe.eid] += req.input_tokens
+                    seq[req.pe.eid] += 1
+            if req.de is not None:
+                de_buf[req.de.node.nid] += req.de_buffer_bytes
+                tok[req.de.eid] += req.de_len_tokens
+                seq[req.de.eid] += 1
+                hbm[req.de.eid] += req.hbm_bytes
+            if req.phase is Phase.READING:
+                node = req.pe.node if req.side is ReadSide.PREFILL else req.de.node
+                readq[node.nid] += req.hit_tokens
+        for n in self.nodes:
+            used = n.buffer_total_bytes - n.buffer_free_bytes
+            if abs(used - pe_buf[n.nid] - de_buf[n.nid]) > tol or n.buffer_free_bytes < -tol:
+                raise AssertionError(f"node {n.nid}: buffer used {used} != reservations {pe_buf[n.nid] + de_buf[n.nid]}")
+            if n.read_queue_tokens != readq[n.nid]:
+                raise AssertionError(f"node {n.nid}: read queue {n.read_queue_tokens} != {readq[n.nid]} tokens")
+        for eid, e in self.engines_by_id.items():
+            if e.num_tokens != tok[eid] or e.num_seqs != seq[eid]:
+                raise AssertionError(f"engine {eid}: tok/seq {e.num_tokens}/{e.num_seqs} != {tok[eid]}/{seq[eid]}")
+            if not e.node.is_prefill:
+                if abs(e.hbm_total_bytes - e.hbm_free_bytes - hbm[eid]) > tol or e.hbm_free_bytes < -tol:
+                    raise AssertionError(f"engine {eid}: HBM ledger off or overcommitted")
+        self.net.check_invariants(self.links)
+
+
+def _counter_stop(loop: EventLoop, step: int):
+    count = [0]
+
+    def stop() -> bool:
+        count[0] += 1
+        return count[0] >= step
+
+    return stop
+

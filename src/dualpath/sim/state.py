@@ -1,0 +1,118 @@
+"""Mutable simulator state: agents, requests, engines and nodes (plain slotted classes, hot path).
+
+Ownership: the `Simulator` creates and mutates these; policies only ever see frozen snapshots
+built from them (`EngineLoad`, `QueuedRequest`, `BatchCandidate`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..core.phase import Phase, check_transition
+from ..core.request import RequestId
+from ..core.snapshot import EngineLoad, QueuedRequest, ReadSide
+from .links import Link
+
+
+class Agent:
+    __slots__ = ("aid", "turns", "next_turn", "context_tokens", "persisted_tokens", "arrival_s", "finish_s")
+
+    def __init__(self, aid: int, turns: tuple, arrival_s: float) -> None:
+        self.aid = aid
+        self.turns = turns  # tuple[TurnSpec, ...]
+        self.next_turn = 0
+        self.context_tokens = 0  # tokens of all finished turns (appends + generations)
+        self.persisted_tokens = 0  # block-aligned prefix that is durable in storage
+        self.arrival_s = arrival_s
+        self.finish_s = -1.0
+
+
+class SimRequest:
+    __slots__ = (
+        "rid", "agent", "input_tokens", "gen_tokens", "hit_tokens", "cached_tokens", "remaining_tokens",
+        "phase", "pe", "de", "side", "hit_sent", "pending_pd", "computed", "qview",
+        "pe_buffer_bytes", "de_buffer_bytes", "hbm_bytes", "delivered_bytes",
+        "t_arrival", "t_pe", "t_de", "t_read_start", "t_read_end", "t_prefill_start", "t_first", "t_second", "t_finish",
+    )
+
+    def __init__(self, agent: Agent, turn: int, input_tokens: int, gen_tokens: int, hbm_bytes: int, now_s: float) -> None:
+        self.rid = RequestId(agent.aid, turn)
+        self.agent = agent
+        self.input_tokens = input_tokens
+        self.gen_tokens = gen_tokens
+        self.hit_tokens = 0
+        self.cached_tokens = 0
+        self.remaining_tokens = input_tokens
+        self.phase = Phase.QUEUED
+        self.pe: Engine | None = None
+        self.de: Engine | None = None
+        self.side = ReadSide.PREFILL
+        self.hit_sent = False
+        self.pending_pd = 0
+        self.computed = False
+        self.pe_buffer_bytes = 0
+        self.de_buffer_bytes = 0
+        self.hbm_bytes = hbm_bytes
+        self.delivered_bytes = 0  # prompt KV bytes that reached the DE buffer (ledger)
+        # len(r) for PEs is the prompt length; for DEs the final length (prompt + generated)
+        self.qview = QueuedRequest(self.rid, input_tokens, hbm_bytes, 0)
+        self.t_arrival = now_s
+        self.t_pe = self.t_de = self.t_read_start = self.t_read_end = -1.0
+        self.t_prefill_start = self.t_first = self.t_second = self.t_finish = -1.0
+
+    def to(self, phase: Phase) -> None:
+        self.phase = check_transition(self.phase, phase)
+
+    @property
+    def de_len_tokens(self) -> int:
+        return self.input_tokens + self.gen_tokens
+
+
+class Engine:
+    """One GPU: a PE or a DE. CNIC links are this GPU's paired NIC, one per direction:
+    `cnic_out` carries bytes the NIC reads from host or GPU memory, `cnic_in` bytes it writes."""
+
+    __slots__ = ("eid", "node", "index", "num_seqs", "num_tokens", "hbm_total_bytes", "hbm_free_bytes", "cnic_out", "cnic_in", "batch_queue")
+
+    def __init__(self, eid: int, node: "Node", index: int, hbm_total_bytes: float, cnic_out: Link, cnic_in: Link) -> None:
+        self.eid = eid
+        self.node = node
+        self.index = index
+        self.num_seqs = 0
+        self.num_tokens = 0
+        self.hbm_total_bytes = hbm_total_bytes
+        self.hbm_free_bytes = hbm_total_bytes
+        self.cnic_out = cnic_out
+        self.cnic_in = cnic_in
+        self.batch_queue: deque[SimRequest] = deque()  # PE only: requests with KV ready, FIFO
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(self.eid, self.node.nid, self.num_seqs, self.num_tokens, int(self.hbm_free_bytes))
+
+
+class Node:
+    """A node: a group of engines of one role sharing one SNIC (per direction) and a DRAM buffer."""
+
+    __slots__ = (
+        "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters",
+    )
+
+    def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
+        self.nid = nid
+        self.is_prefill = is_prefill
+        self.engines: list[Engine] = []
+        self.snic_in = snic_in
+        self.snic_out = snic_out
+        self.buffer_total_bytes = buffer_bytes
+        self.buffer_free_bytes = buffer_bytes
+        self.read_queue: deque[SimRequest] = deque()
+        self.read_queue_tokens = 0  # hit tokens queued or being read here (the policy's read_q)
+        self.reads_active = 0
+        self.waiters: dict[int, object] = {}  # things blocked on this node's buffer, by id
+
+    def reserve(self, nbytes: float) -> bool:
+        if nbytes > self.buffer_free_bytes:
+            return False
+        self.buffer_free_bytes -= nbytes
+        return True

@@ -1,0 +1,113 @@
+"""The trajectory JSONL format: one agent per line.
+
+Each non-empty line is one JSON object::
+
+    {"agent": 3, "rounds": [[6120, 95], [212, 180], [0, 41]], "arrival_s": 12.5}
+
+- `agent` (int >= 0, unique in the file): the agent id.
+- `rounds` (non-empty list): round i is `[append_tokens, gen_tokens]`, both integers, with
+  append_tokens >= 0 (new prompt tokens, mostly tool output; round 0 holds the task prompt) and
+  gen_tokens >= 1 (tokens the replay forces the model to generate). Round i's prompt is every
+  earlier append and generation plus its own append (PAPER.md 4.2, A.3).
+- `arrival_s` (optional number >= 0): when the agent starts, in seconds from the start of the
+  run. Without it the experiment's arrival process decides (offline: all at 0; online: Poisson).
+
+Blank lines are skipped; other keys are rejected so that typos do not pass silently. Readers
+report the file and the 1-based line number of the first problem (as `InputError`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+from dualpath.core.request import TurnSpec
+from dualpath.errors import InputError
+from dualpath.workloads.trajectory import Trajectory
+
+_KEYS_REQUIRED = frozenset({"agent", "rounds"})
+_KEYS_ALLOWED = _KEYS_REQUIRED | {"arrival_s"}
+
+
+def write_trajectories(path: str | Path, trajs: Iterable[Trajectory]) -> None:
+    """Write one line per trajectory, in the given order."""
+    with open(path, "w", encoding="utf-8") as f:
+        for traj in trajs:
+            obj: dict[str, object] = {
+                "agent": traj.agent,
+                "rounds": [[t.append_tokens, t.gen_tokens] for t in traj.turns],
+            }
+            if traj.arrival_s is not None:
+                obj["arrival_s"] = traj.arrival_s
+            f.write(json.dumps(obj, separators=(",", ":")))
+            f.write("\n")
+
+
+def read_trajectories(path: str | Path) -> tuple[Trajectory, ...]:
+    """Parse and validate a trajectory JSONL file (format in the module docstring)."""
+    trajs: list[Trajectory] = []
+    first_line_of_agent: dict[int, int] = {}
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read trajectory file {path}: {e.strerror}") from None
+    with f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            traj = _parse_line(line, f"{path}:{line_no}")
+            if traj.agent in first_line_of_agent:
+                raise InputError(
+                    f"{path}:{line_no}: agent {traj.agent} already defined on line "
+                    f"{first_line_of_agent[traj.agent]}"
+                )
+            first_line_of_agent[traj.agent] = line_no
+            trajs.append(traj)
+    if not trajs:
+        raise InputError(f"{path}: no trajectories (file is empty)")
+    return tuple(trajs)
+
+
+def _parse_line(line: str, where: str) -> Trajectory:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: bad JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    missing = sorted(_KEYS_REQUIRED - obj.keys())
+    if missing:
+        raise InputError(f"{where}: missing key(s) {', '.join(missing)}")
+    unknown = sorted(obj.keys() - _KEYS_ALLOWED)
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    agent = _int_at_least(obj["agent"], 0, "agent", where)
+    rounds = obj["rounds"]
+    if not isinstance(rounds, list) or not rounds:
+        raise InputError(f"{where}: rounds must be a non-empty list of [append_tokens, gen_tokens]")
+    turns = []
+    for i, rnd in enumerate(rounds):
+        if not isinstance(rnd, list) or len(rnd) != 2:
+            raise InputError(f"{where}: round {i} must be [append_tokens, gen_tokens], got {rnd!r}")
+        append = _int_at_least(rnd[0], 0, f"round {i} append_tokens", where)
+        gen = _int_at_least(rnd[1], 1, f"round {i} gen_tokens", where)
+        turns.append(TurnSpec(append, gen))
+    arrival_s = None
+    if "arrival_s" in obj:
+        arrival_s = obj["arrival_s"]
+        ok = isinstance(arrival_s, (int, float)) and not isinstance(arrival_s, bool)
+        if not ok or not math.isfinite(arrival_s) or arrival_s < 0:
+            raise InputError(f"{where}: arrival_s must be a finite number >= 0, got {arrival_s!r}")
+        arrival_s = float(arrival_s)
+    return Trajectory(agent, tuple(turns), arrival_s)
+
+
+def _int_at_least(value: object, minimum: int, name: str, where: str) -> int:
+    # bool is an int subclass in Python; `true` is not a token count.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError(f"{where}: {name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InputError(f"{where}: {name} must be >= {minimum}, got {value}")
+    return value
