@@ -134,11 +134,11 @@ def trace_stats(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Table-2-style statistics of a workload file."""
-    from .workloads import workload_stats
+    from .workloads import load_any, workload_stats
 
     if not path.is_file():
         raise InputError(f"file not found: {path}")
-    stats = workload_stats(path, _positive(block_tokens, "--block-tokens"))
+    stats = workload_stats(load_any(path), _positive(block_tokens, "--block-tokens"))
     if as_json:
         out.print_json(json.dumps(stats))
         return
@@ -184,22 +184,13 @@ def _split_ints(text: str) -> list[int]:
 
 
 def main() -> None:
+    """Entry point. Usage errors exit 2 through typer; `InputError` from anywhere below is
+    printed as one line and exits 2; anything else is a bug and keeps its traceback."""
     try:
-        app(standalone_mode=False)
+        app()
     except InputError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(2)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        sys.exit(1)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(2)
-        raise
 
 
 if __name__ == "__main__":

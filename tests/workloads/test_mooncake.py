@@ -51,7 +51,7 @@ def test_malformed_line_names_line(tmp_path, bad, problem):
     path.write_text(_line() + "\n" + _line() + "\n" + bad + "\n")
     with pytest.raises(InputError) as err:
         read_mooncake(path)
-    assert str(err.value).startswith(f"{path}:3: ")
+    assert str(err.value).startswith(f"{path} line 3: ")
     assert problem in str(err.value)
 
 

@@ -60,7 +60,7 @@ def test_malformed_line_names_file_line_and_problem(tmp_path, bad, problem):
     with pytest.raises(InputError) as err:
         read_trajectories(path)
     msg = str(err.value)
-    assert msg.startswith(f"{path}:3: ")
+    assert msg.startswith(f"{path} line 3: ")
     assert problem in msg
 
 

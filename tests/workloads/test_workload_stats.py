@@ -64,8 +64,8 @@ def test_load_any_detects_format(tmp_path):
     [
         ("", "empty workload file"),
         ("\n  \n", "empty workload file"),
-        ('\n{"agent": 0, "turns": []}\n', ":2: unknown workload format"),
-        ("\n\n{oops\n", ":3: bad JSON"),
+        ('\n{"agent": 0, "turns": []}\n', " line 2: unknown workload format"),
+        ("\n\n{oops\n", " line 3: bad JSON"),
     ],
 )
 def test_load_any_errors(tmp_path, content, problem):

@@ -57,10 +57,10 @@ def read_trajectories(path: str | Path) -> tuple[Trajectory, ...]:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            traj = _parse_line(line, f"{path}:{line_no}")
+            traj = _parse_line(line, f"{path} line {line_no}")
             if traj.agent in first_line_of_agent:
                 raise InputError(
-                    f"{path}:{line_no}: agent {traj.agent} already defined on line "
+                    f"{path} line {line_no}: agent {traj.agent} already defined on line "
                     f"{first_line_of_agent[traj.agent]}"
                 )
             first_line_of_agent[traj.agent] = line_no

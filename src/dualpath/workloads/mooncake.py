@@ -54,7 +54,7 @@ def read_mooncake(path: str | Path) -> tuple[MooncakeRecord, ...]:
     with f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                records.append(_parse_line(line, f"{path}:{line_no}"))
+                records.append(_parse_line(line, f"{path} line {line_no}"))
     if not records:
         raise InputError(f"{path}: no requests (file is empty)")
     return tuple(records)

@@ -182,13 +182,13 @@ def detect_format(path: str | Path) -> WorkloadFormat:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{line_no}: bad JSON ({e.msg} at column {e.colno})") from None
+        raise InputError(f"{path} line {line_no}: bad JSON ({e.msg} at column {e.colno})") from None
     if isinstance(obj, dict) and "rounds" in obj:
         return WorkloadFormat.TRAJECTORY
     if isinstance(obj, dict) and "hash_ids" in obj:
         return WorkloadFormat.MOONCAKE
     raise InputError(
-        f"{path}:{line_no}: unknown workload format: expected a 'rounds' key (trajectory JSONL) "
+        f"{path} line {line_no}: unknown workload format: expected a 'rounds' key (trajectory JSONL) "
         f"or a 'hash_ids' key (Mooncake trace)"
     )
 

@@ -1,0 +1,30 @@
+# Quickstart targets (README): `make demo` runs the main job, `make test` the tests.
+# Both create .venv with the project and its pinned dependencies on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench-speed clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dualpath sim --model ds-v3.2-660b --pd 2P4D --max-len 64k --agents 256 \
+		--mode basic --mode dualpath --mode oracle --seed 1 --json out/demo.json --plot out/demo.png
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench-speed: $(STAMP)
+	$(BIN)/dualpath bench sim-speed --agents 512,1024,2048,4096 --json out/sim_speed.json --plot out/sim_speed.png
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis
