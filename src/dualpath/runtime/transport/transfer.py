@@ -1,0 +1,103 @@
+"""A transfer on a link: its handle, result and failure modes; the link's counters."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from ...core.lanes import Lane
+
+log = logging.getLogger(__name__)
+
+# (offset_bytes, nbytes) -> None: move bytes [offset, offset + nbytes) of the transfer.
+DoChunk = Callable[[int, int], None]
+
+_FINISH_LOCK = threading.Lock()
+
+
+class TransferFailed(RuntimeError):
+    """A transfer's `do_chunk` raised, or the link closed before the transfer finished."""
+
+
+class ArbiterClosed(RuntimeError):
+    """`submit` on a closed link."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferResult:
+    lane: Lane
+    nbytes: int
+    submitted_s: float
+    started_s: float  # first chunk on the link
+    completed_s: float  # last byte delivered (ideal link time when rate-limited)
+    notified_s: float  # when the link's thread completed the handle (>= completed_s)
+
+    @property
+    def queue_delay_s(self) -> float:
+        return self.started_s - self.submitted_s
+
+    @property
+    def latency_s(self) -> float:
+        return self.completed_s - self.submitted_s
+
+
+@dataclass(frozen=True, slots=True)
+class LinkStats:
+    """Snapshot of a link's counters, by submitted lane (Lane value order)."""
+
+    name: str
+    sent_bytes: tuple[int, int]
+    queued_bytes: tuple[int, int]
+    num_completed: tuple[int, int]
+    total_queue_delay_s: tuple[float, float]
+    max_queue_delay_s: tuple[float, float]
+    busy_s: float  # link time spent sending chunks
+    stalled_s: float  # link time lost because the link's thread fell more than max_lag_s behind
+
+
+class TransferHandle:
+    """Completion of one transfer; `wait()` returns its `TransferResult` or raises `TransferFailed`."""
+
+    __slots__ = ("lane", "nbytes", "submitted_s", "_do_chunk", "_on_done", "_started_s", "_event", "_result", "_error")
+
+    def __init__(self, lane: Lane, nbytes: int, submitted_s: float, do_chunk: DoChunk,
+                 on_done: Callable[[TransferResult], None] | None) -> None:
+        self.lane = lane
+        self.nbytes = nbytes
+        self.submitted_s = submitted_s
+        self._do_chunk = do_chunk
+        self._on_done = on_done
+        self._started_s: float | None = None
+        self._event = threading.Event()
+        self._result: TransferResult | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> TransferResult:
+        if not self._event.wait(timeout_s):
+            raise TimeoutError(f"transfer of {self.nbytes} bytes on {self.lane.name} not done after {timeout_s} s")
+        if self._error is not None:
+            raise TransferFailed(str(self._error)) from self._error
+        assert self._result is not None
+        return self._result
+
+    def _finish(self, result: TransferResult | None, error: BaseException | None) -> None:
+        with _FINISH_LOCK:  # close() and the link's thread may both finish a failing transfer
+            if self._event.is_set():
+                return
+            self._result, self._error = result, error
+            self._do_chunk = _no_chunk  # drop references to caller buffers
+            self._event.set()
+        if result is not None and self._on_done is not None:
+            try:
+                self._on_done(result)
+            except Exception:  # a callback must not kill the link; report it
+                log.exception("on_done callback of a transfer failed")
+
+
+def _no_chunk(offset_bytes: int, nbytes: int) -> None:
+    raise TransferFailed("transfer already finished")

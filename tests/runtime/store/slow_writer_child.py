@@ -1,0 +1,31 @@
+"""Child process of the crash test: writes block 0 of a chain, then half of block 1's payload,
+says HALF and waits to be killed with SIGKILL."""
+
+import os
+import sys
+import time
+
+from store_helpers import DTYPE, FINGERPRINT, LAYOUT, chain, payloads
+
+from dualpath.runtime.store import BlockStore
+
+
+class HalfWriter(BlockStore):
+    stall_next_write = False
+
+    def _write_payload(self, fd, header, view):
+        if not self.stall_next_write:
+            return super()._write_payload(fd, header, view)
+        os.write(fd, header)
+        os.write(fd, view[: len(view) // 2])
+        print("HALF", flush=True)
+        time.sleep(120)
+
+
+if __name__ == "__main__":
+    digests, data = chain(2), payloads(2)
+    store = HalfWriter(sys.argv[1], LAYOUT, FINGERPRINT, DTYPE, num_threads=1)
+    store.put(digests[0], data[0])
+    store.stall_next_write = True
+    store.put(digests[1], data[1])
+    print("NOT KILLED", flush=True)

@@ -1,0 +1,164 @@
+"""LinkArbiter: lane shares, work conservation, one-chunk wait, FIFO baseline, failures, close.
+
+Rate-limited tests run on a blocking ManualClock: everything is submitted at t = 0, then the
+clock jumps, so link times are exact and independent of thread timing.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+from dualpath.core.lanes import Lane, LaneWeights
+from dualpath.runtime.clock import ManualClock, MonotonicClock
+from dualpath.runtime.transport.arbiter import LinkArbiter
+from dualpath.runtime.transport.transfer import ArbiterClosed, TransferFailed
+
+LC, KV = Lane.LATENCY_CRITICAL, Lane.KV
+CHUNK = 64 * 1024
+RATE = CHUNK * 1024.0  # one chunk every 1/1024 s: dyadic, so link times are exact
+CHUNK_S = CHUNK / RATE
+
+
+def noop(offset_bytes, nbytes):
+    pass
+
+
+def manual_link(fifo=False, weights=LaneWeights()):
+    clock = ManualClock(blocking=True)
+    return clock, LinkArbiter("test", RATE, weights, clock, CHUNK, fifo=fifo, max_lag_s=None)
+
+
+def wait_sent(arb, total_bytes, timeout_s=10.0):
+    """Wait (real time) until the link's thread has copied `total_bytes`."""
+    deadline = MonotonicClock().now_s() + timeout_s
+    while sum(arb.stats().sent_bytes) < total_bytes:
+        assert MonotonicClock().now_s() < deadline, "link thread made no progress"
+        threading.Event().wait(0.001)
+
+
+def test_two_backlogged_lanes_get_99_to_1_of_the_link_by_byte_counters():
+    clock, arb = manual_link()
+    lc = arb.submit(LC, 30_000 * CHUNK, noop)
+    kv = arb.submit(KV, 30_000 * CHUNK, noop)
+    clock.advance(20_000 * CHUNK_S)  # both lanes stay backlogged over this window
+    wait_sent(arb, 20_000 * CHUNK)
+    sent = arb.stats().sent_bytes
+    share_kv = sent[KV] / sum(sent)
+    assert share_kv == pytest.approx(0.01, rel=0.01)  # 99:1 within 1%
+    arb.check_invariants()
+    clock.advance(1e6)
+    lc.wait(10.0), kv.wait(10.0)
+    arb.check_invariants()
+    arb.close()
+
+
+def test_completion_times_follow_the_weighted_schedule():
+    clock, arb = manual_link()
+    lc = arb.submit(LC, 990 * CHUNK, noop)
+    kv = arb.submit(KV, 100 * CHUNK, noop)
+    clock.advance(10.0)
+    r_lc, r_kv = lc.wait(10.0), kv.wait(10.0)
+    # 10 rounds of 99 LC chunks, with one KV chunk after each of the first 9
+    assert r_lc.completed_s == pytest.approx(999 * CHUNK_S)
+    assert r_kv.completed_s == pytest.approx(1090 * CHUNK_S)  # work conserving: all bytes / rate
+    assert r_kv.queue_delay_s == pytest.approx(99 * CHUNK_S)
+    stats = arb.stats()
+    assert stats.sent_bytes == (990 * CHUNK, 100 * CHUNK)
+    assert stats.num_completed == (1, 1)
+    assert stats.busy_s == pytest.approx(1090 * CHUNK_S)
+    arb.close()
+
+
+def test_an_idle_latency_critical_lane_leaves_the_whole_link_to_kv():
+    clock, arb = manual_link()
+    kv = arb.submit(KV, 1000 * CHUNK + 123, noop)
+    clock.advance(10.0)
+    r = kv.wait(10.0)
+    assert r.completed_s == pytest.approx((1000 * CHUNK + 123) / RATE)
+    arb.close()
+
+
+def _lc_behind_kv(fifo):
+    clock, arb = manual_link(fifo=fifo)
+    kv = arb.submit(KV, 1000 * CHUNK, noop)
+    clock.advance(10.5 * CHUNK_S)  # the LC message arrives halfway through KV chunk 10
+    lc = arb.submit(LC, CHUNK // 2, noop)
+    clock.advance(10.0)
+    r = lc.wait(10.0)
+    kv.wait(10.0)
+    arb.check_invariants()
+    arb.close()
+    return r
+
+
+def test_latency_critical_waits_at_most_one_kv_chunk():
+    r = _lc_behind_kv(fifo=False)
+    assert r.submitted_s == pytest.approx(10.5 * CHUNK_S)
+    assert r.queue_delay_s == pytest.approx(0.5 * CHUNK_S)  # the rest of the chunk on the link
+    assert r.queue_delay_s <= CHUNK_S
+
+
+def test_one_fifo_lane_makes_latency_critical_wait_for_the_kv_backlog():
+    r = _lc_behind_kv(fifo=True)
+    assert r.queue_delay_s == pytest.approx((1000 - 10.5) * CHUNK_S)
+
+
+def test_unlimited_link_copies_every_byte_once_in_order():
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, 5 * CHUNK + 77, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    ranges = []
+
+    def do_chunk(offset_bytes, nbytes):
+        ranges.append((offset_bytes, nbytes))
+        np.copyto(dst[offset_bytes:offset_bytes + nbytes], src[offset_bytes:offset_bytes + nbytes])
+
+    with LinkArbiter("real", None, LaneWeights(), MonotonicClock(), CHUNK) as arb:
+        r = arb.submit(KV, src.size, do_chunk).wait(10.0)
+        arb.check_invariants()
+    assert np.array_equal(src, dst)
+    assert ranges == [(i * CHUNK, CHUNK) for i in range(5)] + [(5 * CHUNK, 77)]
+    assert r.started_s >= r.submitted_s and r.completed_s >= r.started_s and r.notified_s >= r.completed_s
+
+
+def test_a_failing_copy_fails_its_transfer_only():
+    def boom(offset_bytes, nbytes):
+        if offset_bytes + nbytes > 2 * CHUNK:
+            raise OSError("disk on fire")
+
+    clock, arb = manual_link()
+    bad = arb.submit(KV, 10 * CHUNK, boom)
+    good = arb.submit(LC, 3 * CHUNK, noop)
+    clock.advance(10.0)
+    with pytest.raises(TransferFailed, match="disk on fire"):
+        bad.wait(10.0)
+    assert good.wait(10.0).nbytes == 3 * CHUNK
+    arb.check_invariants()
+    arb.close()
+
+
+def test_close_fails_queued_transfers_joins_the_thread_and_refuses_new_ones():
+    before = threading.active_count()
+    arb = LinkArbiter("slow", 1e6, LaneWeights(), MonotonicClock(), 4096)
+    h = arb.submit(KV, 10**9, noop)  # would take 1000 s
+    arb.close()
+    with pytest.raises(TransferFailed):
+        h.wait(1.0)
+    assert threading.active_count() == before
+    with pytest.raises(ArbiterClosed):
+        arb.submit(KV, 1, noop)
+    arb.check_invariants()
+    arb.close()  # idempotent
+
+
+def test_on_done_runs_after_completion_with_the_result():
+    seen = []
+    with LinkArbiter("cb", None, LaneWeights(), MonotonicClock(), CHUNK) as arb:
+        h = arb.submit(LC, 10, noop, on_done=seen.append)
+        r = h.wait(10.0)
+        for _ in range(1000):
+            if seen:
+                break
+            threading.Event().wait(0.001)
+    assert seen == [r]

@@ -1,0 +1,81 @@
+"""Control messages over ZeroMQ, and a Full Block moved between two processes."""
+
+import multiprocessing as mp
+import zlib
+
+import pytest
+
+from dualpath.runtime.transport.bench import holder_process_main
+from dualpath.runtime.transport.channel import Inbox, Outbox, ipc_endpoint
+from dualpath.runtime.transport.kv_transfer import ShmKvReceiver
+from dualpath.runtime.transport.messages import KvPull, KvReady, Stop, decode, encode
+from dualpath.runtime.transport.shm import HostBuffer
+
+
+def test_messages_round_trip():
+    for msg in (KvPull(7, None, "psm_x", 4096, 100, "ipc:///tmp/a.ipc"), KvReady(1, 3, "seg", 0, 5), Stop("bye")):
+        assert decode(encode(msg)) == msg
+
+
+def test_unknown_messages_are_rejected():
+    with pytest.raises(TypeError):
+        encode(("not", "a", "message"))
+    with pytest.raises(ValueError):
+        decode(encode(Stop("x")).replace(b"Stop", b"Spot"))
+
+
+def test_inbox_outbox_keep_order_and_time_out(tmp_path):
+    ep = ipc_endpoint(tmp_path, "inbox")
+    with Inbox(ep) as inbox, Outbox(ep) as outbox:
+        for i in range(50):
+            outbox.send(KvReady(i, i, "s", i, 1))
+        assert [inbox.recv(5.0).request_id for _ in range(50)] == list(range(50))
+        assert inbox.recv(timeout_s=0.01) is None
+
+
+def test_ipc_path_length_is_checked(tmp_path):
+    with pytest.raises(ValueError):
+        ipc_endpoint(tmp_path / ("x" * 120), "a")
+
+
+def test_blocks_move_between_processes_intact_with_their_kv_ready(tmp_path):
+    num_blocks, block_bytes = 6, 256 * 1024 + 512  # not a multiple of the link's chunk
+    ctx = mp.get_context("spawn")
+    holder_ep, my_ep = ipc_endpoint(tmp_path, "holder"), ipc_endpoint(tmp_path, "me")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=holder_process_main, args=(holder_ep, num_blocks, block_bytes, 64 * 1024, child))
+    proc.start()
+    try:
+        assert parent.poll(60.0)
+        tag, src_crc = parent.recv()
+        assert tag == "ready"
+        buf = HostBuffer.create(block_bytes, num_blocks)
+        receiver = ShmKvReceiver(buf, my_ep)
+        holder = Outbox(holder_ep)
+        regions = [buf.allocate() for _ in range(num_blocks)]
+        for i, r in reversed(list(enumerate(regions))):  # any order: readiness names the block
+            holder.send(KvPull(i, None, r.segment, r.offset_bytes, r.nbytes, my_ep))
+        ready = {}
+        for _ in range(num_blocks):
+            msg = receiver.recv(timeout_s=30.0)
+            assert msg is not None
+            ready[msg.request_id] = msg
+        for i, r in enumerate(regions):
+            assert ready[i] == KvReady(i, None, r.segment, r.offset_bytes, r.nbytes)
+        crc = 0
+        for i in range(num_blocks):
+            crc = zlib.crc32(receiver.view(ready[i]), crc)
+        assert crc == src_crc
+        holder.send(Stop("test done"))
+        assert parent.poll(30.0) and parent.recv()[0] == "done"
+        holder.close()
+        receiver.close()
+        for r in regions:
+            buf.free(r)
+        buf.check_invariants()
+        buf.close()
+    finally:
+        proc.join(timeout=30.0)
+        if proc.is_alive():
+            proc.terminate()
+    assert proc.exitcode == 0
