@@ -1,0 +1,221 @@
+"""Paged KV cache for decode with continuous batching.
+
+Storage is one tensor `kv` of shape [num_blocks, num_layers, block_tokens, 2, num_kv_heads, head_dim]:
+every cache block is a Full Block (num_layers Layer Blocks back to back, core/blocks.py), so a
+full block can be persisted or shipped as bytes without reshaping (`full_block`).
+
+A sequence owns a block table: token position p lives in block table[p // block_tokens] at
+offset p % block_tokens. Blocks are not shared between sequences.
+
+Conservation law (checked by `check_invariants`):
+    every block is free or owned by exactly one sequence, so
+    num_free_blocks + sum(blocks owned) == num_blocks, and
+    a sequence of n tokens owns exactly ceil(n / block_tokens) blocks.
+
+Lifecycle of a sequence: add_sequence (or load_prompt) -> prepare_decode, once per step, which
+reserves the new token's slot -> free. Failed allocations raise `OutOfBlocksError` and change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+from dualpath.runtime.model.config import LlamaConfig
+from dualpath.runtime.model.kv_layout import Buffer, LayerKV, layer_kv_from_bytes
+
+
+class OutOfBlocksError(RuntimeError):
+    """The cache has too few free blocks for the request; nothing was allocated."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """Where one decode step writes and reads, built once per step and used by every layer.
+
+    B sequences; M = the most blocks any of them holds after this step's token; L = M * block_tokens
+    key positions. Reads gather whole blocks (block-sized copies, not per-token ones); padding
+    (table entries past a sequence's blocks point at block 0, and unused tail positions) is masked out.
+    """
+
+    seq_ids: tuple[int, ...]
+    positions: torch.Tensor  # [B] position of the new token (= tokens before this step)
+    write_blocks: torch.Tensor  # [B] block that receives the new token's K,V
+    write_offsets: torch.Tensor  # [B] offset inside that block
+    read_blocks: torch.Tensor  # [B, M] block tables, padded
+    read_mask: torch.Tensor  # [B, L] True where the key position exists
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        num_blocks: int,
+        block_tokens: int = 64,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_blocks <= 0 or block_tokens <= 0:
+            raise ValueError("num_blocks and block_tokens must be positive")
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_tokens = block_tokens
+        # zeros, not empty: masked-out keys of a decode step are read and must be finite
+        shape = (num_blocks, config.num_layers, block_tokens, 2, config.num_kv_heads, config.head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
+        self._tables: dict[int, list[int]] = {}
+        self._num_tokens: dict[int, int] = {}
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(self._tables)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._num_tokens[seq_id]
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self._tables[seq_id])
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_tokens)
+
+    def _extra_blocks(self, seq_id: int, num_new_tokens: int) -> int:
+        n = self._num_tokens[seq_id]
+        return self.blocks_for_tokens(n + num_new_tokens) - len(self._tables[seq_id])
+
+    def add_sequence(self, seq_id: int, num_tokens: int = 0) -> None:
+        """Register a sequence with room for `num_tokens` tokens (their K,V are written later)."""
+        if seq_id in self._tables:
+            raise KeyError(f"sequence {seq_id} is already in the cache")
+        if num_tokens < 0:
+            raise ValueError("num_tokens must be >= 0")
+        self._require_free_blocks(self.blocks_for_tokens(num_tokens))  # raises before any change
+        self._tables[seq_id] = []
+        self._num_tokens[seq_id] = 0
+        self.extend(seq_id, num_tokens)
+
+    def _require_free_blocks(self, num_blocks: int) -> None:
+        if num_blocks > len(self._free):
+            raise OutOfBlocksError(f"need {num_blocks} blocks, {len(self._free)} free of {self.num_blocks}")
+
+    def extend(self, seq_id: int, num_tokens: int) -> None:
+        """Grow a sequence by `num_tokens` positions, allocating blocks as needed."""
+        if num_tokens < 0:
+            raise ValueError("num_tokens must be >= 0")
+        extra = self._extra_blocks(seq_id, num_tokens)
+        self._require_free_blocks(extra)
+        self._tables[seq_id].extend(self._free.pop() for _ in range(extra))
+        self._num_tokens[seq_id] += num_tokens
+
+    def free(self, seq_id: int) -> int:
+        """Return all blocks of a sequence; the number of blocks freed."""
+        table = self._tables.pop(seq_id)
+        del self._num_tokens[seq_id]
+        self._free.extend(reversed(table))
+        return len(table)
+
+    def check_invariants(self) -> None:
+        owned = [b for table in self._tables.values() for b in table]
+        if len(owned) + len(self._free) != self.num_blocks:
+            raise AssertionError(f"{len(owned)} owned + {len(self._free)} free != {self.num_blocks} blocks")
+        if sorted(owned + self._free) != list(range(self.num_blocks)):
+            raise AssertionError("a block is owned twice, or both owned and free, or out of range")
+        if self._tables.keys() != self._num_tokens.keys():
+            raise AssertionError("block tables and token counts disagree on the sequences")
+        for seq_id, table in self._tables.items():
+            n = self._num_tokens[seq_id]
+            if n < 0 or len(table) != self.blocks_for_tokens(n):
+                raise AssertionError(f"sequence {seq_id}: {n} tokens in {len(table)} blocks")
+
+    # ---- data ------------------------------------------------------------------------------
+
+    def _slots(self, seq_id: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) of positions [start, stop) of a sequence (half-open)."""
+        if not 0 <= start <= stop <= self._num_tokens[seq_id]:
+            n = self._num_tokens[seq_id]
+            raise IndexError(f"positions [{start}, {stop}) outside sequence {seq_id} of {n} tokens")
+        table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.device)
+        pos = torch.arange(start, stop, device=self.device)
+        return table[pos // self.block_tokens], pos % self.block_tokens
+
+    def write(self, seq_id: int, layer: int, start: int, layer_kv: LayerKV) -> None:
+        """Write K,V of positions [start, start + n) of one layer (positions must be reserved)."""
+        blocks, offsets = self._slots(seq_id, start, start + layer_kv.num_tokens)
+        self.kv[blocks, layer, offsets] = layer_kv.kv.to(self.kv.device, self.kv.dtype)
+
+    def read(self, seq_id: int, layer: int, start: int = 0, stop: int | None = None) -> LayerKV:
+        """K,V of positions [start, stop) of one layer (a gather copy)."""
+        stop = self._num_tokens[seq_id] if stop is None else stop
+        blocks, offsets = self._slots(seq_id, start, stop)
+        return LayerKV(self.kv[blocks, layer, offsets])
+
+    def load_prompt(self, seq_id: int, layer_kvs: Sequence[LayerKV]) -> None:
+        """Add a sequence holding a prompt's K,V, given per layer (e.g. from layerwise prefill, or
+        from Layer Block bytes through `kv_layout.layer_kv_from_bytes`)."""
+        if len(layer_kvs) != self.config.num_layers:
+            raise ValueError(f"need K,V for {self.config.num_layers} layers, got {len(layer_kvs)}")
+        num_tokens = layer_kvs[0].num_tokens
+        if any(lkv.num_tokens != num_tokens for lkv in layer_kvs):
+            raise ValueError("every layer must hold the same number of tokens")
+        self.add_sequence(seq_id, num_tokens)
+        for layer, lkv in enumerate(layer_kvs):
+            self.write(seq_id, layer, 0, lkv)
+
+    def load_prompt_bytes(self, seq_id: int, layer_bytes: Sequence[Buffer | torch.Tensor]) -> None:
+        """As `load_prompt`, from each layer's Layer Block bytes (all of the prompt's tokens, in order)."""
+        self.load_prompt(seq_id, [layer_kv_from_bytes(b, self.config, self.kv.dtype, self.device) for b in layer_bytes])
+
+    def full_block(self, block_id: int) -> torch.Tensor:
+        """Block `block_id` as a Full Block [num_layers, block_tokens, 2, kvh, hd] (a view)."""
+        return self.kv[block_id]
+
+    # ---- decode ----------------------------------------------------------------------------
+
+    def prepare_decode(self, seq_ids: Iterable[int]) -> DecodeBatch:
+        """Reserve one new position per sequence and build the step's read/write indices."""
+        seq_ids = tuple(seq_ids)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids in one decode step: {seq_ids}")
+        missing = [s for s in seq_ids if s not in self._tables]
+        if missing:
+            raise KeyError(f"sequences not in the cache: {missing}")
+        self._require_free_blocks(sum(self._extra_blocks(s, 1) for s in seq_ids))
+        positions = [self._num_tokens[s] for s in seq_ids]
+        for s in seq_ids:
+            self.extend(s, 1)
+        tables = [self._tables[s] for s in seq_ids]
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=self.device)
+        pos_new = torch.tensor(positions, dtype=torch.long, device=self.device)  # [B]
+        pos = torch.arange(width * self.block_tokens, device=self.device)  # [L]
+        return DecodeBatch(
+            seq_ids=seq_ids,
+            positions=pos_new,
+            write_blocks=table.gather(1, (pos_new // self.block_tokens)[:, None]).squeeze(1),
+            write_offsets=pos_new % self.block_tokens,
+            read_blocks=table,
+            read_mask=pos[None, :] <= pos_new[:, None],
+        )
+
+    def write_decode(self, batch: DecodeBatch, layer: int, kv_new: torch.Tensor) -> None:
+        """Store the step's new K,V of one layer: kv_new [B, 2, kvh, hd]."""
+        self.kv[batch.write_blocks, layer, batch.write_offsets] = kv_new.to(self.kv.dtype)
+
+    def gather_decode(self, batch: DecodeBatch, layer: int) -> torch.Tensor:
+        """K,V of every position of the batch's sequences: [B, L, 2, kvh, hd] (padded, see read_mask)."""
+        b, m = batch.read_blocks.shape
+        blocks = self.kv.select(1, layer).index_select(0, batch.read_blocks.flatten())  # [B*M, bt, 2, kvh, hd]
+        return blocks.view(b, m * self.block_tokens, *blocks.shape[2:])

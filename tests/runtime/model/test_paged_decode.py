@@ -1,0 +1,128 @@
+"""Paged decode with continuous batching against full recompute, and the PagedKVCache ledger."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualpath.runtime.model import LayerKV, OutOfBlocksError, PagedKVCache, layer_kv_to_bytes
+from dualpath.runtime.model.loader import tiny_config
+
+ATOL = 1e-4
+
+
+def _run_continuous_batching(model, prompts, schedule, block_tokens, num_blocks):
+    """schedule[step] = sequences in that step's batch. A sequence joins (prefill, then its K,V are
+    loaded into the cache through Layer Block bytes) at its first step and leaves after its last.
+    Returns {seq: (tokens, [logits of each decode step])} with the greedy tokens appended."""
+    cache = PagedKVCache(model.config, num_blocks, block_tokens, dtype=model.dtype)
+    seqs, step_logits, last_step = {}, {}, {}
+    for step, batch in enumerate(schedule):
+        for s in batch:
+            last_step[s] = step
+    for step, batch in enumerate(schedule):
+        for s in batch:
+            if s not in seqs:
+                res = model.prefill([(0, prompts[s])])
+                cache.load_prompt_bytes(s, [bytes(layer_kv_to_bytes(kv[0])) for kv in res.new_kv])
+                seqs[s] = [*prompts[s], int(res.logits[0].argmax())]
+                step_logits[s] = []
+        logits = model.decode_step(cache, batch, [seqs[s][-1] for s in batch])
+        for s, row in zip(batch, logits):
+            step_logits[s].append(row)
+            seqs[s].append(int(row.argmax()))
+            if last_step[s] == step:
+                cache.free(s)
+        cache.check_invariants()
+    assert cache.num_free_blocks == num_blocks  # every block came back
+    return {s: (seqs[s], step_logits[s]) for s in seqs}
+
+
+def _check_against_recompute(model, prompts, runs):
+    for s, (tokens, logits) in runs.items():
+        ref = model(tokens[:-1])  # one full recompute gives the reference logits of every step
+        n = len(prompts[s])
+        assert int(ref[n - 1].argmax()) == tokens[n]
+        for k, row in enumerate(logits):
+            assert (row - ref[n + k]).abs().max().item() <= ATOL
+            assert int(ref[n + k].argmax()) == tokens[n + k + 1]
+
+
+def test_tiny_continuous_batching_matches_recompute(tiny):
+    model = tiny.model
+    gen = torch.Generator().manual_seed(7)
+    prompts = {s: torch.randint(0, 256, (n,), generator=gen).tolist() for s, n in enumerate([3, 9, 17, 4, 30])}
+    schedule = [[0, 1], [0, 1], [1, 0, 2], [2, 1, 0], [2, 3], [3, 2, 4], [4, 3], [4, 3], [4], [4, 3]]
+    runs = _run_continuous_batching(model, prompts, schedule, block_tokens=4, num_blocks=40)
+    _check_against_recompute(model, prompts, runs)
+
+
+def test_smollm2_continuous_batching_matches_recompute(smollm2):
+    model = smollm2.model
+    tok = smollm2.tokenizer
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time"]
+    prompts = dict(enumerate(tok.encode(t) for t in texts))
+    schedule = [[0, 1], [0, 1], [1, 2, 0], [2, 1], [3, 2], [2, 3], [3]]
+    runs = _run_continuous_batching(model, prompts, schedule, block_tokens=4, num_blocks=32)
+    _check_against_recompute(model, prompts, runs)
+
+
+def test_decode_refuses_when_out_of_blocks(tiny):
+    model = tiny.model
+    cache = PagedKVCache(model.config, num_blocks=2, block_tokens=2, dtype=model.dtype)
+    res = model.prefill([(0, [1, 2, 3, 4])])
+    cache.load_prompt(0, [kv[0] for kv in res.new_kv])
+    with pytest.raises(OutOfBlocksError):
+        model.decode_step(cache, [0], [5])
+    assert cache.num_tokens(0) == 4  # unchanged
+    cache.check_invariants()
+
+
+# ---- the ledger under random operations -------------------------------------------------------
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "extend", "decode", "free"]), st.integers(0, 5), st.integers(0, 13)),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS, block_tokens=st.sampled_from([1, 2, 4]), num_blocks=st.integers(1, 12))
+def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks):
+    cfg = tiny_config(0)
+    cache = PagedKVCache(cfg, num_blocks, block_tokens)
+    shadow: dict[int, int] = {}  # seq -> tokens written so far, each holding the value seq*1000 + position
+
+    def fill(seq, start, stop):
+        values = torch.arange(start, stop, dtype=torch.float32) + 1000 * seq
+        cache.write(seq, 1, start, LayerKV(values[:, None, None, None].expand(-1, 2, cfg.num_kv_heads, cfg.head_dim)))
+
+    for op, seq, n in ops:
+        before = (cache.num_free_blocks, dict(shadow))
+        try:
+            if op == "add" and seq not in shadow:
+                cache.add_sequence(seq, n)
+                fill(seq, 0, n)
+                shadow[seq] = n
+            elif op == "extend" and seq in shadow:
+                cache.extend(seq, n)
+                fill(seq, shadow[seq], shadow[seq] + n)
+                shadow[seq] += n
+            elif op == "decode" and shadow:
+                batch = sorted(shadow)[: n % len(shadow) + 1]
+                decode = cache.prepare_decode(batch)
+                kv_new = decode.positions.float() + 1000 * torch.tensor(batch, dtype=torch.float32)
+                cache.write_decode(decode, 1, kv_new[:, None, None, None].expand(-1, 2, cfg.num_kv_heads, cfg.head_dim))
+                for s in batch:
+                    shadow[s] += 1
+            elif op == "free" and seq in shadow:
+                assert cache.free(seq) == cache.blocks_for_tokens(shadow.pop(seq))
+        except OutOfBlocksError:
+            assert (cache.num_free_blocks, dict(shadow)) == before  # a refused allocation changes nothing
+        cache.check_invariants()
+        for s, count in shadow.items():
+            assert cache.num_tokens(s) == count
+            got = cache.read(s, 1).kv[:, 0, 0, 0]
+            assert torch.equal(got, torch.arange(count, dtype=torch.float32) + 1000 * s)  # no block aliasing
