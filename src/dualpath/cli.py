@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .config import ClusterConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
+from .config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode, parse_tokens
 from .errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
@@ -89,6 +89,7 @@ def sim(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
 ) -> None:
     """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode."""
     from .sim.runner import plot_runs, run_modes, write_json
@@ -96,7 +97,7 @@ def sim(
     modes = mode or ["basic", "dualpath", "oracle"]
     for m in modes:
         parse_mode(m)
-    cfg = build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale)
+    cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale), set_ or [])
     if quiet:
         result = run_modes(cfg, modes)
     else:

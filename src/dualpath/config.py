@@ -84,27 +84,27 @@ class ComputeKnobs:
     # Attention kernels run BF16 math: FlashMLA sparse prefill 640 TFLOPS on H800 = 65% of 989
     # (HARDWARE.md 1.2, [S-FMLA]).
     attn_efficiency: float = 0.65
-    # Fixed cost per prefill forward (launches, per-layer EP dispatch/combine latency). PAPER.md
-    # 4.1 Fig. 3 right [F]: throughput x2.6 at batch 5, x2.9 at 10, x3.0 at 20 over batch 1 fits
-    # t(b) = t0 + b * t1 with t0 ~ 2.5 * t1, t1 = one 30K-context, 300-token request; the
-    # simulator derives t0 from that rule for each model unless this is set (seconds).
-    prefill_overhead_s: float | None = None
-    prefill_overhead_per_request_ratio: float = 2.5
-    # Decode: DeepEP low-latency dispatch + combine per layer at EP32 ~ 120 + 170 us (HARDWARE.md
-    # 1.2, [S-DEP]: 77-194 us and 114-369 us from EP8 to EP256) -> 0.29 ms per layer.
-    decode_overhead_per_layer_s: float = 0.29e-3
+    # Fixed cost of every layer of a forward (prefill) or step (decode): expert-parallel dispatch
+    # + combine latency. DeepEP low-latency kernels at EP32: ~120 + 170 us (HARDWARE.md 1.2,
+    # [S-DEP]: 77-194 us and 114-369 us from EP8 to EP256) -> 0.29 ms per layer.
+    ep_latency_per_layer_s: float = 0.29e-3
+    # Extra fixed cost per prefill forward, seconds. None: derived from PAPER.md 4.1 Fig. 3 right
+    # [F] (one engine's throughput x2.6 / x2.9 / x3.0 at 5 / 10 / 20 requests of 30K context +
+    # 300 new tokens over 1 request fits t(b) = t0 + b * t1 with t0 = 2.5 * t1).
+    prefill_forward_overhead_s: float | None = None
+    fig3_overhead_per_request_ratio: float = 2.5
     # FlashMLA memory-bound decode reaches 3,000 of 3,350 GB/s = 0.9 (HARDWARE.md 1.2, [S-FMLA]).
     decode_hbm_efficiency: float = 0.9
-    # Decode GEMMs at small batch: same system-level MFU as prefill (HARDWARE.md 1.3 gives 14.6%
-    # for DeepSeek's decode fleet).
+    # Decode GEMMs: DeepSeek's decode fleet ran at 14.6% of FP8 dense (HARDWARE.md 1.3, [S-D6]).
     decode_mfu: float = 0.146
 
     def __post_init__(self) -> None:
         for name in ("prefill_mfu", "attn_efficiency", "decode_hbm_efficiency", "decode_mfu"):
             v = getattr(self, name)
             if not 0 < v <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {v}")
-
+                raise InputError(f"{name} must be in (0, 1], got {v}")
+        if self.ep_latency_per_layer_s < 0:
+            raise InputError("ep_latency_per_layer_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +193,10 @@ class WorkloadConfig:
     gen_scale: float = 1.0
     arrival_aps: float | None = None  # None = offline (all agents at t=0); else Poisson agents/s
     trajectory_file: str | None = None
+    # Online runs: stop the clock at horizon_s (None = run until every agent finishes) and measure
+    # latencies only over turns that arrive at or after warmup_s.
+    horizon_s: float | None = None
+    warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_agents <= 0:
@@ -203,6 +207,10 @@ class WorkloadConfig:
             raise InputError("append/gen scales must be positive")
         if self.arrival_aps is not None and self.arrival_aps <= 0:
             raise InputError("--aps must be positive")
+        if self.horizon_s is not None and self.horizon_s <= 0:
+            raise InputError("horizon_s must be positive")
+        if self.warmup_s < 0 or (self.horizon_s is not None and self.warmup_s >= self.horizon_s):
+            raise InputError("warmup_s must be >= 0 and below horizon_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,3 +255,53 @@ def paper_cluster(model: str, pd: str | None = None, **overrides: Any) -> Cluste
         model=spec.name, num_prefill_nodes=p, num_decode_nodes=d, node=node,
         expert_parallel=preset["expert_parallel"], **overrides,
     )
+
+
+def _coerce(text: str, current: Any, path: str) -> Any:
+    low = text.strip().lower()
+    if low in ("none", "null"):
+        return None
+    if isinstance(current, bool):
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise InputError(f"--set {path}: expected true or false, got {text!r}")
+    try:
+        if isinstance(current, int):
+            return int(float(text)) if float(text).is_integer() else int(text)
+        if isinstance(current, float) or current is None:
+            return float(text)
+    except ValueError:
+        raise InputError(f"--set {path}: expected a number, got {text!r}") from None
+    return text
+
+
+def apply_overrides(cfg: SimConfig, assignments: list[str]) -> SimConfig:
+    """`--set section.field=value` (nested with dots, e.g. cluster.node.storage_read_bytes_per_s=none).
+    Values take the type of the field's current value; the result is validated on construction."""
+    for item in assignments:
+        if "=" not in item:
+            raise InputError(f"--set expects path=value, got {item!r}")
+        path, text = item.split("=", 1)
+        parts = path.strip().split(".")
+        cfg = _replace_path(cfg, parts, text, path)
+    return cfg
+
+
+def _replace_path(obj: Any, parts: list[str], text: str, path: str) -> Any:
+    name = parts[0]
+    if not dataclass_has_field(obj, name):
+        raise InputError(f"--set {path}: {type(obj).__name__} has no field {name!r}")
+    current = getattr(obj, name)
+    if len(parts) == 1:
+        if hasattr(current, "__dataclass_fields__"):
+            raise InputError(f"--set {path}: is a section, name one of its fields")
+        value = _coerce(text, current, path)
+    else:
+        value = _replace_path(current, parts[1:], text, path)
+    return replace(obj, **{name: value})
+
+
+def dataclass_has_field(obj: Any, name: str) -> bool:
+    return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__

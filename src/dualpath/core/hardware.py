@@ -34,6 +34,15 @@ class NodeSpec:
     cnic_bytes_per_s: float = 50 * GB  # per GPU per direction: 400 Gbps ConnectX-7 (HARDWARE.md 2.1)
     snic_bytes_per_s: float = 50 * GB  # per node per direction: 1 x 400 Gbps (PAPER.md 1.2)
     dram_buffer_bytes: float = 80 * GB  # PE/DE buffer per node: 80 GB for DeepSeek models (PAPER.md 1.1)
+    # What one node's storage client actually reads from 3FS; None = the SNIC line rate. 3FS's
+    # KVCache clients peak at 40 GiB/s per node on a 400 Gbps NIC (HARDWARE.md 3.1, [S-3FS]).
+    storage_read_bytes_per_s: float | None = 40 * 2**30
+
+    @property
+    def snic_read_bytes_per_s(self) -> float:
+        if self.storage_read_bytes_per_s is None:
+            return self.snic_bytes_per_s
+        return min(self.snic_bytes_per_s, self.storage_read_bytes_per_s)
 
     def __post_init__(self) -> None:
         if self.gpus_per_node <= 0 or min(self.cnic_bytes_per_s, self.snic_bytes_per_s, self.dram_buffer_bytes) <= 0:

@@ -6,8 +6,9 @@ Definitions (both worlds):
 - TTST = second token - first token (PD transfer, H2D into DE HBM, first decode step).
 - TPOT = (finish - second token) / (gen - 2), for turns that generate at least 3 tokens.
 - JCT (offline) = time the last agent finishes; per agent: its finish - its arrival.
-Breakdown of TTFT (PAPER.md 6.4, Fig. 12): scheduling = arrival -> both engines assigned;
-read = wait in the read queue + the read; prefill = ready -> first token (batch wait + forwards).
+Breakdown of TTFT (PAPER.md 6.4, Fig. 12): scheduling = arrival -> PE assigned (global queue);
+allocation = PE assigned -> DE assigned with HBM reserved; read = wait in the read queue + the read;
+prefill = ready -> first token (batch wait + forwards).
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ class TurnRecorder:
     hit_tokens: list[int] = field(default_factory=list)
     read_side: list[int] = field(default_factory=list)  # 0 = PE path, 1 = DE path (ReadSide)
     sched_s: list[float] = field(default_factory=list)
+    alloc_s: list[float] = field(default_factory=list)
     read_s: list[float] = field(default_factory=list)
     prefill_s: list[float] = field(default_factory=list)
 
     def record(
-        self, agent: int, turn: int, arrival_s: float, assigned_s: float, read_end_s: float, first_s: float, second_s: float,
+        self, agent: int, turn: int, arrival_s: float, pe_assigned_s: float, assigned_s: float, read_end_s: float, first_s: float, second_s: float,
         finish_s: float, gen_tokens: int, input_tokens: int, hit_tokens: int, read_side: int,
     ) -> None:
-        if not arrival_s <= assigned_s <= read_end_s <= first_s <= finish_s:
+        if not arrival_s <= pe_assigned_s <= assigned_s <= read_end_s <= first_s <= finish_s:
             raise AssertionError(
                 f"timestamps out of order: arrival {arrival_s} assigned {assigned_s} read {read_end_s} first {first_s} finish {finish_s}"
             )
@@ -49,7 +51,8 @@ class TurnRecorder:
         self.input_tokens.append(input_tokens)
         self.hit_tokens.append(hit_tokens)
         self.read_side.append(read_side)
-        self.sched_s.append(assigned_s - arrival_s)
+        self.sched_s.append(pe_assigned_s - arrival_s)
+        self.alloc_s.append(assigned_s - pe_assigned_s)
         self.read_s.append(read_end_s - assigned_s)
         self.prefill_s.append(first_s - read_end_s)
 

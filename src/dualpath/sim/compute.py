@@ -1,16 +1,21 @@
 """Compute model: seconds for a PE forward and a DE decode step, from FLOPs and bytes.
 
 Prefill forward of a PE group (one node, DP attention + EP, all GPUs in lockstep):
-    t = prefill_overhead_s + max_gpu(attention FLOPs) / (bf16 peak * attn_efficiency)
-        + sum_gpu(linear FLOPs) / num_gpus / (linear peak * prefill_mfu)
+    t = layers * ep_latency + max_gpu(attention FLOPs) / (bf16 peak * attn_efficiency)
+        + max(sum_gpu(linear FLOPs) / num_gpus / (linear peak * prefill_mfu),
+              weights per GPU / (HBM * hbm_eff))
 Attention is per GPU (DP attention: a request lives on one GPU; the slowest GPU sets the pace);
-linear work (dense + experts) is spread over the group by expert parallelism.
+linear work (dense + experts) is spread over the group by expert parallelism, and cannot take
+less than reading the GPU's weights once (small batches are memory-bound).
 
 Decode step of a DE group (continuous batching, lockstep):
-    t = decode_overhead_s + max_gpu(max(attn FLOPs / (bf16 * attn_eff), KV bytes / (HBM * hbm_eff)))
+    t = layers * ep_latency + max_gpu(max(attn FLOPs / (bf16 * attn_eff), KV bytes / (HBM * hbm_eff)))
         + max(linear FLOPs / num_gpus / (peak * decode_mfu), weights per GPU / (HBM * hbm_eff))
 
-Every efficiency is a calibration knob with a source in `ComputeKnobs`.
+Every efficiency is a calibration knob with a source in `ComputeKnobs`. The fixed per-layer cost
+is the expert-parallel dispatch + combine latency; PAPER.md's Fig. 3 batching curve (x2.6 at 5
+requests, x2.9 at 10, x3.0 at 20) is then mostly the DP-attention structure itself: one request
+occupies one GPU's attention while the group's linear work is shared (`fig3_relative_throughput`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ FIG3_APPEND_TOKENS = 300
 
 
 class ComputeModel:
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, knobs: ComputeKnobs, gpus_per_group: int, weight_shards: int) -> None:
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, knobs: ComputeKnobs, gpus_per_group: int,
+                 prefill_weight_shards: int, decode_weight_shards: int) -> None:
         self.model = model
         self.gpu = gpu
         self.knobs = knobs
@@ -36,15 +42,17 @@ class ComputeModel:
         self._decode_linear_rate = linear_peak * knobs.decode_mfu
         self._attn_rate = gpu.bf16_flops_per_s * knobs.attn_efficiency
         self._hbm_rate = gpu.hbm_bytes_per_s * knobs.decode_hbm_efficiency
-        self.weight_bytes_per_gpu = model.weight_bytes / weight_shards
-        if knobs.prefill_overhead_s is not None:
-            self.prefill_overhead_s = knobs.prefill_overhead_s
+        self.prefill_weight_read_s = model.weight_bytes / prefill_weight_shards / self._hbm_rate
+        self.decode_weight_read_s = model.weight_bytes / decode_weight_shards / self._hbm_rate
+        self.decode_overhead_s = knobs.ep_latency_per_layer_s * model.num_layers
+        self.prefill_overhead_s = knobs.ep_latency_per_layer_s * model.num_layers
+        if knobs.prefill_forward_overhead_s is not None:
+            self.prefill_overhead_s += knobs.prefill_forward_overhead_s
         else:
-            t1 = self.attention_time_s(FIG3_CONTEXT_TOKENS, FIG3_APPEND_TOKENS) + (
-                model.linear_flops_per_token * FIG3_APPEND_TOKENS / self._linear_rate
-            )
-            self.prefill_overhead_s = knobs.prefill_overhead_per_request_ratio * t1
-        self.decode_overhead_s = knobs.decode_overhead_per_layer_s * model.num_layers
+            # Fig. 3 rule: t0 = ratio * t1, t1 = one 30K/300 request on one engine (GPU)
+            t1 = self.attention_time_s(FIG3_CONTEXT_TOKENS, FIG3_APPEND_TOKENS) + max(
+                model.linear_flops_per_token * FIG3_APPEND_TOKENS / self._linear_rate, self.prefill_weight_read_s)
+            self.prefill_overhead_s = max(self.prefill_overhead_s, knobs.fig3_overhead_per_request_ratio * t1)
 
     # --- prefill -------------------------------------------------------------------------
     def attention_time_s(self, cached_tokens: int, compute_tokens: int) -> float:
@@ -53,7 +61,7 @@ class ComputeModel:
 
     def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
         linear = self.model.linear_flops_per_token * total_compute_tokens / self.gpus_per_group / self._linear_rate
-        return self.prefill_overhead_s + max_gpu_attention_s + linear
+        return self.prefill_overhead_s + max_gpu_attention_s + max(linear, self.prefill_weight_read_s)
 
     # --- decode --------------------------------------------------------------------------
     def decode_request_cost(self, context_tokens: float) -> tuple[float, float]:
@@ -63,17 +71,25 @@ class ComputeModel:
 
     def decode_step_s(self, max_gpu_attention_s: float, total_requests: int) -> float:
         linear = self.model.linear_flops_per_token * total_requests / self.gpus_per_group / self._decode_linear_rate
-        weights = self.weight_bytes_per_gpu / self._hbm_rate
-        return self.decode_overhead_s + max_gpu_attention_s + max(linear, weights)
+        return self.decode_overhead_s + max_gpu_attention_s + max(linear, self.decode_weight_read_s)
 
     def gpu_attention_s(self, attn_compute_s: float, kv_read_bytes: float) -> float:
         """A GPU's decode attention time: compute- or memory-bound, whichever is slower."""
         return max(attn_compute_s, kv_read_bytes / self._hbm_rate)
 
     def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
-        """Prompt tokens one GPU processes per second on a steady stream of such requests in
-        batches of `batch_requests` per GPU: the profile behind beta (PAPER.md 3.2)."""
+        """Prompt tokens one GPU processes per second on a steady stream of such requests, every
+        GPU of the group taking `batch_requests` per forward: the profile behind beta (PAPER.md 3.2)."""
         attn = self.attention_time_s(context_tokens - miss_tokens, miss_tokens) * batch_requests
-        linear = self.model.linear_flops_per_token * miss_tokens * batch_requests / self._linear_rate
-        t = self.prefill_overhead_s + attn + linear
+        t = self.prefill_forward_s(attn, miss_tokens * batch_requests * self.gpus_per_group)
         return context_tokens * batch_requests / t
+
+    def fig3_relative_throughput(self, requests_per_forward: int) -> float:
+        """Token throughput of a group forward with n requests of 30K context + 300 new tokens
+        (spread over the GPUs), relative to one request: PAPER.md Fig. 3 right [F] reads 2.6 / 2.9 /
+        3.0 at 5 / 10 / 20."""
+        def forward_s(n: int) -> float:
+            per_gpu = -(-n // self.gpus_per_group)
+            attn = per_gpu * self.attention_time_s(FIG3_CONTEXT_TOKENS, FIG3_APPEND_TOKENS)
+            return self.prefill_forward_s(attn, n * FIG3_APPEND_TOKENS)
+        return requests_per_forward * forward_s(1) / forward_s(requests_per_forward)

@@ -53,6 +53,7 @@ class PrefillGroup:
         self.num_forwards = 0
         self.stream_bytes = 0.0  # cached KV streamed into PE HBM (all chunks)
         self.pd_bytes = 0.0  # KV sent PE -> DE buffers
+        self.attention_balance: list[tuple[float, float]] = []  # (time, max/avg GPU attention) per forward
         f = sim.features
         sched = sim.cfg.scheduler
         cm = sim.compute
@@ -88,6 +89,7 @@ class PrefillGroup:
         sim = self.sim
         entries: list[tuple[Engine, SimRequest, int]] = []
         max_attn_s = 0.0
+        sum_attn_s = 0.0
         total_tokens = 0
         for eng in self.node.engines:
             if not eng.batch_queue:
@@ -104,8 +106,11 @@ class PrefillGroup:
                 attn_s += sim.compute.attention_time_s(be.cached_tokens, be.compute_tokens)
                 total_tokens += be.compute_tokens
             max_attn_s = max(max_attn_s, attn_s)
+            sum_attn_s += attn_s
         if not entries:
             return
+        if sum_attn_s > 0:
+            self.attention_balance.append((sim.loop.now_s, max_attn_s * len(self.node.engines) / sum_attn_s))
         self.busy = True
         self.num_forwards += 1
         fwd = Forward(entries, sim.compute.prefill_forward_s(max_attn_s, total_tokens))

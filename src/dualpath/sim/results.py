@@ -30,15 +30,28 @@ def _window_bytes(sim: "Simulator") -> np.ndarray:
     return np.diff(samples, axis=0)
 
 
+def _mean(a: np.ndarray) -> float:
+    return float(a.mean()) if a.size else float("nan")
+
+
+def _attention_balance(sim: "Simulator") -> float:
+    """Mean over forwards of max/avg attention time across a group's GPUs (PAPER.md 6.6, Fig. 14)."""
+    ratios = [r for g in sim.prefill_groups.values() for _, r in g.attention_balance]
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
 def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
     rec = sim.recorder
-    arrival = np.asarray(rec.arrival_s)
-    first = np.asarray(rec.first_s)
-    second = np.asarray(rec.second_s)
-    finish = np.asarray(rec.finish_s)
-    gen = np.asarray(rec.gen_tokens)
-    jct_s = max(a.finish_s for a in sim.agents) - min(a.arrival_s for a in sim.agents)
-    agent_jct = [a.finish_s - a.arrival_s for a in sim.agents]
+    keep = np.asarray(rec.arrival_s) >= sim.cfg.workload.warmup_s  # online: skip the warm-up
+    arrival = np.asarray(rec.arrival_s)[keep]
+    first = np.asarray(rec.first_s)[keep]
+    second = np.asarray(rec.second_s)[keep]
+    finish = np.asarray(rec.finish_s)[keep]
+    gen = np.asarray(rec.gen_tokens)[keep]
+    done = [a for a in sim.agents if a.finish_s >= 0]
+    all_done = len(done) == len(sim.agents)
+    jct_s = (max(a.finish_s for a in sim.agents) - min(a.arrival_s for a in sim.agents)) if all_done else float("nan")
+    agent_jct = [a.finish_s - a.arrival_s for a in done]
     two = gen >= 2
     three = gen >= 3
     tpot = (finish[three] - second[three]) / (gen[three] - 2)
@@ -47,7 +60,7 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
     snic_out = [n.snic_out for n in sim.nodes]
     cnics = [l for e in sim.engines_by_id.values() for l in (e.cnic_out, e.cnic_in)]
     cfg = sim.cfg
-    window_capacity = cfg.cluster.node.snic_bytes_per_s * cfg.metrics.balance_window_s
+    window_capacity = cfg.cluster.node.snic_read_bytes_per_s * cfg.metrics.balance_window_s
     pe_busy = [g.busy_s / duration for g in sim.prefill_groups.values()] if duration > 0 else []
     de_busy = [g.busy_s / duration for g in sim.decode_groups.values()] if duration > 0 else []
     snic_read_util = _utilisation(snic_in, duration)
@@ -60,9 +73,10 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
         "ttst_s": distribution(second[two] - first[two]).to_dict(),
         "tpot_s": distribution(tpot).to_dict(),
         "ttft_breakdown_mean_s": {
-            "scheduling": float(np.mean(rec.sched_s)),
-            "read": float(np.mean(rec.read_s)),
-            "prefill": float(np.mean(rec.prefill_s)),
+            "scheduling": _mean(np.asarray(rec.sched_s)[keep]),
+            "allocation": _mean(np.asarray(rec.alloc_s)[keep]),
+            "read": _mean(np.asarray(rec.read_s)[keep]),
+            "prefill": _mean(np.asarray(rec.prefill_s)[keep]),
         },
         "bytes": {
             "storage_to_prefill": sim.reads.bytes_by_side[ReadSide.PREFILL],
@@ -87,8 +101,12 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
             "decode_mean": float(np.mean(de_busy)) if de_busy else 0.0,
         },
         "scheduler": {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions},
+        "policy_wall_s": sim.driver.policy_cpu_s,
+        "prefill_attention_max_over_avg": _attention_balance(sim),
         "prefill_forwards": sum(g.num_forwards for g in sim.prefill_groups.values()),
         "num_agents": len(sim.agents),
+        "num_agents_finished": len(done),
+        "horizon_s": sim.cfg.workload.horizon_s,
         "num_turns": len(rec),
         "num_events": sim.loop.num_events,
         "sim_duration_s": duration,

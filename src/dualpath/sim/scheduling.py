@@ -14,6 +14,7 @@ Engines pull periodically in the paper; an event-driven pass is the limit of a s
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,7 @@ class PolicyDriver:
         self._rr_side = RoundRobinCursor()
         self.num_passes = 0
         self.num_decisions = 0
+        self.policy_cpu_s = 0.0  # wall time inside scheduling passes (instrumentation, not sim time)
 
     def submit(self, req: SimRequest) -> None:
         self.pe_queue.append(req)
@@ -67,10 +69,12 @@ class PolicyDriver:
     def _pass(self, _: object) -> None:
         self._pending = False
         self.num_passes += 1
+        t0 = time.perf_counter()
         if self.pe_queue:
             self._fetch_prefill()
         if self.de_queue or self.dirty:
             self._fetch_decode()
+        self.policy_cpu_s += time.perf_counter() - t0
 
     # --- 1. PE selection --------------------------------------------------------------------
     def _fetch_prefill(self) -> None:

@@ -58,7 +58,8 @@ class Simulator:
         weights = cfg.scheduler.lane_weights
         self._weights = weights
         self.compute = ComputeModel(
-            self.model, cl.gpu_spec, cfg.compute, cl.node.gpus_per_node, cl.weight_shards(cl.num_decode_nodes)
+            self.model, cl.gpu_spec, cfg.compute, cl.node.gpus_per_node,
+            cl.weight_shards(cl.num_prefill_nodes), cl.weight_shards(cl.num_decode_nodes),
         )
         self.pe_kv_hbm_bytes = cl.kv_hbm_bytes_per_gpu(cl.num_prefill_nodes)
         self.de_kv_hbm_bytes = cl.kv_hbm_bytes_per_gpu(cl.num_decode_nodes)
@@ -90,7 +91,7 @@ class Simulator:
         self.links: list[Link] = [self.storage_egress] if self.storage_egress else []
         for nid in range(cl.num_prefill_nodes + cl.num_decode_nodes):
             is_pe = nid < cl.num_prefill_nodes
-            node = Node(nid, is_pe, Link(f"snic_in{nid}", ns.snic_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
+            node = Node(nid, is_pe, Link(f"snic_in{nid}", ns.snic_read_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
             self.links += [node.snic_in, node.snic_out]
             hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
             for g in range(ns.gpus_per_node):
@@ -122,7 +123,7 @@ class Simulator:
         """alpha and beta "profiled in advance" (PAPER.md 3.2): alpha from the SNIC rate; beta from
         the compute model on the workload's mean turn, in batches the compute quota allows."""
         sched = self.cfg.scheduler
-        alpha = sched.alpha_read_s * self.cfg.cluster.node.snic_bytes_per_s / self.kv_bytes_per_token
+        alpha = sched.alpha_read_s * self.cfg.cluster.node.snic_read_bytes_per_s / self.kv_bytes_per_token
         prompts, misses = [], []
         for a in self.agents:
             ctx = 0
@@ -259,7 +260,7 @@ class Simulator:
         self.driver.kick()
         del self.inflight[req.rid]
         self.recorder.record(
-            req.rid.agent, req.rid.turn, req.t_arrival, req.t_de, req.t_read_end, req.t_first, req.t_second, now,
+            req.rid.agent, req.rid.turn, req.t_arrival, req.t_pe, req.t_de, req.t_read_end, req.t_first, req.t_second, now,
             req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side),
         )
         agent = req.agent
@@ -294,33 +295,40 @@ class Simulator:
             row.append(n.snic_in.served_bytes[Lane.KV])
         self._snic_samples.append(row)
         if self.num_agents_done < len(self.agents):
-            self.loop.call_at(self.loop.now_s + self.cfg.metrics.balance_window_s, self._sample, None, PRIO_SAMPLE)
+            nxt = self.loop.now_s + self.cfg.metrics.balance_window_s
+            horizon = self.cfg.workload.horizon_s
+            if horizon is None or nxt <= horizon:
+                self.loop.call_at(nxt, self._sample, None, PRIO_SAMPLE)
 
     def run(self, progress: Any = None) -> dict[str, Any]:
+        """Run until every agent finishes, or until the workload's horizon (online runs)."""
         t0 = time.perf_counter()
         for agent in self.agents:
             self.loop.call_at(agent.arrival_s, self._arrive, agent, PRIO_ARRIVAL)
         self.loop.call_at(0.0, self._sample, None, PRIO_SAMPLE)
+        horizon = self.cfg.workload.horizon_s
+        until = float("inf") if horizon is None else horizon
         every = self.cfg.check_invariants_every
         total = len(self.agents)
-        if every or progress is not None:
-            step = every or 20000
-            while self.loop.pending and self.num_agents_done < total:
-                before = self.loop.num_events
-                self.loop.run(stop=_counter_stop(self.loop, step))
-                if every:
-                    self.check_invariants()
-                if progress is not None:
-                    progress(self.num_agents_done, total)
-                if self.loop.num_events == before:
-                    break
-        else:
-            self.loop.run(stop=lambda: self.num_agents_done >= total)
-        if self.num_agents_done < total:
+        step = every or 20000
+        chunked = bool(every or progress is not None)
+        while self.loop.pending and self.num_agents_done < total and self.loop.now_s < until:
+            before = self.loop.num_events
+            self.loop.run(until_s=until, stop=_counter_stop(step) if chunked else self._all_done)
+            if every:
+                self.check_invariants()
+            if progress is not None:
+                progress(self.num_agents_done, total)
+            if self.loop.num_events == before:
+                break
+        if horizon is None and self.num_agents_done < total:
             raise RuntimeError(f"simulation stalled: {self.num_agents_done}/{total} agents finished at t={self.loop.now_s:.1f}s")
         self._sample(None)
         self.check_invariants()
         return build_result(self, time.perf_counter() - t0)
+
+    def _all_done(self) -> bool:
+        return self.num_agents_done >= len(self.agents)
 
     # --- ledgers -------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -361,7 +369,7 @@ class Simulator:
         self.net.check_invariants(self.links)
 
 
-def _counter_stop(loop: EventLoop, step: int):
+def _counter_stop(step: int):
     count = [0]
 
     def stop() -> bool:

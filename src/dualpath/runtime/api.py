@@ -1,0 +1,80 @@
+"""The seam between the HTTP server and the cluster: what a router offers a front end.
+
+The server (`runtime/server.py`) knows nothing about engines, lanes or storage; it turns HTTP
+requests into `GenerationRequest`s and streams back `TokenEvent`s. The real implementation is
+`runtime/router.py`; tests use an in-process fake.
+
+Contract of `Router.generate`:
+  1. it validates nothing the server can validate (lengths, types); it may still raise
+     `InputError` for what only it can know;
+  2. it yields one `TokenEvent` per generated token, in order; the last one has `finished=True`
+     and a `finish_reason` ("stop": an EOS / stop token was generated, "length": max_tokens);
+  3. if the consumer stops iterating (client gone), closing the async generator cancels the
+     request and frees its resources on every engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    # Generate at least this many tokens (EOS is ignored until then); trace replay sets
+    # min_tokens = max_tokens to force exactly N tokens, as the paper's replay does (A.3).
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError("max_tokens must be positive")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be in [0, max_tokens]")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int
+    index: int  # 0 for the first generated token
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | None while running
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV was loaded instead of computed
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str, allow_added_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+class Router(Protocol):
+    model_name: str
+    tokenizer: TokenizerLike
+    max_context_tokens: int  # prompt + generated must fit
+    eos_token_ids: tuple[int, ...]
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]: ...
+
+    def health(self) -> dict: ...
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition of the router's metrics."""
+        ...
