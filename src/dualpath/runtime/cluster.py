@@ -1,0 +1,123 @@
+"""A local PD-disaggregated cluster: one process per engine, the router in this process.
+
+Start-up:
+  1. a private temporary directory for the control sockets (and the KV store unless configured;
+     the oracle keeps its store in /dev/shm: "KV kept in memory");
+  2. the model's tokenizer, shape and fingerprint (the store refuses blocks of another model);
+  3. one host buffer per node (shared memory, Full Block slots, owned by the router) and one
+     landing zone per prefill engine (its "HBM" for the batch's cached KV);
+  4. the router, then the engine processes (spawned; each loads the model), then wait for every
+     engine's `Hello`.
+Shutdown sends `Stop`, joins the processes and unlinks every segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..config import RuntimeConfig
+from ..core.blocks import BlockLayout
+from .clock import MonotonicClock
+from .engine_common import EngineSpec, engine_main, kv_dtype
+from .model import load_model
+from .router import Router
+from .store import BlockStore
+from .transport.channel import Outbox, ipc_endpoint
+from .transport.messages import Stop
+from .transport.shm import HostBuffer
+
+
+class LocalCluster:
+    def __init__(self, config: RuntimeConfig, start_timeout_s: float = 300.0) -> None:
+        self.cfg = config
+        self.start_timeout_s = start_timeout_s
+        self.router: Router | None = None
+        self._procs: list[Any] = []
+        self._buffers: dict[int, HostBuffer] = {}
+        self._landing: dict[int, HostBuffer] = {}
+        self._tmp: str | None = None
+        self._store_tmp: str | None = None
+        self.store: BlockStore | None = None
+
+    async def __aenter__(self) -> "LocalCluster":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self._tmp = tempfile.mkdtemp(prefix="dp-")
+        if cfg.store_dir:
+            store_root = cfg.store_dir
+        else:
+            base = "/dev/shm" if cfg.features.io_free and Path("/dev/shm").is_dir() else None
+            self._store_tmp = tempfile.mkdtemp(prefix="dp-store-", dir=base)
+            store_root = self._store_tmp
+        loaded = load_model(cfg.model, device="cpu", seed=cfg.seed)
+        mcfg, tokenizer = loaded.model.config, loaded.tokenizer
+        del loaded
+        dtype = kv_dtype(cfg)
+        tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
+        layout = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl)
+        fingerprint = mcfg.fingerprint(dtype)
+        self.store = BlockStore(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1)
+        engines = [(e, "prefill") for e in range(cfg.num_prefill)] + [(cfg.num_prefill + d, "decode") for d in range(cfg.num_decode)]
+        fbb = layout.full_block_bytes
+        slots = max(1, cfg.host_buffer_bytes // fbb)
+        for e, _ in engines:
+            self._buffers[e] = HostBuffer.create(fbb, slots)
+        for e, role in engines:
+            if role == "prefill":
+                self._landing[e] = HostBuffer.create(cfg.pe_hbm_bytes, 1)
+        segments = {e: (b.name, b.slot_bytes * b.num_slots) for e, b in self._buffers.items()}
+        router_ep = ipc_endpoint(self._tmp, "router")
+        self.router = Router(cfg, model_name=cfg.model, tokenizer=tokenizer, max_context_tokens=mcfg.max_position_tokens,
+                             eos_token_ids=tuple(mcfg.eos_token_ids), kv_bytes_per_token=tbpl * mcfg.num_layers,
+                             full_block_bytes=fbb, buffers=self._buffers, store=self.store, endpoint=router_ep,
+                             clock=MonotonicClock())
+        self.router.start(asyncio.get_running_loop())
+        ctx = mp.get_context("spawn")
+        for e, role in engines:
+            landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == "prefill" else ()
+            spec = EngineSpec(e, role, ipc_endpoint(self._tmp, f"e{e}"), router_ep, cfg, segments, landing, store_root, fingerprint)
+            p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)
+            p.start()
+            self._procs.append(p)
+        try:
+            await self.router.wait_ready(self.start_timeout_s)
+        except Exception:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        router = self.router
+        if router is not None:
+            for e in list(router.engines.values()):
+                if e.outbox is not None:
+                    e.outbox.send(Stop("cluster shutdown"))
+        loop = asyncio.get_running_loop()
+        for p in self._procs:
+            await loop.run_in_executor(None, p.join, 60)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+        await asyncio.sleep(0.2)  # last Counters messages
+        if router is not None:
+            router.stop()
+        for b in (*self._buffers.values(), *self._landing.values()):
+            b.close()
+        self._buffers.clear()
+        self._landing.clear()
+        if self.store is not None:
+            self.store.close()
+        for d in (self._tmp, self._store_tmp):
+            if d:
+                shutil.rmtree(d, ignore_errors=True)
+        self._procs.clear()

@@ -1,0 +1,226 @@
+"""Decode engine process: DE buffer, the DE read path, continuous batching, persistence.
+
+Numbered path of one request through a DE (protocol.py has the whole picture):
+  1. `DecodeAssign`: the router has reserved KV-cache room (HBM) and a DE-buffer region. DE path
+     with a hit: read the hit blocks into the region through this node's SNIC, then `HitReady`
+     to the PE (and `ReadDone` to the router).
+  2. `LayerPull` (DE path): this engine's CNIC arbiter writes layer l of the cached tokens from
+     the region into the PE's landing zone, then `LayerReady` to the PE.
+  3. `PromptReady`: every prompt byte is in the region. Copy it into the KV cache (H2D, through the
+     arbiter), tell the router (`PromptLoaded`: the region is freed), persist the prompt's new
+     full blocks, and join the running batch with the first token the PE sampled.
+  4. Every decode step runs all running requests (continuous batching); each token goes to the
+     router; a block that becomes full is copied out (D2H) and persisted through the SNIC.
+  5. At EOS (when allowed) or max_tokens: free the KV cache, `DecodeDone` to the router.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..core.blocks import ROOT_DIGEST, block_digest
+from ..core.snapshot import ReadSide
+from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished
+from .kv_region import contiguous
+from .model import PagedKVCache
+from .model.generate import SamplingParams as ModelSampling
+from .model.generate import TokenSampler
+from .protocol import (Cancel, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PromptLoaded,
+                       PromptReady, ReadDone, Token)
+from .transport import ShmRegion
+from .transport.messages import Stop
+
+_SEED_STRIDE = 0x9E3779B1  # decode tokens use a seed derived from the request's, distinct from the PE's
+
+
+@dataclass(slots=True)
+class DReq:
+    a: DecodeAssign
+    tokens: list = field(default_factory=list)  # prompt + generated
+    generated: int = 0
+    digests: list = field(default_factory=list)  # chained digests of the full blocks so far
+    persisted_blocks: int = 0
+    hit_blocks: int = 0
+    sampler: TokenSampler | None = None
+    running: bool = False
+    cancelled: bool = False
+    finishing: bool = False
+    pending_copies: int = 0  # H2D and D2H copies that still touch this request's cache blocks
+
+
+class DecodeEngine(EngineBase):
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__(spec)
+        self.node = spec.engine
+        bt = self.cfg.block_tokens
+        self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt) + self.cfg.max_decode_batch,
+                                  block_tokens=bt, dtype=self.dtype, device=self.cfg.device)
+        self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
+        self.reqs: dict[int, DReq] = {}
+        self.eos = set(self.mcfg.eos_token_ids)
+
+    def run(self) -> None:
+        self.to_router(Hello(self.spec.engine, "decode", self.spec.endpoint, self.cfg.de_kv_tokens,
+                             self.buffers[self.node].nbytes, 0.0, 0.0))
+        while not self._stop:
+            while True:
+                msg = self.inbox.recv(0)
+                if msg is None:
+                    break
+                self.handle(msg)
+            if any(r.running for r in self.reqs.values()):
+                self._step()
+            else:
+                self.pump(lambda: self._stop or any(r.running for r in self.reqs.values()), timeout_s=0.05)
+        self.close()
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, DecodeAssign):
+            self._assign(msg)
+        elif isinstance(msg, ReadFinished):
+            r = self.reqs.get(msg.rid)
+            if r is not None:
+                self.to_router(ReadDone(msg.rid, self.spec.engine, r.a.hit_tokens, msg.nbytes, msg.ok_blocks))
+                self.send(r.a.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
+        elif isinstance(msg, LayerPull):
+            self._layer_pull(msg)
+        elif isinstance(msg, PromptReady):
+            self._prompt_ready(msg)
+        elif isinstance(msg, CopyDone):
+            self._copy_done(msg)
+        elif isinstance(msg, Cancel):
+            r = self.reqs.get(msg.rid)
+            if r is not None:
+                r.cancelled = True
+                if r.running or (r.generated == 0 and r.pending_copies == 0):
+                    self._finish(r)
+        elif isinstance(msg, Stop):
+            self._stop = True
+
+    # --- 1. assignment and the DE read path ---------------------------------------------------
+    def _assign(self, a: DecodeAssign) -> None:
+        seed = (a.seed * 2654435761 + _SEED_STRIDE) % (2**63)
+        r = DReq(a, tokens=list(a.prompt_ids), sampler=TokenSampler(ModelSampling(a.temperature, a.top_p, seed)))
+        self.reqs[a.rid] = r
+        if a.read_side == ReadSide.DECODE and a.hit_tokens:
+            nb = a.hit_tokens // self.cfg.block_tokens
+            self.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
+
+    # --- 2. layer streams to the PE -----------------------------------------------------------
+    def _layer_pull(self, m: LayerPull) -> None:
+        r = self.reqs[m.rid]
+        spans = self.geom.layer_spans(r.a.de_offsets, m.layer, 0, m.num_tokens)
+        dst = self._attached.view(ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.geom.token_bytes_per_layer))
+        reply, rid, layer = m.reply_to, m.rid, m.layer
+        self.copy(self.buffers[self.node], spans, dst, contiguous(0, dst.nbytes),
+                  lambda _res: self.send(reply, LayerReady(rid, layer)))
+
+    # --- 3. prompt into the KV cache ------------------------------------------------------------
+    def _prompt_ready(self, m: PromptReady) -> None:
+        r = self.reqs.get(m.rid)
+        if r is None or r.cancelled:
+            return
+        bt = self.cfg.block_tokens
+        r.hit_blocks = m.hit_tokens // bt
+        r.tokens.append(m.first_token)
+        r.generated = 1
+        n = len(r.a.prompt_ids)
+        self.cache.add_sequence(m.rid, n)
+        fbb = self.geom.full_block_bytes
+        table = self.cache.block_table(m.rid)
+        src_spans = [(off, fbb) for off in r.a.de_offsets]
+        dst_spans = [(b * fbb, fbb) for b in table]
+        rid = m.rid
+        r.pending_copies += 1
+        self.copy(self.buffers[self.node], src_spans, self.cache_bytes.numpy(), dst_spans,
+                  lambda _res: self.to_self(CopyDone(rid, "h2d", -1)))
+
+    def _copy_done(self, m: CopyDone) -> None:
+        r = self.reqs.get(m.rid)
+        if r is None:
+            return
+        r.pending_copies -= 1
+        if m.kind == "h2d":
+            self.to_router(PromptLoaded(m.rid))
+            if r.cancelled:
+                self._finish(r)
+                return
+            self._persist_full_blocks(r)
+            if self._done(r, r.tokens[-1]):
+                self._finish(r)
+            else:
+                r.running = True
+        elif r.finishing and r.pending_copies == 0:
+            self._release(r)
+
+    # --- 4. decode ------------------------------------------------------------------------------
+    def _step(self) -> None:
+        running = [r for r in self.reqs.values() if r.running][: self.cfg.max_decode_batch]
+        t0 = time.perf_counter()
+        logits = self.model.decode_step(self.cache, [r.a.rid for r in running], [r.tokens[-1] for r in running])
+        self.counters["busy_s"] += time.perf_counter() - t0
+        self.counters["forwards"] += 1
+        for r, row in zip(running, logits):
+            if r.generated < r.a.min_tokens or r.a.ignore_eos:
+                row = row.clone()
+                row[list(self.eos)] = float("-inf")
+            tok = r.sampler(row)
+            r.tokens.append(tok)
+            idx = r.generated
+            r.generated += 1
+            done = self._done(r, tok)
+            reason = ("length" if r.generated >= r.a.max_tokens else "stop") if done else ""
+            self.to_router(Token(r.a.rid, tok, idx, done, reason))
+            self._persist_full_blocks(r)
+            if done:
+                self._finish(r)
+
+    def _done(self, r: DReq, last: int) -> bool:
+        if r.generated >= r.a.max_tokens:
+            return True
+        eos_allowed = not r.a.ignore_eos and r.generated >= max(1, r.a.min_tokens)
+        return eos_allowed and last in self.eos
+
+    def _persist_full_blocks(self, r: DReq) -> None:
+        """Persist blocks whose every position has KV in the cache (PAPER.md 1.4): prompt blocks
+        beyond the hit, then each generated block as it fills. The hit blocks are already stored."""
+        bt = self.cfg.block_tokens
+        have = self.cache.num_tokens(r.a.rid) // bt
+        while len(r.digests) < have:
+            b = len(r.digests)
+            parent = r.digests[-1] if r.digests else ROOT_DIGEST
+            r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
+        table = self.cache.block_table(r.a.rid)
+        fbb = self.geom.full_block_bytes
+        while r.persisted_blocks < have:
+            b = r.persisted_blocks
+            r.persisted_blocks += 1
+            if b < r.hit_blocks:
+                continue
+            staging = np.empty(fbb, dtype=np.uint8)  # D2H into host DRAM, then storage
+            digest, rid = r.digests[b], r.a.rid
+            r.pending_copies += 1
+
+            def done(_res, d=digest, s=staging, rid=rid) -> None:
+                self.persist(d, s)
+                self.to_self(CopyDone(rid, "d2h", -1))
+
+            self.copy(self.cache_bytes.numpy(), [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
+
+    def _finish(self, r: DReq) -> None:
+        """Stop decoding; the cache blocks are freed once no copy touches them any more."""
+        r.running = False
+        r.finishing = True
+        if r.pending_copies == 0:
+            self._release(r)
+
+    def _release(self, r: DReq) -> None:
+        rid = r.a.rid
+        if rid in self.cache.seq_ids:
+            self.cache.free(rid)
+        del self.reqs[rid]
+        self.to_router(DecodeDone(rid, self.spec.engine))

@@ -1,0 +1,229 @@
+"""What every engine process has: the model, its node's emulated NICs, buffers, store and mail.
+
+An engine process runs one control loop on its main thread. Everything that completes elsewhere
+(a storage read on the reader thread, a copy on the CNIC arbiter's thread) posts a message to the
+engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..config import RuntimeConfig
+from ..core.blocks import BlockLayout
+from ..core.lanes import Lane
+from .clock import MonotonicClock
+from .kv_region import KvGeometry, SpanCopy
+from .model import load_model
+from .protocol import Counters
+from .store import BlockStore
+from .transport import LinkArbiter, ShmRegion, TokenBucket
+from .transport.channel import Inbox, Outbox
+from .transport.messages import message
+from .transport.shm import SharedSegments
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """Everything a spawned engine process needs (picklable)."""
+
+    engine: int
+    role: str  # "prefill" | "decode"
+    endpoint: str
+    router_endpoint: str
+    config: RuntimeConfig
+    segments: dict  # node -> (segment name, size in bytes): every node's host buffer
+    landing: tuple  # (segment name, size): this PE's landing zone ("HBM"), or () for a DE
+    store_root: str
+    fingerprint: str
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ReadFinished:
+    """Reader thread -> own inbox."""
+
+    rid: int
+    ok_blocks: int
+    nbytes: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class CopyDone:
+    """Arbiter thread -> own inbox: a tagged copy finished."""
+
+    rid: int
+    kind: str
+    layer: int
+
+
+def kv_dtype(config: RuntimeConfig) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.kv_dtype]
+
+
+class EngineBase:
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        cfg = spec.config
+        self.cfg = cfg
+        torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(cfg.seed)
+        self.loaded = load_model(cfg.model, device=cfg.device, seed=cfg.seed)
+        self.model = self.loaded.model
+        self.mcfg = self.model.config
+        self.dtype = kv_dtype(cfg)
+        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        tbpl = self.mcfg.kv_bytes_per_token_per_layer(self.dtype)
+        self.geom = KvGeometry(self.mcfg.num_layers, cfg.block_tokens, tbpl)
+        self.layout = BlockLayout(self.mcfg.num_layers, cfg.block_tokens, tbpl)
+        self.itemsize = itemsize
+        self.clock = MonotonicClock()
+        self.features = cfg.features
+        io_free = self.features.io_free
+        self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if io_free else cfg.cnic_rate, cfg.lane_weights,
+                                   self.clock, chunk_bytes=cfg.chunk_bytes)
+        snic = None if io_free else cfg.snic_bytes_per_s
+        burst = self.geom.full_block_bytes
+        self.snic_read = TokenBucket(snic, burst, self.clock)
+        self.snic_write = TokenBucket(snic, burst, self.clock)
+        self.store = BlockStore(spec.store_root, self.layout, spec.fingerprint, cfg.kv_dtype,
+                                capacity_bytes=cfg.store_capacity_bytes, num_threads=2)
+        self._attached = SharedSegments()
+        self.buffers: dict[int, np.ndarray] = {
+            int(node): self._attached.view(ShmRegion(name, 0, size)) for node, (name, size) in spec.segments.items()
+        }
+        self.inbox = Inbox(spec.endpoint)
+        self._outboxes: dict[str, Outbox] = {}
+        self._out_lock = threading.Lock()
+        self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0}
+        self._reads: queue.Queue = queue.Queue()
+        self._writes: queue.Queue = queue.Queue()
+        self._stop = False
+        self._reader = threading.Thread(target=self._read_loop, name=f"reader{spec.engine}", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name=f"writer{spec.engine}", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    # --- mail -------------------------------------------------------------------------------
+    def send(self, endpoint: str, msg: Any) -> None:
+        with self._out_lock:
+            box = self._outboxes.get(endpoint)
+            if box is None:
+                box = self._outboxes[endpoint] = Outbox(endpoint)
+        box.send(msg)
+
+    def to_router(self, msg: Any) -> None:
+        self.send(self.spec.router_endpoint, msg)
+
+    def to_self(self, msg: Any) -> None:
+        self.send(self.spec.endpoint, msg)
+
+    def pump(self, until: Callable[[], bool], timeout_s: float = 0.05) -> None:
+        """Handle messages until `until()` holds (or forever in the idle loop)."""
+        while not until() and not self._stop:
+            msg = self.inbox.recv(timeout_s)
+            if msg is not None:
+                self.handle(msg)
+
+    def handle(self, msg: Any) -> None:  # overridden
+        raise NotImplementedError
+
+    # --- storage (the node's SNIC) ------------------------------------------------------------
+    def read_blocks(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> None:
+        """Queue a FIFO read of Full Blocks into slots of `node`'s buffer; ReadFinished follows."""
+        self._reads.put((rid, digests, node, offsets))
+
+    def _read_loop(self) -> None:
+        fbb = self.geom.full_block_bytes
+        while True:
+            job = self._reads.get()
+            if job is None:
+                return
+            rid, digests, node, offsets = job
+            buf = self.buffers[node]
+            ok = 0
+            for d, off in zip(digests, offsets):
+                self.snic_read.consume(fbb)
+                if self.store.read_into([bytes(d)], buf[off : off + fbb]) != 1:
+                    break  # a block that fails its checksum is never used: the hit ends here
+                ok += 1
+            self.counters["storage_read_bytes"] += ok * fbb
+            self.to_self(ReadFinished(rid, ok, ok * fbb))
+
+    def persist(self, digest: bytes, payload: np.ndarray) -> None:
+        """Write one Full Block (a private copy) to storage through the node's SNIC."""
+        self._writes.put((digest, payload))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._writes.get()
+            if job is None:
+                return
+            digest, payload = job
+            self.snic_write.consume(len(payload))
+            self.store.put(digest, payload)
+            self.counters["storage_write_bytes"] += len(payload)
+
+    # --- copies over the CNIC ------------------------------------------------------------------
+    def copy(self, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list, on_done: Callable[[Any], None] | None,
+             lane: Lane = Lane.KV):
+        job = SpanCopy(src, src_spans, dst, dst_spans)
+        return self.arbiter.submit(lane, job.nbytes, job, on_done)
+
+    def report_counters(self) -> None:
+        st = self.arbiter.stats()
+        self.to_router(Counters(self.spec.engine, int(self.counters["storage_read_bytes"]),
+                                int(self.counters["storage_write_bytes"]), int(st.sent_bytes[Lane.KV]),
+                                int(st.sent_bytes[Lane.LATENCY_CRITICAL]), float(self.counters["busy_s"]),
+                                int(self.counters["forwards"])))
+
+    def close(self) -> None:
+        self._stop = True
+        self._reads.put(None)
+        self._writes.put(None)
+        self._writer.join(timeout=30)
+        self.arbiter.close()
+        self.report_counters()
+        with self._out_lock:
+            for box in self._outboxes.values():
+                box.close()
+        self.inbox.close()
+        self.store.close()
+        # drop every view into the shared segments before unmapping them
+        self.buffers.clear()
+        self.release_views()
+        gc.collect()
+        try:
+            self._attached.close()
+        except BufferError:
+            pass  # a view is still referenced somewhere; the process exit unmaps it
+
+    def release_views(self) -> None:
+        """Subclasses drop their own views into shared memory here."""
+
+
+def as_tensor(buf: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A torch view (no copy) of bytes in a host buffer."""
+    return torch.frombuffer(memoryview(buf), dtype=dtype).view(shape)
+
+
+def engine_main(spec: EngineSpec) -> None:
+    """Entry point of an engine process (multiprocessing spawn target)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.config.torch_threads))
+    if spec.role == "prefill":
+        from .prefill_engine import PrefillEngine
+
+        PrefillEngine(spec).run()
+    else:
+        from .decode_engine import DecodeEngine
+
+        DecodeEngine(spec).run()

@@ -1,0 +1,310 @@
+"""Prefill engine process: layerwise prefill with compute-quota batching and chunked prefill.
+
+Numbered path of one request through a PE (protocol.py has the whole picture):
+  1. `PrefillAssign`: PE path with a hit -> read the hit blocks into this node's buffer (the
+     reader thread paces them through the node's emulated SNIC); DE path -> wait for `HitReady`.
+     A block that fails its checksum ends the hit there; the rest is recomputed.
+  2. Ready requests join the batch queue (FIFO). When idle, the engine forms a batch with
+     `core.policy.form_prefill_batch` (DualPath: 300 ms of predicted attention; basic: a token
+     budget), chunking the last request; the cached KV of the batch must fit the landing zone.
+  3. Per layer l: the cached KV of every item lands in the landing zone ("HBM") - PE path: copied
+     from this node's buffer by this engine's CNIC arbiter; DE path: pulled from the DE, whose
+     arbiter writes it here - while layer l-1 computes (layerwise; otherwise all layers load first).
+     Layer l's new KV goes to the DE's buffer (PE path: the hit as well), through the arbiter.
+  4. After the last layer, the first token is sampled and sent to the router. Once every byte of
+     the prompt has reached the DE: `PromptReady` to the DE and `PrefillDone` to the router.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..core.policy import Budget, form_prefill_batch
+from ..core.snapshot import BatchCandidate, ReadSide
+from ..core.request import RequestId
+from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
+from .kv_region import contiguous
+from .model import LayerKV
+from .model.generate import SamplingParams as ModelSampling
+from .model.generate import TokenSampler
+from .protocol import (Cancel, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
+                       PromptReady, ReadDone)
+from .transport.messages import Stop
+
+
+@dataclass(slots=True)
+class PReq:
+    a: PrefillAssign
+    hit_tokens: int
+    cached: int = 0
+    ready: bool = False
+    hit_sent: bool = False
+    pending_pd: int = 0
+    computed: bool = False
+    first_token: int = -1
+    cancelled: bool = False
+    prompt: list = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.prompt) - self.cached
+
+    @property
+    def pe_path(self) -> bool:
+        return self.a.read_side == ReadSide.PREFILL
+
+
+class PrefillEngine(EngineBase):
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__(spec)
+        name, size = spec.landing
+        from .transport import ShmRegion
+
+        self.landing = self._attached.view(ShmRegion(name, 0, size))
+        self.landing_bytes = size
+        self.node = spec.engine
+        self.reqs: dict[int, PReq] = {}
+        self.queue: deque[PReq] = deque()
+        self._layer_pending: dict[int, int] = {}
+        self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
+        self.tbpl = self.geom.token_bytes_per_layer
+        cfg = self.cfg
+        if self.features.dualpath_scheduler:
+            budgets = [Budget("compute_quota_s", self.predicted_attention_s, cfg.compute_quota_s)]
+        else:
+            budgets = [Budget("tokens", lambda c, n: n, cfg.basic_tokens_per_forward)]
+        depth = 2 if self.features.layerwise_prefill else self.mcfg.num_layers
+        budgets.append(Budget("landing_bytes", lambda c, n: c * self.tbpl * depth, self.landing_bytes))
+        self.budgets = budgets
+        self.depth = depth
+
+    def release_views(self) -> None:
+        self.landing = None
+
+    # --- profile: the "profiled curve" behind the quota and beta (PAPER.md 3.2, 3.5) -------------
+    def attention_flops(self, cached: int, n: int) -> float:
+        m = self.mcfg
+        keys = n * (cached + 1) + n * (n - 1) / 2  # causal: token i sees cached + i + 1 keys
+        return 4.0 * m.num_heads * m.head_dim * m.num_layers * keys
+
+    def predicted_attention_s(self, cached: int, n: int) -> float:
+        return self.attention_flops(cached, n) / self.attn_flops_per_s
+
+    def _profile(self) -> tuple[float, float]:
+        m = self.model
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.mcfg.vocab_size, (2048 + 128,), generator=g).tolist()
+
+        def timed(cached: int) -> float:
+            kv = None
+            if cached:
+                pre = m.prefill([(0, ids[:cached])])
+                kv = [[layer[0]] for layer in pre.new_kv]
+            t0 = time.perf_counter()
+            m.prefill([(cached, ids[cached : cached + 128])], kv)
+            return time.perf_counter() - t0
+
+        timed(0)  # warm-up
+        t0, t1 = timed(0), timed(2048)
+        attn = max(t1 - t0, 1e-6)
+        return self.attention_flops(2048, 128) / attn, (2048 + 128) / t1
+
+    # --- control loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        self.to_router(Hello(self.spec.engine, "prefill", self.spec.endpoint, 0, self.buffers[self.node].nbytes,
+                             self.prefill_tokens_per_s, self.attn_flops_per_s))
+        while not self._stop:
+            batch = self._form_batch()
+            if batch:
+                self._forward(batch)
+            else:
+                self.pump(lambda: self._stop or self._has_work(), timeout_s=0.05)
+        self.close()
+
+    def _has_work(self) -> bool:
+        return any(r.ready and r.pending_pd == 0 and not r.computed for r in self.queue)
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, PrefillAssign):
+            self._assign(msg)
+        elif isinstance(msg, ReadFinished):
+            self._hit_loaded(msg.rid, msg.ok_blocks, report=msg.nbytes)
+        elif isinstance(msg, HitReady):
+            self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
+        elif isinstance(msg, LayerReady):
+            self._layer_pending[msg.layer] -= 1
+        elif isinstance(msg, CopyDone):
+            self._copy_done(msg)
+        elif isinstance(msg, Cancel):
+            r = self.reqs.get(msg.rid)
+            if r is not None:
+                r.cancelled = True  # dropped at the next batch formation unless in flight
+        elif isinstance(msg, Stop):
+            self._stop = True
+
+    def _assign(self, a: PrefillAssign) -> None:
+        r = PReq(a, a.hit_tokens, cached=a.hit_tokens, prompt=list(a.prompt_ids))
+        self.reqs[a.rid] = r
+        self.queue.append(r)
+        if a.hit_tokens == 0:
+            r.ready = True
+        elif r.pe_path:
+            nb = a.hit_tokens // self.cfg.block_tokens
+            self.read_blocks(a.rid, a.hit_digests, self.node, a.pe_offsets[:nb])
+
+    def _hit_loaded(self, rid: int, ok_blocks: int, report: int | None) -> None:
+        r = self.reqs.get(rid)
+        if report is not None:
+            self.to_router(ReadDone(rid, self.spec.engine, r.hit_tokens if r else 0, report, ok_blocks))
+        if r is None:
+            return
+        ok_tokens = min(r.hit_tokens, ok_blocks * self.cfg.block_tokens)
+        r.hit_tokens = r.cached = ok_tokens  # a block that failed its checksum is recomputed
+        r.ready = True
+
+    def _drop(self, r: PReq) -> None:
+        self.queue.remove(r)
+        del self.reqs[r.a.rid]
+        self.to_router(PrefillDone(r.a.rid, self.spec.engine))
+
+    # --- batch ------------------------------------------------------------------------------
+    def _form_batch(self) -> list[tuple[PReq, int]]:
+        while True:
+            msg = self.inbox.recv(0)
+            if msg is None:
+                break
+            self.handle(msg)
+        for r in [r for r in self.queue if r.cancelled and r.ready and r.pending_pd == 0 and not r.computed]:
+            self._drop(r)
+        eligible = [r for r in self.queue if r.ready and r.pending_pd == 0 and not r.computed]
+        cands = (BatchCandidate(RequestId(r.a.rid, 0), r.cached, r.remaining) for r in eligible)
+        entries = form_prefill_batch(cands, self.budgets)
+        return [(eligible[i], e.compute_tokens) for i, e in enumerate(entries)]
+
+    # --- forward -------------------------------------------------------------------------------
+    def _forward(self, batch: list[tuple[PReq, int]]) -> None:
+        t_start = time.perf_counter()
+        L = self.mcfg.num_layers
+        items = [(r.cached, r.prompt[r.cached : r.cached + n]) for r, n in batch]
+        zone = []  # per item: byte offset of its cached KV within one layer's zone
+        pos = 0
+        for r, _ in batch:
+            zone.append(pos)
+            pos += r.cached * self.tbpl
+        layer_zone_bytes = pos
+        state = self.model.begin_prefill(items)
+        self._layer_pending = {}
+        issued = -1
+        compute_s = 0.0
+        deferred: list[list[LayerKV]] = []
+        shape = (self.mcfg.num_kv_heads, self.mcfg.head_dim)
+        for l in range(L):
+            want = min(L - 1, l + self.depth - 1)
+            while issued < want:
+                issued += 1
+                self._issue_layer(issued, batch, zone, layer_zone_bytes)
+            self.pump(lambda: self._layer_pending[l] == 0, timeout_s=0.05)
+            base = (l % self.depth) * layer_zone_bytes
+            cached_kv = []
+            for (r, _), off in zip(batch, zone):
+                if r.cached == 0:
+                    cached_kv.append(None)
+                    continue
+                buf = self.landing[base + off : base + off + r.cached * self.tbpl]
+                cached_kv.append(LayerKV(as_tensor(buf, self.dtype, (r.cached, 2, *shape)).to(self.model.dtype)))
+            t0 = time.perf_counter()
+            new = self.model.prefill_layer(state, l, cached_kv)
+            compute_s += time.perf_counter() - t0
+            if self.features.layerwise_prefill:
+                self._send_layer(l, batch, new)
+            else:
+                deferred.append(new)
+        t0 = time.perf_counter()
+        logits = self.model.finish_prefill(state)
+        compute_s += time.perf_counter() - t0
+        for l, new in enumerate(deferred):  # not layerwise: the whole KV leaves after compute
+            self._send_layer(l, batch, new)
+        self.counters["busy_s"] += compute_s
+        self.counters["forwards"] += 1
+        for i, (r, n) in enumerate(batch):
+            r.cached += n
+            if r.pe_path:
+                r.hit_sent = True
+            if r.remaining == 0:
+                self._first_token(r, logits[i])
+        if not self.features.layerwise_prefill:
+            # the batch's KV occupies HBM until it has left: the next forward waits for it
+            self.pump(lambda: all(r.pending_pd == 0 for r, _ in batch), timeout_s=0.05)
+        self.last_forward_s = time.perf_counter() - t_start
+
+    def _issue_layer(self, l: int, batch: list[tuple[PReq, int]], zone: list[int], layer_zone_bytes: int) -> None:
+        base = (l % self.depth) * layer_zone_bytes
+        pending = 0
+        for (r, _), off in zip(batch, zone):
+            if r.cached == 0:
+                continue
+            pending += 1
+            nbytes = r.cached * self.tbpl
+            if r.pe_path:
+                src = self.buffers[self.node]
+                spans = self.geom.layer_spans(r.a.pe_offsets, l, 0, r.cached)
+                self.copy(src, spans, self.landing, contiguous(base + off, nbytes),
+                          lambda _res, rid=r.a.rid, l=l: self.to_self(LayerReady(rid, l)))
+            else:
+                self.send(r.a.de_endpoint, LayerPull(r.a.rid, l, r.cached, self.spec.landing[0], base + off, self.spec.endpoint))
+        self._layer_pending[l] = pending
+
+    def _send_layer(self, l: int, batch: list[tuple[PReq, int]], new: list[LayerKV]) -> None:
+        """Layer l's KV to the DE buffer: the new tokens (and, PE path, the hit once)."""
+        for (r, n), kv in zip(batch, new):
+            a = r.a
+            de_buf = self.buffers[a.de_engine]
+            data = kv.kv.to(self.dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
+            self._pd(r, l, data, contiguous(0, data.nbytes), de_buf, self.geom.layer_spans(a.de_offsets, l, r.cached, r.cached + n))
+            if r.pe_path and not r.hit_sent and r.hit_tokens:
+                own = self.buffers[self.node]
+                self._pd(r, l, own, self.geom.layer_spans(a.pe_offsets, l, 0, r.hit_tokens),
+                         de_buf, self.geom.layer_spans(a.de_offsets, l, 0, r.hit_tokens))
+            if r.pe_path and r.cached + n < len(r.prompt):
+                # a later chunk reloads this chunk's KV from the PE buffer
+                self._pd(r, l, data, contiguous(0, data.nbytes), self.buffers[self.node],
+                         self.geom.layer_spans(a.pe_offsets, l, r.cached, r.cached + n))
+
+    def _pd(self, r: PReq, l: int, src: np.ndarray, src_spans, dst: np.ndarray, dst_spans) -> None:
+        r.pending_pd += 1
+        rid = r.a.rid
+        self.copy(src, src_spans, dst, dst_spans, lambda _res: self.to_self(CopyDone(rid, "pd", l)))
+
+    def _copy_done(self, msg: CopyDone) -> None:
+        r = self.reqs.get(msg.rid)
+        if r is None:
+            return
+        r.pending_pd -= 1
+        if r.pending_pd == 0 and r.computed:
+            self._finish(r)
+
+    def _first_token(self, r: PReq, logits: torch.Tensor) -> None:
+        a = r.a
+        if a.suppress_eos:
+            logits = logits.clone()
+            logits[list(self.mcfg.eos_token_ids)] = float("-inf")
+        sampler = TokenSampler(ModelSampling(temperature=a.temperature, top_p=a.top_p, seed=a.seed))
+        r.first_token = sampler(logits)
+        r.computed = True
+        if not r.cancelled:
+            self.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens))
+        if r.pending_pd == 0:
+            self._finish(r)
+
+    def _finish(self, r: PReq) -> None:
+        a = r.a
+        if not r.cancelled:
+            self.send(a.de_endpoint, PromptReady(a.rid, r.first_token, r.hit_tokens))
+        self.queue.remove(r)
+        del self.reqs[a.rid]
+        self.to_router(PrefillDone(a.rid, self.spec.engine))

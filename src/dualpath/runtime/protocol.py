@@ -1,0 +1,195 @@
+"""Control messages between the router and the engine processes (msgpack over ZeroMQ).
+
+Bulk KV bytes never ride here: they move through shared memory (`transport.shm`) on a link's
+arbiter. Request ids are ints (the router's counter); token ids are lists of ints.
+
+Host buffers (one shared-memory segment per node, slots of one Full Block) are allocated by the
+router, which therefore knows every buffer's occupancy, as the paper's scheduler does.
+
+Numbered path of one request (router R, prefill engine P, decode engine D):
+  1. R -> D `DecodeAssign` with the DE-buffer region for the prompt: D reserves HBM (KV cache
+     blocks); on the DE path it reads the hit blocks into the region, then D -> P `HitReady`.
+  2. R -> P `PrefillAssign`: on the PE path P reads the hit into its PE-buffer region.
+  3. P runs layerwise prefill; per layer, cached KV lands in P's landing zone (PE path: P copies
+     from its buffer; DE path: P -> D `LayerPull`, D copies, D -> P `LayerReady`), and the layer's
+     new KV (plus, on the PE path, the hit) is written into D's region.
+  4. P -> R `FirstToken`; P -> D `PromptReady` once every PD byte has landed.
+  5. D copies the prompt into its KV cache (H2D), D -> R `PromptLoaded` (the region is freed),
+     decodes; D -> R `Token` per token, the last one `finished`; D persists every full block.
+  6. R -> P/D `Cancel` frees a request early (client gone).
+Engines report loads with every state change they own (`EngineReport`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .transport.messages import message
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Engine -> router at start: who it is and what it holds."""
+
+    engine: int
+    role: str  # "prefill" | "decode"
+    endpoint: str
+    kv_capacity_tokens: int  # DE: KV cache (HBM) size; PE: 0
+    buffer_bytes: int
+    prefill_tokens_per_s: float  # measured at start (PE), 0 for DE
+    attn_flops_per_s: float  # measured attention rate (PE), for the compute quota
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class PrefillAssign:
+    rid: int
+    prompt_ids: list
+    hit_tokens: int
+    hit_digests: list  # bytes, one per hit block, in order
+    read_side: int  # core.snapshot.ReadSide
+    de_engine: int
+    de_endpoint: str
+    de_segment: str
+    de_offsets: list  # one slot offset per prompt block (ceil(prompt / block_tokens))
+    pe_offsets: list  # PE-buffer slots (PE path); empty on the DE path
+    temperature: float
+    top_p: float
+    seed: int
+    suppress_eos: bool  # min_tokens > 0 or ignore_eos: the first token may not be EOS
+    layerwise: bool
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DecodeAssign:
+    rid: int
+    prompt_ids: list
+    hit_tokens: int
+    hit_digests: list
+    read_side: int
+    pe_endpoint: str
+    de_offsets: list
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    temperature: float
+    top_p: float
+    seed: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class PromptLoaded:
+    """D -> R: the prompt's KV is in D's KV cache; its DE-buffer region may be freed."""
+
+    rid: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class HitReady:
+    """D -> P (DE path): the hit blocks are in D's region; P may prefill."""
+
+    rid: int
+    ok_blocks: int  # blocks read and verified; fewer than asked means a checksum failure
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class LayerPull:
+    """P -> D: copy layer `layer` of tokens [0, num_tokens) of `rid` into P's landing zone."""
+
+    rid: int
+    layer: int
+    num_tokens: int
+    segment: str
+    offset_bytes: int
+    reply_to: str
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class LayerReady:
+    rid: int
+    layer: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class PromptReady:
+    """P -> D: every byte of the prompt's KV is in D's region; the first token was sampled.
+    `hit_tokens` is the hit that was used (less than assigned if a block failed its checksum)."""
+
+    rid: int
+    first_token: int
+    hit_tokens: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    rid: int
+    token: int
+    cached_tokens: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Token:
+    rid: int
+    token: int
+    index: int
+    finished: bool
+    reason: str  # "" while running, "stop" or "length"
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ReadDone:
+    """Engine -> R: a storage read finished on this engine's node (the read queue shrinks)."""
+
+    rid: int
+    engine: int
+    tokens: int
+    nbytes: int
+    ok_blocks: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """P -> R: the request left the PE (its tok/seq load ends)."""
+
+    rid: int
+    engine: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DecodeDone:
+    """D -> R: the request left the DE (HBM and load freed)."""
+
+    rid: int
+    engine: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    rid: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Engine -> R, periodically and at shutdown: cumulative byte counters."""
+
+    engine: int
+    storage_read_bytes: int
+    storage_write_bytes: int
+    cnic_kv_bytes: int
+    cnic_lc_bytes: int
+    busy_s: float
+    forwards: int

@@ -1,0 +1,633 @@
+"""OpenAI-compatible HTTP front end over any `Router` (runtime/api.py).
+
+Path of a request through the server:
+  1. `_FrontDoor` (outermost ASGI layer) checks the API key on /v1/ routes (401 otherwise) and
+     counts every response by route and status for /metrics;
+  2. FastAPI parses the body into `ChatCompletionBody` / `CompletionBody` (strict types); any
+     client mistake becomes a 400 with an OpenAI error body naming the field (`param`);
+  3. `_Server.prepare` (in a worker thread: chat rendering and BPE are CPU work) renders and encodes
+     the prompt, checks the context window and builds the `GenerationRequest`;
+  4. `_deltas` pulls `TokenEvent`s from `router.generate` and turns them into text deltas:
+     incremental detokenization (never a split UTF-8 character) and stop strings;
+  5. non-streaming: the deltas are collected; streaming: the first delta is pulled before the
+     response starts (so a router `InputError` is still a 400), then SSE chunks follow, ending
+     with `data: [DONE]`;
+  6. a client that disconnects (before or during the stream) cancels its request: every
+     generator in the chain (SSE -> deltas -> router) is closed in a `finally`, shielded from
+     cancellation, so the router frees the request on every engine.
+
+Wall time (for OpenAI's `created`) is read only by `system_wall_time_s`; tests inject their own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Annotated, Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Literal, TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dualpath.errors import InputError
+from dualpath.runtime.api import GenerationRequest, Router, SamplingParams, TokenizerLike
+from dualpath.runtime.metrics_text import CONTENT_TYPE, Sample, join_families, render_family
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Lifespan = Callable[[FastAPI], AsyncContextManager[None]]
+REPLACEMENT_CHAR = "\ufffd"  # what decode(errors="replace") gives for an incomplete UTF-8 tail
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged and counted, never received
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+# OpenAI parameters we do not implement: accepted only with a neutral value, else a 400
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "response_format": (None, {"type": "text"}),
+}
+
+
+def system_wall_time_s() -> float:
+    """Seconds since the Unix epoch: the server's only read of wall time (for `created`)."""
+    return time.time()
+
+
+def random_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+# ---- request bodies ----------------------------------------------------------------------------
+
+
+def _stop_list(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and any(s == "" for s in value):
+        raise ValueError("stop strings must not be empty")
+    return value
+
+
+def _message_text(value: Any) -> Any:
+    """OpenAI content: a string or a list of text parts (joined)."""
+    if not isinstance(value, list):
+        return value
+    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
+        raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+    return "".join(p["text"] for p in value)
+
+
+def _one_prompt(value: Any) -> Any:
+    """A string or a list of token ids; a list holding one of those is unwrapped."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(type(t) is int and t >= 0 for t in value):
+        return value
+    raise ValueError("prompt must be one string or one list of non-negative token ids")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, BeforeValidator(_message_text)]
+
+
+class _GenerationBody(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: Annotated[list[str] | None, BeforeValidator(_stop_list)] = None
+    n: int | None = None
+    # vLLM extensions; trace replay sets min_tokens = max_tokens to force exactly that many tokens
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
+
+
+class ChatCompletionBody(_GenerationBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, gt=0)  # OpenAI's newer name for max_tokens
+
+
+class CompletionBody(_GenerationBody):
+    prompt: Annotated[str | list[int], BeforeValidator(_one_prompt)]
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+class RequestError(Exception):
+    """A client mistake found after parsing: answered with `status` and an OpenAI error body."""
+
+    def __init__(self, message: str, param: str | None, code: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   kind: str = "invalid_request_error") -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    """FastAPI's error location ("body", "messages", 0, "role") as OpenAI writes it: messages.[0].role."""
+    parts = [f"[{p}]" if isinstance(p, int) else str(p) for p in loc[1:]]
+    return ".".join(parts) or None
+
+
+def _validation_response(exc: RequestValidationError, content_type: str) -> JSONResponse:
+    error = exc.errors()[0]
+    param = _param_of(tuple(error.get("loc", ())))
+    if error.get("type") == "json_invalid":
+        return error_response(400, f"the request body is not valid JSON: {error.get('msg')}", None, "invalid_json")
+    if param is None:
+        if error.get("type") == "missing":
+            return error_response(400, "the request body is empty: send a JSON object", None, "missing_body")
+        if not content_type.startswith("application/json"):
+            return error_response(400, "send the body as JSON, with 'Content-Type: application/json'", None,
+                                  "invalid_content_type")
+        return error_response(400, "the request body must be a JSON object", None, "invalid_body")
+    cause = (error.get("ctx") or {}).get("error")
+    detail = str(cause) if isinstance(cause, Exception) else error.get("msg", "invalid value")
+    return error_response(400, f"{param}: {detail}", param, error.get("type"))
+
+
+# ---- text from tokens --------------------------------------------------------------------------
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text deltas out. A delta never ends inside a UTF-8 character: bytes of an
+    incomplete character are held back until it completes (or `flush`). The deltas concatenate
+    to `decode(all ids, skip_special=True)`.
+
+    Each step decodes a window from `_prefix` (a character boundary, kept for tokenizers whose
+    decode of a slice depends on the token before it) to the end; `_read` marks what was emitted."""
+
+    def __init__(self, tokenizer: TokenizerLike) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        decode = self._tokenizer.decode
+        emitted = decode(self._ids[self._prefix : self._read], skip_special=True)
+        text = decode(self._ids[self._prefix :], skip_special=True)
+        if not final and (len(text) <= len(emitted) or text.endswith(REPLACEMENT_CHAR)):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(emitted) :]
+
+
+class StopStrings:
+    """Holds back the text that could still become a stop string; once one appears, `stopped`
+    is set and the text from the stop string on is dropped (OpenAI does not return it)."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = stops
+        self._hold_chars = max((len(s) for s in stops), default=1) - 1
+        self._pending = ""  # text not yet returned; no stop string starts before it
+        self.stopped = False
+
+    def feed(self, text: str, final: bool) -> str:
+        if not self._stops:
+            return text
+        self._pending += text
+        hits = [i for s in self._stops if (i := self._pending.find(s)) >= 0]
+        if hits:
+            self.stopped = True
+            out, self._pending = self._pending[: min(hits)], ""
+            return out
+        keep = 0 if final else min(self._hold_chars, len(self._pending))
+        out, self._pending = self._pending[: len(self._pending) - keep], self._pending[len(self._pending) - keep :]
+        return out
+
+
+# ---- generation --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def as_json(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    finish_reason: str | None = None  # set on the last delta only, with `usage`
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated request and what its responses repeat."""
+
+    chat: bool
+    response_id: str
+    created: int
+    model: str
+    request: GenerationRequest
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+async def close_quietly(agen: Any) -> None:
+    """Close an async generator even inside a cancelled scope: a router frees the request there."""
+    aclose = getattr(agen, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing a generation stream failed")
+
+
+async def _deltas(router: Router, job: Job) -> AsyncIterator[Delta]:
+    """One delta per token (possibly empty); the last carries finish_reason and usage."""
+    events = router.generate(job.request)
+    detokenizer, stops = IncrementalDetokenizer(router.tokenizer), StopStrings(job.stops)
+    try:
+        async for event in events:
+            text = detokenizer.push(event.token_id) + (detokenizer.flush() if event.finished else "")
+            text = stops.feed(text, final=event.finished)
+            if stops.stopped or event.finished:
+                reason = "stop" if stops.stopped else (event.finish_reason or "stop")
+                yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens))
+                return
+            yield Delta(text)
+    finally:
+        await close_quietly(events)
+    raise RuntimeError(f"router ended request {job.request.request_id} without a finished event")
+
+
+async def _collect(deltas: AsyncIterator[Delta]) -> Delta:
+    parts: list[str] = []
+    try:
+        async for delta in deltas:
+            parts.append(delta.text)
+            if delta.finish_reason is not None:
+                return Delta("".join(parts), delta.finish_reason, delta.usage)
+    finally:
+        await close_quietly(deltas)
+    raise RuntimeError("generation ended without a finish reason")
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """`await work()`, or None if the client disconnects first (then `work` is cancelled)."""
+    result: T | None = None
+    error: Exception | None = None
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            nonlocal result, error
+            try:
+                result = await work()
+            except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
+                error = exc
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        await _wait_for_disconnect(request)
+        group.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
+
+
+class EventStream(StreamingResponse):
+    """SSE that cancels its generator as soon as the client disconnects and always closes it
+    (Starlette leaves an abandoned generator to the garbage collector)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        except* OSError:  # a send to a closed connection (ASGI servers of spec 2.4)
+            pass
+        finally:
+            await close_quietly(self.body_iterator)
+
+
+# ---- response bodies ---------------------------------------------------------------------------
+
+
+def _completion_json(job: Job, final: Delta) -> dict:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
+    if job.chat:
+        choice["message"] = {"role": "assistant", "content": final.text}
+    else:
+        choice["text"] = final.text
+    return {"id": job.response_id, "object": "chat.completion" if job.chat else "text_completion",
+            "created": job.created, "model": job.model, "choices": [choice],
+            "usage": final.usage.as_json() if final.usage else None}
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
+    """A chunk with one choice; `text` None means an empty delta (the finishing chunk)."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if job.chat:
+        choice["delta"] = {"role": "assistant", "content": text or ""} if role else (
+            {"content": text} if text is not None else {})
+    else:
+        choice["text"] = text or ""
+    body = {"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
+            "created": job.created, "model": job.model, "choices": [choice]}
+    if job.include_usage:
+        body["usage"] = None
+    return _sse(body)
+
+
+async def _event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[str]:
+    try:
+        if job.chat:
+            yield _chunk(job, "", role=True)
+        delta = first
+        while delta.finish_reason is None:
+            if delta.text:
+                yield _chunk(job, delta.text)
+            # The router (events already queued) and a send to a gone client may both return without
+            # suspending; this lets the disconnect listener run, so a gone client is noticed.
+            await anyio.lowlevel.checkpoint()
+            delta = await anext(deltas)
+        if delta.text:
+            yield _chunk(job, delta.text)
+        yield _chunk(job, None, delta.finish_reason)
+        if job.include_usage and delta.usage is not None:
+            yield _sse({"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
+                        "created": job.created, "model": job.model, "choices": [], "usage": delta.usage.as_json()})
+    except InputError as exc:  # the status line is sent already: report in the stream, as vLLM does
+        yield _sse({"error": {"message": str(exc), "type": "invalid_request_error", "param": None, "code": None}})
+    except Exception:
+        log.exception("generation of %s failed mid-stream", job.response_id)
+        yield _sse({"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}})
+    finally:
+        await close_quietly(deltas)
+    yield "data: [DONE]\n\n"
+
+
+# ---- the application ---------------------------------------------------------------------------
+
+
+class _Server:
+    def __init__(self, router: Router, wall_time_s: Callable[[], float], new_request_id: Callable[[], str]) -> None:
+        self.router = router
+        self.wall_time_s = wall_time_s
+        self.new_request_id = new_request_id
+        self.started = int(wall_time_s())
+        self.responses: Counter[tuple[str, int]] = Counter()  # (route, status) -> count
+
+    def _prompt_ids(self, body: ChatCompletionBody | CompletionBody) -> list[int]:
+        tokenizer = self.router.tokenizer
+        if isinstance(body, ChatCompletionBody):
+            messages = [{"role": m.role, "content": m.content} for m in body.messages]
+            try:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as exc:  # e.g. a template's raise_exception("roles must alternate")
+                raise RequestError(f"messages: the chat template rejected them: {exc}", "messages") from exc
+            return tokenizer.encode(text, allow_added_tokens=True)
+        if isinstance(body.prompt, str):
+            return tokenizer.encode(body.prompt, allow_added_tokens=True)
+        vocab_size = getattr(tokenizer, "vocab_size", None)
+        if vocab_size is not None and any(t >= vocab_size for t in body.prompt):
+            raise RequestError(f"prompt: token ids must be below the vocabulary size {vocab_size}", "prompt")
+        return list(body.prompt)
+
+    def _max_tokens(self, body: ChatCompletionBody | CompletionBody, num_prompt_tokens: int) -> int:
+        """max_tokens (default: the rest of the context window), checked against the window."""
+        chat = isinstance(body, ChatCompletionBody)
+        prompt_param = "messages" if chat else "prompt"
+        name, value = ("max_completion_tokens", body.max_completion_tokens) if chat and (
+            body.max_completion_tokens is not None) else ("max_tokens", body.max_tokens)
+        window = self.router.max_context_tokens
+        room = window - num_prompt_tokens
+        if room <= 0:
+            raise RequestError(f"{prompt_param}: {num_prompt_tokens} tokens leave no room to generate in this "
+                               f"model's context window of {window} tokens", prompt_param, "context_length_exceeded")
+        if value is not None and value > room:
+            raise RequestError(f"{name}: {num_prompt_tokens} prompt tokens + {value} to generate exceed this model's "
+                               f"context window of {window} tokens", name, "context_length_exceeded")
+        return room if value is None else value
+
+    def prepare(self, body: ChatCompletionBody | CompletionBody) -> Job:
+        chat = isinstance(body, ChatCompletionBody)
+        if body.model is not None and body.model != self.router.model_name:
+            raise RequestError(f"model: {body.model!r} does not exist; this server serves "
+                               f"{self.router.model_name!r}", "model", "model_not_found")
+        if body.n not in (None, 1):
+            raise RequestError("n: only n=1 is supported", "n")
+        for name, value in (body.model_extra or {}).items():
+            if name in NEUTRAL_VALUES and value not in NEUTRAL_VALUES[name]:
+                raise RequestError(f"{name}: not supported by this server", name, "unsupported_parameter")
+        prompt_ids = self._prompt_ids(body)
+        if not prompt_ids:
+            raise RequestError("the prompt is empty (0 tokens)", "messages" if chat else "prompt")
+        max_tokens = self._max_tokens(body, len(prompt_ids))
+        min_tokens = body.min_tokens or 0
+        if min_tokens > max_tokens:
+            raise RequestError(f"min_tokens: {min_tokens} is more than max_tokens ({max_tokens})", "min_tokens")
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            seed=body.seed,
+            min_tokens=min_tokens,
+            ignore_eos=bool(body.ignore_eos),
+        )
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.new_request_id()}"
+        return Job(chat=chat, response_id=response_id, created=int(self.wall_time_s()), model=self.router.model_name,
+                   request=GenerationRequest(response_id, tuple(prompt_ids), params), stops=tuple(body.stop or ()),
+                   stream=bool(body.stream),
+                   include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage))
+
+    async def respond(self, request: Request, body: ChatCompletionBody | CompletionBody) -> Response:
+        job = await anyio.to_thread.run_sync(self.prepare, body)
+        deltas = _deltas(self.router, job)
+        try:
+            # streaming: only the first delta, so that a router's InputError is still a 400
+            outcome = await unless_disconnected(request, lambda: anext(deltas) if job.stream else _collect(deltas))
+        except BaseException:
+            await close_quietly(deltas)
+            raise
+        if outcome is None:
+            await close_quietly(deltas)
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        if not job.stream:
+            return JSONResponse(_completion_json(job, outcome))
+        return EventStream(_event_stream(job, outcome, deltas), media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def health(self) -> JSONResponse:
+        try:
+            body = {"status": "ok", **self.router.health()}
+        except Exception:
+            log.exception("router.health() failed")
+            body = {"status": "error"}
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    def metrics(self) -> PlainTextResponse:
+        samples = [Sample(n, {"route": route, "code": str(code)})
+                   for (route, code), n in sorted(self.responses.items())]
+        own = render_family("dualpath_http_responses_total", "counter", "HTTP responses by route and status.", samples)
+        return PlainTextResponse(join_families(self.router.metrics_text(), own), media_type=CONTENT_TYPE)
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.router.model_name, "object": "model", "created": self.started,
+                                            "owned_by": "dualpath", "max_model_len": self.router.max_context_tokens}]}
+
+
+class _FrontDoor:
+    """Outermost ASGI layer: the API key on /v1/ routes, and response counts by route and status."""
+
+    def __init__(self, app: Any, server: _Server, api_key: str | None) -> None:
+        self.app, self.server = app, server
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    def _authorized(self, scope: dict) -> bool:
+        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        return hmac.compare_digest(given, self.expected)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status = 500  # unless a response starts
+
+        async def counting_send(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
+                response = error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                                          code="invalid_api_key", kind="authentication_error")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                await response(scope, receive, counting_send)
+            else:
+                await self.app(scope, receive, counting_send)
+        finally:
+            self.server.responses[(route, status)] += 1
+
+
+def create_app(router: Router, api_key: str | None = None, *, wall_time_s: Callable[[], float] = system_wall_time_s,
+               new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
+    """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
+    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
+    `lifespan` (FastAPI's) runs on the server's event loop: start the router there, stop it after."""
+    server = _Server(router, wall_time_s, new_request_id)
+    app = FastAPI(title="dualpath", summary="OpenAI-compatible API of the dualpath runtime", lifespan=lifespan)
+    app.add_middleware(_FrontDoor, server=server, api_key=api_key)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc, request.headers.get("content-type", ""))
+
+    @app.exception_handler(RequestError)
+    async def on_request_error(_: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(InputError)
+    async def on_input_error(_: Request, exc: InputError) -> JSONResponse:
+        return error_response(400, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), code=str(exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def on_server_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(500, "internal server error", kind="server_error")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return server.health()
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return server.metrics()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return server.models()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        if model_id != router.model_name:
+            return error_response(404, f"model {model_id!r} does not exist", "model", "model_not_found")
+        return JSONResponse(server.models()["data"][0])
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request) -> Response:
+        return await server.respond(request, body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
+        return await server.respond(request, body)
+
+    return app
+
+
+def serve(router: Router, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
+          lifespan: Lifespan | None = None, log_level: str = "info", graceful_shutdown_s: int = 5) -> None:
+    """Run the API with uvicorn until interrupted; binds to localhost unless told otherwise. On
+    shutdown, streams still open after `graceful_shutdown_s` are cancelled (freeing their requests)."""
+    import uvicorn
+
+    uvicorn.run(create_app(router, api_key, lifespan=lifespan), host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=graceful_shutdown_s)

@@ -1,0 +1,94 @@
+"""/v1/models, /health, /metrics and the API key."""
+
+from __future__ import annotations
+
+import httpx
+
+from dualpath.runtime.fake_router import FakeRouter
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def test_models_health_metrics(start_server):
+    server = start_server(FakeRouter(model_name="smol", max_context_tokens=1024))
+    with httpx.Client(base_url=server.url) as client:
+        models = client.get("/v1/models").json()
+        assert models["object"] == "list"
+        assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [("smol", "model", 1024)]
+        assert client.get("/v1/models/other").status_code == 404
+
+        health = client.get("/health")
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok", "model": "smol", "num_active_requests": 0}
+
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert client.post("/v1/chat/completions", json={**CHAT, "top_p": 2}).status_code == 400
+        metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+    lines = metrics.text.splitlines()
+    assert "# TYPE dualpath_router_requests_total counter" in lines
+    assert "dualpath_router_requests_total 1" in lines and "dualpath_router_generated_tokens_total 2" in lines
+    assert 'dualpath_http_responses_total{route="/v1/chat/completions",code="200"} 1' in lines
+    assert 'dualpath_http_responses_total{route="/v1/chat/completions",code="400"} 1' in lines
+    assert metrics.text.endswith("\n")
+
+
+def test_unhealthy_router_is_503(start_server):
+    class Sick(FakeRouter):
+        def health(self) -> dict:
+            return {"status": "degraded", "reason": "decode engine 1 is gone"}
+
+    response = httpx.get(start_server(Sick()).url + "/health")
+    assert response.status_code == 503 and response.json()["reason"] == "decode engine 1 is gone"
+
+
+def test_api_key(start_server):
+    server = start_server(api_key="s3cret")
+    with httpx.Client(base_url=server.url) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
+                response = client.request(method, path, json=CHAT, headers=headers)
+                assert response.status_code == 401
+                assert response.json()["error"]["type"] == "authentication_error"
+        bad_json_no_key = client.post("/v1/chat/completions", content=b"{",
+                                      headers={"Content-Type": "application/json"})
+        assert bad_json_no_key.status_code == 401  # the key is checked before the body
+        good = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer s3cret"})
+        assert good.status_code == 200
+        assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
+    assert len(server.router.received) == 1
+
+
+def test_prometheus_text_escaping():
+    from dualpath.runtime.metrics_text import Sample, join_families, render_family
+
+    text = render_family("x_total", "counter", "help with \\ and\nnewline",
+                         [Sample(3, {"path": 'a"b\\c\nd', "code": "200"}), Sample(0.5), Sample(float("inf"))])
+    assert text.splitlines() == [
+        "# HELP x_total help with \\\\ and\\nnewline",
+        "# TYPE x_total counter",
+        'x_total{path="a\\"b\\\\c\\nd",code="200"} 3',
+        "x_total 0.5",
+        "x_total +Inf",
+    ]
+    assert join_families("a 1", "", "b 2\n") == "a 1\nb 2\n"
+
+
+def test_lifespan_runs_on_the_server_loop(start_server):
+    import asyncio
+    import contextlib
+
+    events: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        events.append(f"start on a running loop: {asyncio.get_running_loop().is_running()}")
+        yield
+        events.append("stop")
+
+    server = start_server(lifespan=lifespan)
+    assert events == ["start on a running loop: True"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    server.stop()
+    assert events[-1] == "stop"
