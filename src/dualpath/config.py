@@ -305,3 +305,71 @@ def _replace_path(obj: Any, parts: list[str], text: str, path: str) -> Any:
 
 def dataclass_has_field(obj: Any, name: str) -> bool:
     return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """The real runtime on one host: engine processes, emulated NICs, the KV store.
+
+    A node is one engine here (gpus_per_node = 1): its SNIC and its host buffer belong to that
+    engine. Rates are bytes per second per direction; None = no emulation (real speed). The paper's
+    ratio is CNIC per GPU = SNIC per node (PAPER.md 1.2: 8 x 400 Gbps CNIC, 1 x 400 Gbps SNIC per
+    8-GPU node), so with one engine per node the default CNIC rate equals the SNIC rate.
+    """
+
+    model: str = "smollm2-135m"
+    num_prefill: int = 1
+    num_decode: int = 1
+    mode: str = "dualpath"
+    store_dir: str | None = None  # None: a fresh temporary directory per cluster
+    store_capacity_bytes: int | None = None
+    kv_dtype: str = "float32"
+    block_tokens: int = 64  # PAPER.md 1.5
+    snic_bytes_per_s: float | None = None
+    cnic_bytes_per_s: float | None = None  # None with a SNIC cap: the paper's ratio (= SNIC rate)
+    lane_weights: LaneWeights = field(default_factory=LaneWeights)
+    chunk_bytes: int = 64 * 1024  # arbiter chunk: a latency-critical message waits at most this
+    host_buffer_bytes: int = 512 * 2**20  # per node DRAM buffer (PE/DE buffer)
+    pe_hbm_bytes: int = 256 * 2**20  # a PE's room for the batch's cached KV (the "HBM" landing zone)
+    de_kv_tokens: int = 65536  # a DE's KV cache (HBM) capacity in tokens
+    max_decode_batch: int = 64
+    compute_quota_s: float = 0.3  # PAPER.md 3.5, predicted attention time per forward
+    basic_tokens_per_forward: int = 4096  # basic engine: tokens per prefill forward
+    alpha_read_s: float = 3.0  # PAPER.md 3.2
+    beta_compute_s: float = 5.0  # PAPER.md 3.2
+    z_factor: float = 1.05  # PAPER.md 3.3
+    torch_threads: int = 1  # per engine process (2 engines share 2 cores by default)
+    device: str = "cpu"
+    seed: int = 0
+    # Tests and experiments: read every hit on this side ("prefill" or "decode") instead of the
+    # policy's choice (the DE side needs a mode with the DE read path).
+    force_read_side: str | None = None
+
+    def __post_init__(self) -> None:
+        parse_mode(self.mode)
+        if self.num_prefill <= 0 or self.num_decode <= 0:
+            raise InputError("need at least one prefill and one decode engine")
+        for name in ("block_tokens", "chunk_bytes", "host_buffer_bytes", "pe_hbm_bytes", "de_kv_tokens",
+                     "max_decode_batch", "basic_tokens_per_forward", "torch_threads"):
+            if getattr(self, name) <= 0:
+                raise InputError(f"{name} must be positive")
+        for name in ("snic_bytes_per_s", "cnic_bytes_per_s", "store_capacity_bytes"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise InputError(f"{name} must be positive or None")
+        if self.force_read_side not in (None, "prefill", "decode"):
+            raise InputError(f"force_read_side must be prefill, decode or None, got {self.force_read_side!r}")
+        if self.force_read_side == "decode" and not parse_mode(self.mode).de_read_path:
+            raise InputError(f"force_read_side=decode needs the DE read path, which mode {self.mode!r} lacks")
+        if self.kv_dtype not in ("float32", "bfloat16", "float16"):
+            raise InputError(f"kv_dtype must be float32, bfloat16 or float16, got {self.kv_dtype!r}")
+
+    @property
+    def features(self) -> Features:
+        return parse_mode(self.mode)
+
+    @property
+    def cnic_rate(self) -> float | None:
+        if self.cnic_bytes_per_s is not None:
+            return self.cnic_bytes_per_s
+        return self.snic_bytes_per_s

@@ -74,6 +74,7 @@ class DecodeEngine(EngineBase):
                 self.handle(msg)
             if any(r.running for r in self.reqs.values()):
                 self._step()
+                self.maybe_report_counters()
             else:
                 self.pump(lambda: self._stop or any(r.running for r in self.reqs.values()), timeout_s=0.05)
         self.close()

@@ -108,6 +108,7 @@ class EngineBase:
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._stop = False
+        self._last_report_s = self.clock.now_s()
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{spec.engine}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"writer{spec.engine}", daemon=True)
         self._reader.start()
@@ -133,6 +134,7 @@ class EngineBase:
             msg = self.inbox.recv(timeout_s)
             if msg is not None:
                 self.handle(msg)
+            self.maybe_report_counters()
 
     def handle(self, msg: Any) -> None:  # overridden
         raise NotImplementedError
@@ -178,6 +180,12 @@ class EngineBase:
              lane: Lane = Lane.KV):
         job = SpanCopy(src, src_spans, dst, dst_spans)
         return self.arbiter.submit(lane, job.nbytes, job, on_done)
+
+    def maybe_report_counters(self, every_s: float = 0.5) -> None:
+        now = self.clock.now_s()
+        if now - self._last_report_s >= every_s:
+            self._last_report_s = now
+            self.report_counters()
 
     def report_counters(self) -> None:
         st = self.arbiter.stats()

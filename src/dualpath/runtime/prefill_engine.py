@@ -122,6 +122,7 @@ class PrefillEngine(EngineBase):
             batch = self._form_batch()
             if batch:
                 self._forward(batch)
+                self.maybe_report_counters()
             else:
                 self.pump(lambda: self._stop or self._has_work(), timeout_s=0.05)
         self.close()

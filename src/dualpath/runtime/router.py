@@ -287,7 +287,9 @@ class Router:
         stored = self.store.lookup(digests)
         hit = usable_hit_tokens(stored * bt, len(prompt), bt)
         pe_node, de_node = rr.pe.engine, rr.de.engine
-        if not self.features.de_read_path:
+        if self.cfg.force_read_side is not None:
+            side = ReadSide.DECODE if self.cfg.force_read_side == "decode" else ReadSide.PREFILL
+        elif not self.features.de_read_path:
             side = ReadSide.PREFILL
         elif self.features.dualpath_scheduler:
             side = choose_read_side(self.engines[pe_node].read_queue_tokens, self.engines[de_node].read_queue_tokens)

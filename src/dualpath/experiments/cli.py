@@ -1,0 +1,98 @@
+"""`dualpath repro [--quick] [--only NAME]... --out DIR [--seed N]`: regenerate the paper's
+experiments in the simulator.
+
+Register in `dualpath.cli` with `app.command()(repro)`; `python -m dualpath.experiments.cli`
+runs it standalone. Bad input raises `InputError` (the main CLI prints it and exits 2).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..errors import InputError
+from .common import Context
+from .registry import EXPERIMENTS
+from .suite import resolve_names, run_suite
+
+console = Console(stderr=True)
+app = typer.Typer(add_completion=False, help="Regenerate the paper's experiments in the simulator.")
+
+
+class RichProgress:
+    """Overall bar over experiments, one transient bar per simulation (agents finished)."""
+
+    def __init__(self, progress: Progress, num_experiments: int) -> None:
+        self.progress = progress
+        self.overall = progress.add_task("experiments", total=num_experiments)
+        self.num_sims = 0
+        self.num_cached = 0
+
+    def start_experiment(self, name: str) -> None:
+        self.progress.update(self.overall, description=f"experiment [bold]{name}[/bold]")
+
+    def end_experiment(self, name: str, wall_s: float) -> None:
+        self.progress.advance(self.overall)
+        self.progress.console.log(f"{name}: done in {wall_s:.0f} s")
+
+    def start_sim(self, label: str, total: int) -> Any:
+        self.num_sims += 1
+        return self.progress.add_task(f"  sim {label} (agents done)", total=total)
+
+    def update_sim(self, task: Any, done: int, total: int) -> None:
+        self.progress.update(task, completed=done)
+
+    def end_sim(self, task: Any) -> None:
+        self.progress.remove_task(task)
+
+    def cached(self, label: str) -> None:
+        self.num_cached += 1
+
+
+def repro(
+    out: Annotated[Path, typer.Option("--out", help="output directory: report.md, summary.json, <name>.json, PNGs")],
+    quick: Annotated[bool, typer.Option("--quick", help="reduced scale: the whole suite in minutes")] = False,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help=f"run only this experiment (repeat): {', '.join(EXPERIMENTS)}")] = None,
+    seed: Annotated[int, typer.Option(help="workload seed")] = 1,
+    cache: Annotated[bool, typer.Option(help="reuse simulation results cached under DIR/cache (same spec, seed and simulator code)")] = True,
+) -> None:
+    """Regenerate every experiment of the paper (or --only some) and compare with its numbers."""
+    names = resolve_names(only)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a directory")
+    t0 = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        sink = RichProgress(progress, len(names))
+        ctx = Context(out, scale="quick" if quick else "full", seed=seed, progress=sink, use_disk_cache=cache)
+        outputs = run_suite(ctx, names)
+    table = Table(title=f"dualpath repro ({ctx.scale}) -> {out}")
+    for col in ("experiment", "wall s", "headlines met"):
+        table.add_column(col, justify="right")
+    for o in outputs:
+        table.add_row(o.name, f"{o.wall_s:.0f}", f"{sum(h.met for h in o.headlines)} / {len(o.headlines)}")
+    Console().print(table)
+    console.print(f"{sink.num_sims} simulations run, {sink.num_cached} from cache; total {time.perf_counter() - t0:.0f} s; "
+                  f"wrote {out / 'report.md'} and {out / 'summary.json'}")
+
+
+app.command()(repro)
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Shared pieces of the experiments: the run context, headlines, outputs, markdown and figures.
+
+An experiment module exposes `NAME`, `TITLE` and `run(ctx) -> ExperimentOutput`. It picks its
+scale with `ctx.pick(full=..., quick=..., smoke=...)`: `full` is the paper's setting, `quick`
+(`dualpath repro --quick`) a reduced one that finishes the whole suite in minutes, `smoke` the
+smallest one that still exercises every code path (the tests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence, TypeVar
+
+from ..errors import InputError
+
+T = TypeVar("T")
+SCALES = ("full", "quick", "smoke")
+MODE_LABELS = {"dualpath": "Ours", "basic": "Ours(basic)", "oracle": "Ours(oracle)"}
+MODE_COLORS = {"dualpath": "#c44e52", "basic": "#4c72b0", "oracle": "#55a868",
+               "basic+layerwise": "#8172b2", "basic+layerwise+de_read": "#ccb974"}
+
+
+class ProgressSink(Protocol):
+    def start_experiment(self, name: str) -> None: ...
+    def end_experiment(self, name: str, wall_s: float) -> None: ...
+    def start_sim(self, label: str, total: int) -> Any: ...
+    def update_sim(self, task: Any, done: int, total: int) -> None: ...
+    def end_sim(self, task: Any) -> None: ...
+    def cached(self, label: str) -> None: ...
+
+
+class NullProgress:
+    def start_experiment(self, name: str) -> None:
+        pass
+
+    def end_experiment(self, name: str, wall_s: float) -> None:
+        pass
+
+    def start_sim(self, label: str, total: int) -> Any:
+        return None
+
+    def update_sim(self, task: Any, done: int, total: int) -> None:
+        pass
+
+    def end_sim(self, task: Any) -> None:
+        pass
+
+    def cached(self, label: str) -> None:
+        pass
+
+
+@dataclass
+class Context:
+    out_dir: Path
+    scale: str = "full"
+    seed: int = 1
+    progress: ProgressSink = field(default_factory=NullProgress)
+    use_disk_cache: bool = True
+    memo: dict[str, Any] = field(default_factory=dict)  # simulation results by cache key
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise InputError(f"unknown scale {self.scale!r}: use one of {', '.join(SCALES)}")
+        if self.seed < 0:
+            raise InputError(f"--seed must be >= 0, got {self.seed}")
+        self.out_dir = Path(self.out_dir)
+
+    @property
+    def quick(self) -> bool:
+        return self.scale != "full"
+
+    def pick(self, full: T, quick: T, smoke: T | None = None) -> T:
+        if self.scale == "full":
+            return full
+        if self.scale == "smoke" and smoke is not None:
+            return smoke
+        return quick
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    """One number of the paper against ours. `target` is the tolerance: relative (|ours/paper - 1|)
+    unless `kind` is "points" (|ours - paper| in percentage points) or "max" (ours <= paper)."""
+
+    experiment: str
+    metric: str
+    ours: float | None
+    paper: float
+    target: float
+    kind: str = "relative"
+    source: str = "[P]"  # provenance of the paper's number (PAPER.md tags)
+    note: str = ""
+
+    @property
+    def rel_error(self) -> float | None:
+        if self.ours is None or not math.isfinite(self.ours) or self.paper == 0:
+            return None
+        return self.ours / self.paper - 1
+
+    @property
+    def met(self) -> bool:
+        if self.ours is None or not math.isfinite(self.ours):
+            return False
+        if self.kind == "points":
+            return abs(self.ours - self.paper) <= self.target
+        if self.kind == "max":
+            return self.ours <= self.paper
+        rel = self.rel_error
+        return rel is not None and abs(rel) <= self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rel_error"] = self.rel_error
+        d["met"] = self.met
+        return d
+
+
+@dataclass
+class ExperimentOutput:
+    name: str
+    title: str
+    table: list[dict[str, Any]]
+    headlines: list[Headline]
+    figures: list[str]
+    markdown: str  # the body of this experiment's report section (below its heading)
+    extra: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "title": self.title, "wall_s": self.wall_s, "table": self.table,
+            "headlines": [h.to_dict() for h in self.headlines], "figures": self.figures, **self.extra,
+        }
+
+
+# --- markdown -------------------------------------------------------------------------------
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return "-"
+        if abs(x) >= 1000:
+            return f"{x:,.0f}"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def headline_table(headlines: Sequence[Headline]) -> str:
+    rows = []
+    for h in headlines:
+        rel = h.rel_error
+        if h.kind == "points":
+            tol = f"{h.target:g} pt"
+            err = "-" if h.ours is None or not math.isfinite(h.ours) else f"{h.ours - h.paper:+.1f} pt ({rel:+.0%})"
+        else:
+            tol = "<= paper" if h.kind == "max" else f"{h.target:.0%}"
+            err = "-" if rel is None else f"{rel:+.1%}"
+        rows.append([h.metric, h.ours, f"{fmt(h.paper)} {h.source}", err, tol, "**met**" if h.met else "**missed**"])
+    return md_table(["metric", "ours", "paper", "rel. error", "target", "result"], rows)
+
+
+def scale_note(ctx: Context) -> str:
+    if ctx.scale == "full":
+        return ""
+    return (f"*Reduced scale (`{ctx.scale}`): agent counts, horizons and grids are smaller than the paper's, "
+            "so the numbers below are not comparable with the paper's; run without `--quick` for those.*\n\n")
+
+
+# --- figures --------------------------------------------------------------------------------
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, ctx: Context, filename: str) -> str:
+    path = ctx.out_dir / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return filename
+
+
+def grouped_bars(ax: Any, groups: Sequence[str], series: dict[str, Sequence[float]], colors: dict[str, str] | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        vals = [v if v is not None and math.isfinite(v) else 0.0 for v in values]
+        ax.bar(xs, vals, width=width, label=(labels or {}).get(name, name), color=(colors or {}).get(name))
+    ax.set_xticks(range(len(groups)), groups)
+
+
+def ratio(a: float | None, b: float | None) -> float:
+    if a is None or b is None or not b or not math.isfinite(a) or not math.isfinite(b):
+        return float("nan")
+    return a / b
+
+
+def finite_mean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+Runner = Callable[[Context], ExperimentOutput]

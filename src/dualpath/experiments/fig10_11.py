@@ -1,0 +1,175 @@
+"""Figs. 10-11 (PAPER.md 6.4): online serving. Agents arrive as a Poisson process at a given APS
+and replay their 64K trajectories back to back; TTFT, TTST and TPOT against APS (Fig. 10), the
+average trajectory JCT against APS (Fig. 11), and the largest APS that meets the SLO.
+
+Method (a documented equivalent of the paper's stopping rule, see `simrun.meets_slo`):
+- a fixed horizon T with a warm-up W; latencies over turns arriving in [W, T), counting turns still
+  waiting at T with their TTFT so far (censored); means, as Table 3 reports;
+- SLO met: every 150 s window's mean TTFT <= 4 s, the TTFT trend projected 30 min past T <= 4 s,
+  mean TPOT <= 50 ms;
+- W and T: DS 660B W = 1800 s (the paper's 30-minute comparison), T = 3600 s; DS 27B, whose agents
+  live ~300 s at light load against DS 660B's ~800 s, W = 900 s, T = 1800 s;
+- capacity: an APS grid (also the curves), then bisection between the last passing and the first
+  failing grid point; the capacity is the largest passing APS seen;
+- average trajectory JCT by Little's law (agents in the system / arrival rate over [W, T)).
+MaxLen is [NF] for the online runs; 64K (Table 3's and the working-set analysis's dataset) is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .common import (
+    MODE_COLORS, MODE_LABELS, Context, ExperimentOutput, Headline, finite_mean, headline_table, md_table, pyplot, ratio,
+    save_figure, scale_note,
+)
+from .simrun import TPOT_SLO_S, TTFT_SLO_S, SimSpec, meets_slo, online_spec, simulate
+
+NAME = "fig10_11"
+TITLE = "Figs. 10-11: online serving (APS sweep, capacity at the SLO)"
+MODES = ("dualpath", "basic", "oracle")
+PAPER_CAPACITY_RATIO = {"ds-27b": 1.67, "ds-v3.2-660b": 2.25}  # PAPER.md 6.4 [P]
+PAPER_MEAN_RATIO = 1.96  # the abstract's arithmetic mean [P]
+TARGET = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineSetup:
+    label: str
+    model: str
+    pd: str
+    max_len: int
+    warmup_s: float
+    horizon_s: float
+    grid: tuple[float, ...]
+    bisect_steps: int
+
+    def spec(self, mode: str, aps: float) -> SimSpec:
+        return online_spec(self.model, self.pd, self.max_len, mode, round(aps, 6), self.horizon_s, self.warmup_s)
+
+
+def setups(ctx: Context) -> list[OnlineSetup]:
+    return [
+        OnlineSetup("DS 27B", "ds-27b", "1P1D", ctx.pick(65536, 65536, 32768), ctx.pick(900.0, 300.0, 120.0),
+                    ctx.pick(1800.0, 900.0, 300.0), ctx.pick((0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.6), (0.4, 0.8, 1.2), (0.2, 0.8)),
+                    ctx.pick(3, 1, 0)),
+        ds660b_setup(ctx),
+    ]
+
+
+def ds660b_setup(ctx: Context) -> OnlineSetup:
+    """Shared with Fig. 12 (breakdown) and Table 3 (2P4D at 0.4 APS), so their runs are cached."""
+    return OnlineSetup("DS 660B", "ds-v3.2-660b", "2P4D", ctx.pick(65536, 65536, 32768), ctx.pick(1800.0, 600.0, 120.0),
+                       ctx.pick(3600.0, 1200.0, 300.0), ctx.pick((0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8), (0.2, 0.4, 0.6), (0.1, 0.4)),
+                       ctx.pick(3, 1, 0))
+
+
+def capacity(ctx: Context, setup: OnlineSetup, mode: str, points: dict[float, dict[str, Any]]) -> dict[str, Any]:
+    """Largest APS meeting the SLO: grid, then bisection. `points` (APS -> result) gains every run."""
+    for aps in setup.grid:
+        points[aps] = simulate(ctx, setup.spec(mode, aps))
+    ok = {a: meets_slo(r) for a, r in points.items()}
+    grid = sorted(setup.grid)
+    first_fail = next((a for a in grid if not ok[a]), None)
+    if first_fail is None:
+        return {"aps": grid[-1], "bound": "lower", "steps": 0}
+    passing = [a for a in grid if a < first_fail and ok[a]]
+    lo, hi = (passing[-1] if passing else 0.0), first_fail
+    for _ in range(setup.bisect_steps):
+        mid = round((lo + hi) / 2, 6)
+        points[mid] = simulate(ctx, setup.spec(mode, mid))
+        ok[mid] = meets_slo(points[mid])
+        lo, hi = (mid, hi) if ok[mid] else (lo, mid)
+    return {"aps": lo, "bound": "bracket" if lo > 0 else "upper", "fail_aps": hi, "steps": setup.bisect_steps}
+
+
+def row(setup: OnlineSetup, mode: str, aps: float, r: dict[str, Any]) -> dict[str, Any]:
+    on = r["probe"]["online"]
+    return {"model": setup.model, "label": setup.label, "pd": setup.pd, "mode": mode, "aps": aps,
+            "ttft_mean_s": on["ttft_mean_s"], "ttft_p90_s": on["ttft_p90_s"], "ttft_window_max_s": on["ttft_window_max_s"],
+            "ttft_projected_s": on["ttft_projected_s"], "ttst_mean_s": on["ttst_mean_s"], "tpot_mean_s": on["tpot_mean_s"],
+            "trajectory_jct_s": on["trajectory_jct_s"], "censored_turns": on["num_censored"], "turns": on["num_turns"],
+            "meets_slo": meets_slo(r)}
+
+
+def run(ctx: Context) -> ExperimentOutput:
+    table: list[dict[str, Any]] = []
+    caps: dict[tuple[str, str], dict[str, Any]] = {}
+    for setup in setups(ctx):
+        for mode in MODES:
+            points: dict[float, dict[str, Any]] = {}
+            caps[(setup.model, mode)] = capacity(ctx, setup, mode, points)
+            table += [row(setup, mode, a, points[a]) for a in sorted(points)]
+    cap_rows = []
+    for setup in setups(ctx):
+        c = {m: caps[(setup.model, m)] for m in MODES}
+        cap_rows.append({"model": setup.model, "label": setup.label, "pd": setup.pd,
+                         **{f"capacity_{m}_aps": c[m]["aps"] for m in MODES},
+                         **{f"capacity_{m}_bound": c[m]["bound"] for m in MODES},
+                         "ratio": ratio(c["dualpath"]["aps"], c["basic"]["aps"])})
+    headlines = [Headline(NAME, f"{r['label']} APS capacity at the SLO, dualpath / basic", r["ratio"],
+                          PAPER_CAPACITY_RATIO[r["model"]], TARGET) for r in cap_rows]
+    headlines.append(Headline(NAME, "mean of the two capacity ratios", finite_mean([r["ratio"] for r in cap_rows]),
+                              PAPER_MEAN_RATIO, TARGET))
+    figs = [_fig10(ctx, table), _fig11(ctx, table)]
+    md = "\n\n".join([
+        scale_note(ctx) + f"SLO: mean TTFT <= {TTFT_SLO_S:g} s in every 150 s window and projected 30 min past the "
+        f"horizon, mean TPOT <= {TPOT_SLO_S * 1e3:g} ms (PAPER.md 6.4; method in the module docstring). "
+        + "; ".join(f"{s.label} {s.pd}: warm-up {s.warmup_s:g} s, horizon {s.horizon_s:g} s, grid {list(s.grid)}, "
+                    f"{s.bisect_steps} bisection steps" for s in setups(ctx)) + ".",
+        md_table(["model", "P/D", "dualpath APS", "basic APS", "oracle APS", "dualpath/basic", "paper"],
+                 [[r["label"], r["pd"], r["capacity_dualpath_aps"], r["capacity_basic_aps"],
+                   f"{r['capacity_oracle_aps']:.3g}{' (>=)' if r['capacity_oracle_bound'] == 'lower' else ''}", r["ratio"],
+                   PAPER_CAPACITY_RATIO[r["model"]]] for r in cap_rows]),
+        "Absolute APS capacities are [NF] in the paper; PAPER.md 6.4 estimates DS 660B DualPath ~0.4-0.45 and Basic "
+        "~0.2 [I].",
+        headline_table(headlines),
+        md_table(["model", "mode", "APS", "TTFT mean", "TTFT p90", "TTFT max window", "TTFT projected", "TTST", "TPOT",
+                  "traj. JCT", "censored", "SLO"],
+                 [[r["label"], r["mode"], r["aps"], r["ttft_mean_s"], r["ttft_p90_s"], r["ttft_window_max_s"],
+                   r["ttft_projected_s"], r["ttst_mean_s"], r["tpot_mean_s"], r["trajectory_jct_s"], r["censored_turns"],
+                   r["meets_slo"]] for r in table]),
+        "![Fig. 10](fig10.png)\n\n![Fig. 11](fig11.png)",
+    ])
+    return ExperimentOutput(NAME, TITLE, table, headlines, figs, md, extra={"capacity": cap_rows})
+
+
+def _fig10(ctx: Context, table: list[dict[str, Any]]) -> str:
+    plt = pyplot()
+    labels = [s.label for s in setups(ctx)]
+    fig, axes = plt.subplots(len(labels), 3, figsize=(12, 3.2 * len(labels)), squeeze=False)
+    for i, label in enumerate(labels):
+        for j, (key, name, slo) in enumerate((("ttft_mean_s", "TTFT (s)", TTFT_SLO_S), ("ttst_mean_s", "TTST (s)", None),
+                                               ("tpot_mean_s", "TPOT (s)", TPOT_SLO_S))):
+            ax = axes[i][j]
+            for mode in MODES:
+                rows = [r for r in table if r["label"] == label and r["mode"] == mode and (j == 0 or r["meets_slo"])]
+                ax.plot([r["aps"] for r in rows], [r[key] for r in rows], "-o", ms=3, color=MODE_COLORS[mode], label=MODE_LABELS[mode])
+            if slo is not None:
+                ax.axhline(slo, ls="--", color="grey", lw=1)
+            if j == 0:
+                ax.set_ylim(0, 3 * TTFT_SLO_S)
+            ax.set_title(f"{label}: {name.split()[0]}" + ("" if j == 0 else " (points within the SLO)"), fontsize=9)
+            ax.set_xlabel("APS (agents / s)")
+            ax.set_ylabel(name)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Fig. 10: online latency vs agent arrival rate (means)")
+    return save_figure(fig, ctx, "fig10.png")
+
+
+def _fig11(ctx: Context, table: list[dict[str, Any]]) -> str:
+    plt = pyplot()
+    labels = [s.label for s in setups(ctx)]
+    fig, axes = plt.subplots(1, len(labels), figsize=(5 * len(labels), 3.4), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        for mode in MODES:
+            rows = [r for r in table if r["label"] == label and r["mode"] == mode]
+            ax.plot([r["aps"] for r in rows], [r["trajectory_jct_s"] for r in rows], "-o", ms=3, color=MODE_COLORS[mode],
+                    label=MODE_LABELS[mode])
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("APS (agents / s)")
+        ax.set_ylabel("average trajectory JCT (s)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Fig. 11: average trajectory JCT vs APS (Little's law over [warm-up, horizon))")
+    return save_figure(fig, ctx, "fig11.png")

@@ -1,0 +1,118 @@
+"""Fig. 12 (PAPER.md 6.4 and 6.5). Left: TTFT breakdown (scheduling, allocation, read, prefill;
+the results' `ttft_breakdown_mean_s`) of DS 660B across APS, DualPath and Basic, from the Fig. 10
+runs (same specs, cached). Right: the ablation, offline DS 660B 64K, 1024 and 2048 agents, JCT
+reduction against Basic averaged over the two counts: + layerwise prefill, + dual-path loading
+(round-robin PE/DE choice, alternating read side), + the DualPath scheduler (= dualpath).
+
+The paper's three APS points are [NF] except the last (0.25 [F]); ours are Fig. 10's grid up to
+0.4 APS (0.25 included). The breakdown counts finished turns arriving after the warm-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import (
+    Context, ExperimentOutput, Headline, finite_mean, headline_table, md_table, pyplot, save_figure, scale_note,
+)
+from .fig10_11 import ds660b_setup
+from .simrun import SimSpec, simulate
+
+NAME = "fig12"
+TITLE = "Fig. 12: TTFT breakdown and ablation (DS 660B)"
+PARTS = ("scheduling", "allocation", "read", "prefill")
+PART_LABELS = {"scheduling": "Sch.", "allocation": "A.", "read": "R.", "prefill": "PF."}
+ABLATION = (("basic", "Basic"), ("basic+layerwise", "+ layerwise prefill"),
+            ("basic+layerwise+de_read", "+ dual-path loading"), ("dualpath", "+ DualPath scheduler"))
+PAPER_REDUCTION_PCT = {"basic+layerwise": 17.21, "basic+layerwise+de_read": 38.19, "dualpath": 45.62}  # [P]
+PAPER_BASIC_SCH_SHARE = (0.21, 0.40, 0.73)  # [F] Basic's Sch. share at the three APS points, the last 0.25
+PAPER_DUALPATH_ALLOC_SHARE_025 = 0.06  # [F]
+TARGET_POINTS = 7.0
+
+
+def breakdown_aps(ctx: Context) -> tuple[float, ...]:
+    return tuple(a for a in ds660b_setup(ctx).grid if a <= 0.4)
+
+
+def ablation_agents(ctx: Context) -> tuple[int, ...]:
+    return ctx.pick((1024, 2048), (256,), (16,))
+
+
+def run(ctx: Context) -> ExperimentOutput:
+    setup = ds660b_setup(ctx)
+    left = []
+    for aps in breakdown_aps(ctx):
+        for mode in ("dualpath", "basic"):
+            b = simulate(ctx, setup.spec(mode, aps))["ttft_breakdown_mean_s"]
+            total = sum(b[p] or 0.0 for p in PARTS)
+            left.append({"aps": aps, "mode": mode, **{f"{p}_s": b[p] for p in PARTS},
+                         **{f"{p}_share": (b[p] or 0.0) / total if total > 0 else float("nan") for p in PARTS}})
+    right = _ablation(ctx)
+    headlines = [Headline(NAME, f"JCT reduction vs basic: {label}", finite_mean([r["reduction_pct"] for r in right if r["mode"] == mode]),
+                          PAPER_REDUCTION_PCT[mode], TARGET_POINTS, kind="points") for mode, label in ABLATION[1:]]
+    figs = [_figure(ctx, left, right)]
+    at025 = {r["mode"]: r for r in left if abs(r["aps"] - 0.25) < 1e-9}
+    basic_rows = [r for r in left if r["mode"] == "basic"]
+    fpoints = [["Basic Sch. share at 0.25 APS", at025.get("basic", {}).get("scheduling_share"), PAPER_BASIC_SCH_SHARE[-1]],
+               ["DualPath A. share at 0.25 APS", at025.get("dualpath", {}).get("allocation_share"), PAPER_DUALPATH_ALLOC_SHARE_025]]
+    md = "\n\n".join([
+        scale_note(ctx) + f"Left: DS 660B 2P4D online (Fig. 10's runs), mean TTFT parts in seconds. Right: offline DS 660B "
+        f"{setup.max_len // 1024}K, agents {list(ablation_agents(ctx))}.",
+        md_table(["APS", "mode", "Sch. s", "A. s", "R. s", "PF. s", "Sch. share", "A. share"],
+                 [[r["aps"], r["mode"], r["scheduling_s"], r["allocation_s"], r["read_s"], r["prefill_s"],
+                   r["scheduling_share"], r["allocation_share"]] for r in left]),
+        "Against the paper's pixel readings [F] (Basic's Sch. share rises 21% -> 40% -> 73% over its three points; ours "
+        "over our points: " + ", ".join(f"{r['aps']:g}: {r['scheduling_share']:.0%}" for r in basic_rows) + "):",
+        md_table(["quantity", "ours", "paper [F]"], fpoints),
+        md_table(["agents", "configuration", "JCT s", "reduction vs basic %"],
+                 [[r["agents"], r["label"], r["jct_s"], r["reduction_pct"]] for r in right]),
+        headline_table(headlines),
+        "![Fig. 12](fig12.png)",
+    ])
+    return ExperimentOutput(NAME, TITLE, left, headlines, figs, md, extra={"ablation": right})
+
+
+def _ablation(ctx: Context) -> list[dict[str, Any]]:
+    setup = ds660b_setup(ctx)
+    rows = []
+    for n in ablation_agents(ctx):
+        jct = {m: simulate(ctx, SimSpec(setup.model, setup.pd, setup.max_len, n, m))["jct_s"] for m, _ in ABLATION}
+        for m, label in ABLATION:
+            rows.append({"agents": n, "mode": m, "label": label, "jct_s": jct[m], "reduction_pct": 100 * (1 - jct[m] / jct["basic"])})
+    return rows
+
+
+def _figure(ctx: Context, left: list[dict[str, Any]], right: list[dict[str, Any]]) -> str:
+    plt = pyplot()
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    xs, labels, bottoms = [], [], []
+    aps_points = sorted({r["aps"] for r in left})
+    for k, aps in enumerate(aps_points):
+        for j, mode in enumerate(("dualpath", "basic")):
+            xs.append(k * 2.6 + j)
+            labels.append(f"{aps:g}\n{'Ours' if mode == 'dualpath' else 'Basic'}")
+    bottom = [0.0] * len(xs)
+    ordered = [next(r for r in left if r["aps"] == a and r["mode"] == m) for a in aps_points for m in ("dualpath", "basic")]
+    for part in PARTS:
+        vals = [r[f"{part}_s"] or 0.0 for r in ordered]
+        ax0.bar(xs, vals, bottom=bottom, label=PART_LABELS[part])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax0.set_xticks(xs, labels, fontsize=7)
+    ax0.set_ylabel("mean TTFT (s)")
+    ax0.set_xlabel("APS / system")
+    ax0.set_title("TTFT breakdown (DS 660B 2P4D)", fontsize=9)
+    ax0.legend(fontsize=7)
+    for n, marker in zip(sorted({r["agents"] for r in right}), "os^"):
+        rows = [r for r in right if r["agents"] == n]
+        ax1.plot(range(len(rows)), [r["jct_s"] for r in rows], "-" + marker, label=f"ours, {n} agents")
+    means = [finite_mean([r["reduction_pct"] for r in right if r["mode"] == m]) for m, _ in ABLATION]
+    basic_mean = finite_mean([r["jct_s"] for r in right if r["mode"] == "basic"])
+    ax1.plot(range(len(ABLATION)), [basic_mean * (1 - PAPER_REDUCTION_PCT.get(m, 0.0) / 100) for m, _ in ABLATION], "k--x",
+             label="paper's reductions applied to our mean basic")
+    for k, pct in enumerate(means):
+        ax1.annotate(f"-{pct:.1f}%", (k, basic_mean * (1 - pct / 100)), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax1.set_xticks(range(len(ABLATION)), [label.replace(" ", "\n", 1) for _, label in ABLATION], fontsize=7)
+    ax1.set_ylabel("JCT (s)")
+    ax1.set_title("ablation (offline, 64K)", fontsize=9)
+    ax1.legend(fontsize=7)
+    fig.suptitle("Fig. 12")
+    return save_figure(fig, ctx, "fig12.png")

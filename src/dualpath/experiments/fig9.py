@@ -1,0 +1,73 @@
+"""Fig. 9 (PAPER.md 6.2): append-length and generation-length sensitivity. DS 660B 2P4D, 64K
+MaxLen, 1024 agents; every round's append (or, separately, generation) multiplied by x1, x1.5,
+x2, x3 and the trajectory cut at MaxLen (`WorkloadConfig.append_scale` / `gen_scale`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import (
+    MODE_COLORS, MODE_LABELS, Context, ExperimentOutput, Headline, grouped_bars, headline_table, md_table, pyplot, ratio,
+    save_figure, scale_note,
+)
+from .simrun import SimSpec, simulate
+
+NAME = "fig9"
+TITLE = "Fig. 9: append and generation length scaling (DS 660B)"
+MODEL, PD, MAX_LEN = "ds-v3.2-660b", "2P4D", 65536
+MODES = ("dualpath", "basic", "oracle")
+PAPER_APPEND_SPEEDUP = {1.0: 1.83, 1.5: 1.94, 2.0: 2.00, 3.0: 1.91}  # PAPER.md 6.2 [F]: Basic / Ours
+PAPER_RANGE = (1.82, 1.99)  # [P]
+TARGET = 0.15  # as Fig. 7's speedups (same kind of number, same [F] precision)
+
+
+def scales(ctx: Context) -> tuple[float, ...]:
+    return ctx.pick((1.0, 1.5, 2.0, 3.0), (1.0, 3.0), (1.0, 3.0))
+
+
+def num_agents(ctx: Context) -> int:
+    return ctx.pick(1024, 256, 16)
+
+
+def max_len(ctx: Context) -> int:
+    return ctx.pick(MAX_LEN, MAX_LEN, 32768)
+
+
+def run(ctx: Context) -> ExperimentOutput:
+    table: list[dict[str, Any]] = []
+    for kind in ("append", "gen"):
+        for s in scales(ctx):
+            spec_kw = {"append_scale": s} if kind == "append" else {"gen_scale": s}
+            results = {m: simulate(ctx, SimSpec(MODEL, PD, max_len(ctx), num_agents(ctx), m, **spec_kw)) for m in MODES}
+            jct = {m: r["jct_s"] for m, r in results.items()}
+            table.append({"scaled": kind, "scale": s, **{f"jct_{m}_s": jct[m] for m in MODES},
+                          "speedup": ratio(jct["basic"], jct["dualpath"]),
+                          "turns": results["dualpath"]["num_turns"]})
+    headlines = [Headline(NAME, f"append x{r['scale']:g}: basic / dualpath JCT", r["speedup"], PAPER_APPEND_SPEEDUP[r["scale"]],
+                          TARGET, source="[F]") for r in table if r["scaled"] == "append" and r["scale"] in PAPER_APPEND_SPEEDUP]
+    fig = _figure(ctx, table)
+    md = "\n\n".join([
+        scale_note(ctx) + f"DS 660B 2P4D, MaxLen {max_len(ctx) // 1024}K, {num_agents(ctx)} agents; JCT in seconds. "
+        f"Paper: DualPath {PAPER_RANGE[0]}-{PAPER_RANGE[1]}x faster than Basic across append scales [P]; "
+        "generation scaling shows \"a similar trend\" (no numbers).",
+        md_table(["scaled", "scale", "basic", "dualpath", "oracle", "speedup", "paper [F]", "turns"],
+                 [[r["scaled"], f"x{r['scale']:g}", r["jct_basic_s"], r["jct_dualpath_s"], r["jct_oracle_s"], r["speedup"],
+                   PAPER_APPEND_SPEEDUP.get(r["scale"]) if r["scaled"] == "append" else None, r["turns"]] for r in table]),
+        headline_table(headlines),
+        "![Fig. 9](fig9.png)",
+    ])
+    return ExperimentOutput(NAME, TITLE, table, headlines, [fig], md)
+
+
+def _figure(ctx: Context, table: list[dict[str, Any]]) -> str:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, kind, title in zip(axes, ("append", "gen"), ("append length", "generation length")):
+        rows = [r for r in table if r["scaled"] == kind]
+        grouped_bars(ax, [f"x{r['scale']:g}" for r in rows], {m: [r[f"jct_{m}_s"] for r in rows] for m in MODES},
+                     MODE_COLORS, MODE_LABELS)
+        ax.set_title(f"scaling the {title}", fontsize=9)
+        ax.set_ylabel("JCT (s)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Fig. 9: DS 660B, {num_agents(ctx)} agents, MaxLen {max_len(ctx) // 1024}K")
+    return save_figure(fig, ctx, "fig9.png")
