@@ -177,6 +177,11 @@ def bench_sim_speed(
     out.print(table)
 
 
+from .cli_runtime import register as _register_runtime  # noqa: E402
+
+_register_runtime(app, bench_app, console, out)
+
+
 def _split_ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]

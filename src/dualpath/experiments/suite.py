@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InputError
 from ..sim.runner import write_json
 from .common import Context, ExperimentOutput, headline_table
 from .registry import EXPERIMENTS
+from .simrun import code_fingerprint
 
 
 def resolve_names(only: Sequence[str] | None) -> list[str]:
@@ -31,9 +31,9 @@ def resolve_names(only: Sequence[str] | None) -> list[str]:
 
 
 def run_suite(ctx: Context, names: Sequence[str]) -> list[ExperimentOutput]:
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
     if ctx.out_dir.exists() and not ctx.out_dir.is_dir():
-        raise InputError(f"--out {ctx.out_dir} is not a directory")
+        raise InputError(f"--out {ctx.out_dir} exists and is not a directory")
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
     outputs = []
     for name in names:
         module = EXPERIMENTS[name]
@@ -66,6 +66,7 @@ def write_report(ctx: Context) -> None:
     summary = {
         "scale": ctx.scale,
         "seed": ctx.seed,
+        "simulator_code": code_fingerprint(),
         "experiments": {s["name"]: {"wall_s": s["wall_s"], "headlines": len(s["headlines"]),
                                     "met": sum(1 for h in s["headlines"] if h["met"])} for s in sections},
         "wall_s_total": sum(s["wall_s"] for s in sections),
@@ -107,7 +108,3 @@ def _headlines_md(headlines: list[dict[str, Any]]) -> str:
     table = headline_table(objs)
     notes = [f"- {h['experiment']}: {h['metric']}: {h['note']}" for h in headlines if h["note"] and not h["met"]]
     return table + ("\n\nNotes on missed headlines:\n\n" + "\n".join(notes) if notes else "")
-
-
-def experiment_paths(out_dir: Path) -> list[Path]:
-    return [out_dir / f"{n}.json" for n in EXPERIMENTS]

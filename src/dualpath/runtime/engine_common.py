@@ -104,7 +104,7 @@ class EngineBase:
         self.inbox = Inbox(spec.endpoint)
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
-        self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0}
+        self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0}
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._stop = False
@@ -146,10 +146,16 @@ class EngineBase:
 
     def _read_loop(self) -> None:
         fbb = self.geom.full_block_bytes
+        busy_since: float | None = None
         while True:
+            if self._reads.empty() and busy_since is not None:
+                self.counters["read_busy_s"] += self.clock.now_s() - busy_since
+                busy_since = None
             job = self._reads.get()
             if job is None:
                 return
+            if busy_since is None:
+                busy_since = self.clock.now_s()
             rid, digests, node, offsets = job
             buf = self.buffers[node]
             ok = 0
@@ -190,7 +196,8 @@ class EngineBase:
     def report_counters(self) -> None:
         st = self.arbiter.stats()
         self.to_router(Counters(self.spec.engine, int(self.counters["storage_read_bytes"]),
-                                int(self.counters["storage_write_bytes"]), int(st.sent_bytes[Lane.KV]),
+                                int(self.counters["storage_write_bytes"]), float(self.counters["read_busy_s"]),
+                                int(st.sent_bytes[Lane.KV]),
                                 int(st.sent_bytes[Lane.LATENCY_CRITICAL]), float(self.counters["busy_s"]),
                                 int(self.counters["forwards"])))
 

@@ -189,6 +189,7 @@ class Counters:
     engine: int
     storage_read_bytes: int
     storage_write_bytes: int
+    read_busy_s: float  # time the node's storage reader had a read queued or running
     cnic_kv_bytes: int
     cnic_lc_bytes: int
     busy_s: float

@@ -1,0 +1,243 @@
+"""Runtime commands of the CLI: demo, run, serve, generate, and the runtime benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import InputError
+
+
+def _progress(console):
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.0f}"
+
+
+def print_runtime_runs(out, result: dict, title: str) -> None:
+    table = Table(title=title)
+    for col in ("mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "PE-path MB", "DE-path MB", "SNIC util PE", "SNIC util DE", "turns"):
+        table.add_column(col, justify="right")
+    for r in result["runs"]:
+        util = [v.get("utilisation") for v in r.get("snic", {}).values()]
+        util += [None] * (2 - len(util))
+        table.add_row(r["mode"], f"{r['jct_s']:.1f}", f"{r['ttft_s']['p50']:.2f}", f"{r['ttft_s']['p90']:.2f}",
+                      f"{r['tpot_s']['mean'] * 1e3:.0f}", _mb(r["bytes"]["storage_to_prefill"]),
+                      _mb(r["bytes"]["storage_via_decode"]), *("-" if u is None else f"{u:.2f}" for u in util[:2]),
+                      str(r["num_turns"]))
+    out.print(table)
+
+
+def plot_runtime(result: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    names = [r["mode"] for r in runs]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    axes[0].bar(names, [r["jct_s"] for r in runs], color="#4c72b0")
+    axes[0].set_ylabel("JCT (s)")
+    axes[0].set_title("job completion time")
+    x = range(len(names))
+    axes[1].bar([i - 0.2 for i in x], [r["ttft_s"]["p50"] for r in runs], width=0.4, label="p50")
+    axes[1].bar([i + 0.2 for i in x], [r["ttft_s"]["p90"] for r in runs], width=0.4, label="p90")
+    axes[1].set_xticks(list(x), names)
+    axes[1].set_ylabel("TTFT (s)")
+    axes[1].legend()
+    pe = [r["bytes"]["storage_to_prefill"] / 1e6 for r in runs]
+    de = [r["bytes"]["storage_via_decode"] / 1e6 for r in runs]
+    axes[2].bar(names, pe, label="PE read path")
+    axes[2].bar(names, de, bottom=pe, label="DE read path")
+    axes[2].set_ylabel("KV read from storage (MB)")
+    axes[2].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
+    @app.command()
+    def demo(
+        json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = Path("out/demo.json"),
+        plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/demo.png"),
+        model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
+        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node and direction, MB/s")] = 40.0,
+        seed: Annotated[int, typer.Option()] = 0,
+    ) -> None:
+        """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
+        from .runtime.demo import run_demo
+        from .sim.runner import write_json
+
+        if snic_mb_s <= 0:
+            raise InputError("--snic-mb-s must be positive")
+        progress = _progress(console)
+        tasks: dict[str, int] = {}
+
+        def on_turn(mode: str, done: int, total: int) -> None:
+            if mode not in tasks:
+                tasks[mode] = progress.add_task(f"{mode} (turns)", total=total)
+            progress.update(tasks[mode], completed=done)
+
+        with progress:
+            result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6, model=model, seed=seed, on_turn=on_turn))
+        print_runtime_runs(out, result, f"local 1P1D, {model}, SNIC {snic_mb_s:.0f} MB/s per node")
+        runs = {r["mode"]: r for r in result["runs"]}
+        if "basic" in runs and "dualpath" in runs:
+            out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
+        if json_path:
+            write_json(result, json_path)
+            console.print(f"wrote {json_path}")
+        if plot:
+            plot_runtime(result, plot, f"dualpath demo: local 1P1D, {model}")
+            console.print(f"wrote {plot}")
+
+    @app.command()
+    def generate(
+        model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
+        prompt: Annotated[Optional[str], typer.Option(help="text (goes through the chat template)")] = None,
+        prompt_ids: Annotated[Optional[str], typer.Option(help="comma-separated token ids")] = None,
+        max_tokens: Annotated[int, typer.Option()] = 64,
+        temperature: Annotated[float, typer.Option()] = 0.0,
+        top_p: Annotated[float, typer.Option()] = 1.0,
+        seed: Annotated[Optional[int], typer.Option()] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print prompt_ids, generated_ids and text as JSON")] = False,
+    ) -> None:
+        """One-shot generation (prefill + paged decode) for scripts and checks."""
+        from .runtime.model import generate_text
+
+        if (prompt is None) == (prompt_ids is None):
+            raise InputError("give exactly one of --prompt and --prompt-ids")
+        if max_tokens <= 0:
+            raise InputError("--max-tokens must be positive")
+        ids = None
+        if prompt_ids is not None:
+            try:
+                ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+            except ValueError:
+                raise InputError(f"--prompt-ids: expected comma-separated integers, got {prompt_ids!r}") from None
+            if not ids:
+                raise InputError("--prompt-ids is empty")
+        res = generate_text(model, prompt=prompt, prompt_ids=ids, max_tokens=max_tokens, temperature=temperature,
+                            top_p=top_p, seed=seed)
+        if as_json:
+            out.print_json(json.dumps({"prompt_ids": list(res.prompt_ids), "generated_ids": list(res.generated_ids), "text": res.text}))
+        else:
+            out.print(res.text)
+
+    @app.command()
+    def serve(
+        model: Annotated[str, typer.Option()] = "smollm2-135m",
+        pd: Annotated[str, typer.Option(help="engines, e.g. 1P1D")] = "1P1D",
+        mode: Annotated[str, typer.Option(help="basic | dualpath | oracle")] = "dualpath",
+        host: Annotated[str, typer.Option()] = "127.0.0.1",
+        port: Annotated[int, typer.Option()] = 8000,
+        api_key: Annotated[Optional[str], typer.Option(help="require this Bearer key on /v1")] = None,
+        store_dir: Annotated[Optional[Path], typer.Option(help="KV store directory (default: temporary)")] = None,
+        snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
+    ) -> None:
+        """OpenAI-compatible server on a local PD-disaggregated cluster."""
+        from .config import RuntimeConfig, parse_pd
+        from .runtime.serve import serve_cluster
+
+        p, d = parse_pd(pd)
+        cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
+                            store_dir=str(store_dir) if store_dir else None,
+                            snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6)
+        serve_cluster(cfg, host=host, port=port, api_key=api_key)
+
+    @app.command()
+    def run(
+        trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],
+        model: Annotated[str, typer.Option()] = "smollm2-135m",
+        pd: Annotated[str, typer.Option()] = "1P1D",
+        mode: Annotated[list[str], typer.Option(help="repeat for several runs")] = ["dualpath"],
+        limit: Annotated[int, typer.Option(help="first N agents / requests")] = 8,
+        max_len: Annotated[int, typer.Option(help="truncate prompts (tokens)")] = 4096,
+        time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps")] = 1.0,
+        snic_mb_s: Annotated[Optional[float], typer.Option()] = None,
+        json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    ) -> None:
+        """Replay a trajectory file or a Mooncake trace against the local cluster."""
+        from .runtime.run_trace import run_trace
+        from .sim.runner import write_json
+
+        if not trace.is_file():
+            raise InputError(f"file not found: {trace}")
+        if limit <= 0 or max_len <= 0 or time_scale < 0:
+            raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
+        result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s))
+        print_runtime_runs(out, result, f"replay of {trace.name}")
+        if json_path:
+            write_json(result, json_path)
+
+    @bench_app.command("lanes")
+    def bench_lanes(
+        duration_s: Annotated[float, typer.Option()] = 2.0,
+        link_gb_s: Annotated[float, typer.Option(help="emulated link rate, GB/s")] = 1.0,
+        chunk_kib: Annotated[int, typer.Option(help="KV chunk size, KiB")] = 8,
+        json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    ) -> None:
+        """64 KiB latency-critical bursts every 5 ms over a saturated KV lane: lanes vs one FIFO."""
+        from .runtime.transport.bench import run_lanes_bench
+        from .sim.runner import write_json
+
+        rows = {}
+        for fifo in (False, True):
+            rows["fifo" if fifo else "lanes"] = run_lanes_bench(duration_s, link_gb_s * 1e9, fifo=fifo, chunk_bytes=chunk_kib * 1024)
+        table = Table(title=f"lanes bench: {link_gb_s} GB/s link, {chunk_kib} KiB KV chunks")
+        keys = [k for k in rows["lanes"] if isinstance(rows["lanes"][k], (int, float))]
+        table.add_column("metric")
+        table.add_column("lanes", justify="right")
+        table.add_column("one FIFO", justify="right")
+        for k in keys:
+            table.add_row(k, f"{rows['lanes'][k]:.6g}", f"{rows['fifo'][k]:.6g}")
+        out.print(table)
+        if json_path:
+            write_json(rows, json_path)
+
+    @bench_app.command("transport")
+    def bench_transport(
+        total_mib: Annotated[int, typer.Option()] = 256,
+        block_mib: Annotated[int, typer.Option()] = 16,
+        json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    ) -> None:
+        """Shared-memory KV transfer between two engine processes vs an in-process memcpy."""
+        from .runtime.transport.bench import run_transport_bench
+        from .sim.runner import write_json
+
+        r = run_transport_bench(total_mib * 2**20, block_mib * 2**20)
+        out.print_json(json.dumps(r, default=str))
+        if json_path:
+            write_json(r, json_path)
+
+    @bench_app.command("store")
+    def bench_store(
+        directory: Annotated[Path, typer.Option(help="where to write the test store (same disk as your KV store)")] = Path("out/bench-store"),
+        total_mib: Annotated[int, typer.Option()] = 1024,
+        threads: Annotated[int, typer.Option()] = 4,
+        json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    ) -> None:
+        """KV store reads vs a direct (O_DIRECT) sequential read of a same-size file, side by side."""
+        from .core.blocks import BlockLayout
+        from .runtime.store.bench import run_store_bench
+        from .sim.runner import write_json
+
+        layout = BlockLayout(30, 64, 2 * 3 * 64 * 4)  # SmolLM2-135M, float32 KV
+        directory.mkdir(parents=True, exist_ok=True)
+        r = run_store_bench(directory, total_mib * 2**20, layout, threads)
+        out.print_json(json.dumps(r, default=str))
+        if json_path:
+            write_json(r, json_path)

@@ -1,0 +1,91 @@
+"""`dualpath demo`: a local 1P1D cluster on the embedded defaults, an agentic replay in `basic`
+then `dualpath` mode, with SNIC caps that make loading dominate.
+
+Workload (deterministic for a seed): 8 agents x 12 rounds; a first prompt of ~512 tokens, then
+~48 appended tokens and exactly 16 generated tokens per round (zero tool and think time, as the
+paper's replay). KV is float32: 46 KB per token for SmolLM2-135M, so each round reloads tens of MB.
+
+SNIC cap: 40 MB/s per node and direction, the same on both nodes. The CNIC of each (one-engine)
+node runs at 8x that: a node's eight 400 Gbps CNICs against one 400 Gbps SNIC (PAPER.md 1.2), so
+the compute network is not the bottleneck it is not in the paper either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import RuntimeConfig
+from ..core.request import TurnSpec
+from ..workloads import Trajectory
+from .clock import MonotonicClock
+from .cluster import LocalCluster
+from .replay import replay_trajectories, summarise
+
+DEMO_SNIC_BYTES_PER_S = 40e6
+CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node, 1 x 400 Gbps SNIC
+
+
+def demo_workload(num_agents: int = 8, rounds: int = 12, first_prompt_tokens: int = 512, append_tokens: int = 48,
+                  gen_tokens: int = 16, seed: int = 0) -> list[Trajectory]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in range(num_agents):
+        turns = [TurnSpec(int(first_prompt_tokens * rng.uniform(0.75, 1.25)), gen_tokens)]
+        turns += [TurnSpec(int(append_tokens * rng.uniform(0.5, 1.5)), gen_tokens) for _ in range(rounds - 1)]
+        out.append(Trajectory(a, tuple(turns)))
+    return out
+
+
+def demo_config(mode: str, snic_bytes_per_s: float | None = DEMO_SNIC_BYTES_PER_S, model: str = "smollm2-135m") -> RuntimeConfig:
+    cnic = None if snic_bytes_per_s is None else CNIC_PER_SNIC * snic_bytes_per_s
+    return RuntimeConfig(model=model, mode=mode, snic_bytes_per_s=snic_bytes_per_s, cnic_bytes_per_s=cnic,
+                         host_buffer_bytes=256 * 2**20, pe_hbm_bytes=128 * 2**20, de_kv_tokens=32768)
+
+
+async def run_mode(cfg: RuntimeConfig, trajectories: list[Trajectory], on_turn: Callable[[int], None] | None = None) -> dict[str, Any]:
+    clock = MonotonicClock()
+    async with LocalCluster(cfg) as cluster:
+        router = cluster.router
+        vocab = router.tokenizer.vocab_size
+        t0 = time.perf_counter()
+        records = await replay_trajectories(router, trajectories, [0.0] * len(trajectories), vocab, clock, cfg.seed, on_turn)
+        wall = time.perf_counter() - t0
+        await asyncio.sleep(0.6)  # a last round of engine counters
+        router.check_invariants()
+        summary = router.metrics.summary()
+        counters = dict(router.metrics.engine_counters)
+        result = summarise(records, summary, wall, len(trajectories))
+    rate = cfg.snic_bytes_per_s
+    result["mode"] = cfg.mode
+    result["snic"] = {
+        str(e): {"read_bytes": c.storage_read_bytes, "write_bytes": c.storage_write_bytes,
+                 "utilisation": (c.storage_read_bytes / (rate * result["jct_s"])) if rate else None,
+                 "utilisation_while_reading": (c.storage_read_bytes / (rate * c.read_busy_s)) if rate and c.read_busy_s else None}
+        for e, c in sorted(counters.items())
+    }
+    result["engine_busy_s"] = {str(e): c.busy_s for e, c in sorted(counters.items())}
+    return result
+
+
+async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_per_s: float | None = DEMO_SNIC_BYTES_PER_S,
+                   model: str = "smollm2-135m", seed: int = 0, on_turn: Callable[[str, int, int], None] | None = None) -> dict:
+    trajectories = demo_workload(seed=seed)
+    total = sum(len(t.turns) for t in trajectories)
+    runs = []
+    for mode in modes:
+        cfg = replace(demo_config(mode, snic_bytes_per_s, model), seed=seed)
+        cb = None if on_turn is None else (lambda n, m=mode: on_turn(m, n, total))
+        runs.append(await run_mode(cfg, trajectories, cb))
+    return {
+        "config": {"model": model, "pd": "1P1D", "snic_bytes_per_s": snic_bytes_per_s,
+                   "cnic_bytes_per_s": None if snic_bytes_per_s is None else CNIC_PER_SNIC * snic_bytes_per_s,
+                   "kv_dtype": "float32", "seed": seed},
+        "workload": {"num_agents": len(trajectories), "num_turns": total,
+                     "first_prompt_tokens": [t.turns[0].append_tokens for t in trajectories]},
+        "runs": runs,
+    }

@@ -1,0 +1,126 @@
+"""Replay agentic trajectories (or a Mooncake trace) against a router, the paper's way.
+
+Trajectories (PAPER.md A.3): round i sends the whole context (every earlier append and generated
+token) plus A_i new tokens and asks for exactly g_i tokens (min_tokens = max_tokens, EOS
+ignored). Token ids are synthetic: each agent's appends are seeded random ids from the ordinary
+part of the vocabulary, so agents never share a prefix while each agent's turns do.
+
+Mooncake traces: each 512-token block id becomes 512 fixed random ids (seeded by the id), so
+requests that share block ids share prefixes and hit the store, as in production; requests are
+sent at their timestamps (scaled) and generate `output_length` tokens.
+
+Both return per-turn timestamps and a summary with the simulator's JSON keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..metrics import distribution
+from .api import GenerationRequest, SamplingParams
+from .clock import Clock
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    agent: int
+    turn: int
+    arrival_s: float
+    first_s: float
+    second_s: float
+    finish_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    gen_tokens: int
+
+
+def _ordinary_ids(vocab_size: int, reserved: int = 16) -> tuple[int, int]:
+    """Ids to draw synthetic text from: skip the first few (special tokens sit there in SmolLM2)."""
+    return (reserved, vocab_size) if vocab_size > 4 * reserved else (0, vocab_size)
+
+
+async def _one_request(router: Any, clock: Clock, name: str, prompt: list[int], gen: int, agent: int, turn: int,
+                       records: list[TurnRecord]) -> list[int]:
+    params = SamplingParams(max_tokens=gen, temperature=0.0, min_tokens=gen, ignore_eos=True)
+    t0 = clock.now_s()
+    times: list[float] = []
+    out: list[int] = []
+    cached = 0
+    async for ev in router.generate(GenerationRequest(name, tuple(prompt), params)):
+        times.append(clock.now_s())
+        out.append(ev.token_id)
+        cached = ev.cached_tokens
+    second = times[1] if len(times) > 1 else times[0]
+    records.append(TurnRecord(agent, turn, t0, times[0], second, times[-1], len(prompt), cached, len(out)))
+    return out
+
+
+async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals_s: Sequence[float], vocab_size: int,
+                              clock: Clock, seed: int = 0, on_turn: Callable[[int], None] | None = None) -> list[TurnRecord]:
+    lo, hi = _ordinary_ids(vocab_size)
+    records: list[TurnRecord] = []
+    start = clock.now_s()
+
+    async def agent(k: int, traj: Any, arrival: float) -> None:
+        rng = np.random.default_rng((seed, k))
+        await asyncio.sleep(max(0.0, start + arrival - clock.now_s()))
+        context: list[int] = []
+        for i, t in enumerate(traj.turns):
+            prompt = context + rng.integers(lo, hi, size=t.append_tokens).tolist()
+            out = await _one_request(router, clock, f"a{k}t{i}", prompt, t.gen_tokens, k, i, records)
+            context = prompt + out
+            if on_turn is not None:
+                on_turn(len(records))
+
+    await asyncio.gather(*(agent(k, t, a) for k, (t, a) in enumerate(zip(trajectories, arrivals_s))))
+    return records
+
+
+async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: int, clock: Clock, time_scale: float = 1.0,
+                          block_tokens: int = 512) -> list[TurnRecord]:
+    lo, hi = _ordinary_ids(vocab_size)
+    cache: dict[int, list[int]] = {}
+
+    def block(bid: int) -> list[int]:
+        if bid not in cache:
+            cache[bid] = np.random.default_rng(bid).integers(lo, hi, size=block_tokens).tolist()
+        return cache[bid]
+
+    records: list[TurnRecord] = []
+    start = clock.now_s()
+    t_first = min(r.timestamp_s for r in records_in) if records_in else 0.0
+
+    async def one(i: int, rec: Any) -> None:
+        await asyncio.sleep(max(0.0, start + (rec.timestamp_s - t_first) * time_scale - clock.now_s()))
+        prompt = [t for bid in rec.block_ids for t in block(bid)][: rec.input_tokens]
+        await _one_request(router, clock, f"m{i}", prompt, max(1, rec.output_tokens), i, 0, records)
+
+    await asyncio.gather(*(one(i, r) for i, r in enumerate(records_in)))
+    return records
+
+
+def summarise(records: list[TurnRecord], router_summary: dict, wall_s: float, num_agents: int) -> dict:
+    """The simulator's run keys, measured on the real cluster."""
+    arrival = np.array([r.arrival_s for r in records])
+    first = np.array([r.first_s for r in records])
+    second = np.array([r.second_s for r in records])
+    finish = np.array([r.finish_s for r in records])
+    gen = np.array([r.gen_tokens for r in records])
+    t0 = arrival.min() if len(arrival) else 0.0
+    three = gen >= 3
+    return {
+        "jct_s": float(finish.max() - t0) if len(finish) else float("nan"),
+        "ttft_s": distribution(first - arrival).to_dict(),
+        "ttst_s": distribution((second - first)[gen >= 2]).to_dict(),
+        "tpot_s": distribution((finish - second)[three] / (gen[three] - 2)).to_dict(),
+        "bytes": router_summary["bytes"],
+        "cached_tokens": int(sum(r.cached_tokens for r in records)),
+        "prompt_tokens": int(sum(r.prompt_tokens for r in records)),
+        "num_turns": len(records),
+        "num_agents": num_agents,
+        "wall_s": wall_s,
+    }

@@ -1,0 +1,43 @@
+"""`dualpath run`: replay a trajectory JSONL or a Mooncake trace against a local cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from ..config import RuntimeConfig, parse_pd
+from ..workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
+from .clock import MonotonicClock
+from .cluster import LocalCluster
+from .replay import replay_mooncake, replay_trajectories, summarise
+
+
+async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
+                    snic_mb_s: float | None) -> dict:
+    p, d = parse_pd(pd)
+    fmt = detect_format(path)
+    runs = []
+    for mode in modes:
+        cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
+                            snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6,
+                            de_kv_tokens=max(32768, 2 * max_len))
+        clock = MonotonicClock()
+        async with LocalCluster(cfg) as cluster:
+            router = cluster.router
+            vocab = router.tokenizer.vocab_size
+            t0 = time.perf_counter()
+            if fmt is WorkloadFormat.TRAJECTORY:
+                trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
+                records = await replay_trajectories(router, trajs, [t.arrival_s or 0.0 for t in trajs], vocab, clock)
+                n = len(trajs)
+            else:
+                recs = [r for r in read_mooncake(path) if r.input_tokens + r.output_tokens <= max_len][:limit]
+                records = await replay_mooncake(router, recs, vocab, clock, time_scale)
+                n = len(recs)
+            wall = time.perf_counter() - t0
+            await asyncio.sleep(0.6)
+            result = summarise(records, router.metrics.summary(), wall, n)
+        result["mode"] = mode
+        runs.append(result)
+    return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len}, "runs": runs}
