@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Annotated, Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Literal, TypeVar
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -36,25 +36,19 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
-from dualpath.runtime.api import GenerationRequest, Router, SamplingParams, TokenizerLike
+from dualpath.runtime.api import GenerationRequest, Router, SamplingParams
+from dualpath.runtime.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
+from dualpath.runtime.detokenize import IncrementalDetokenizer, StopStrings
 from dualpath.runtime.metrics_text import CONTENT_TYPE, Sample, join_families, render_family
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Lifespan = Callable[[FastAPI], AsyncContextManager[None]]
-REPLACEMENT_CHAR = "\ufffd"  # what decode(errors="replace") gives for an incomplete UTF-8 tail
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged and counted, never received
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
-# OpenAI parameters we do not implement: accepted only with a neutral value, else a 400
-NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}),
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "response_format": (None, {"type": "text"}),
-}
 
 
 def system_wall_time_s() -> float:
@@ -64,172 +58,6 @@ def system_wall_time_s() -> float:
 
 def random_request_id() -> str:
     return uuid.uuid4().hex
-
-
-# ---- request bodies ----------------------------------------------------------------------------
-
-
-def _stop_list(value: Any) -> Any:
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, list) and any(s == "" for s in value):
-        raise ValueError("stop strings must not be empty")
-    return value
-
-
-def _message_text(value: Any) -> Any:
-    """OpenAI content: a string or a list of text parts (joined)."""
-    if not isinstance(value, list):
-        return value
-    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
-        raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
-    return "".join(p["text"] for p in value)
-
-
-def _one_prompt(value: Any) -> Any:
-    """A string or a list of token ids; a list holding one of those is unwrapped."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(type(t) is int and t >= 0 for t in value):
-        return value
-    raise ValueError("prompt must be one string or one list of non-negative token ids")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-class StreamOptions(_Strict):
-    include_usage: bool | None = None
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, BeforeValidator(_message_text)]
-
-
-class _GenerationBody(_Strict):
-    model: str | None = None
-    max_tokens: int | None = Field(None, gt=0)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    stop: Annotated[list[str] | None, BeforeValidator(_stop_list)] = None
-    n: int | None = None
-    # vLLM extensions; trace replay sets min_tokens = max_tokens to force exactly that many tokens
-    min_tokens: int | None = Field(None, ge=0)
-    ignore_eos: bool | None = None
-
-
-class ChatCompletionBody(_GenerationBody):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, gt=0)  # OpenAI's newer name for max_tokens
-
-
-class CompletionBody(_GenerationBody):
-    prompt: Annotated[str | list[int], BeforeValidator(_one_prompt)]
-
-
-# ---- errors ------------------------------------------------------------------------------------
-
-
-class RequestError(Exception):
-    """A client mistake found after parsing: answered with `status` and an OpenAI error body."""
-
-    def __init__(self, message: str, param: str | None, code: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
-
-
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   kind: str = "invalid_request_error") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
-
-
-def _param_of(loc: tuple[Any, ...]) -> str | None:
-    """FastAPI's error location ("body", "messages", 0, "role") as OpenAI writes it: messages.[0].role."""
-    parts = [f"[{p}]" if isinstance(p, int) else str(p) for p in loc[1:]]
-    return ".".join(parts) or None
-
-
-def _validation_response(exc: RequestValidationError, content_type: str) -> JSONResponse:
-    error = exc.errors()[0]
-    param = _param_of(tuple(error.get("loc", ())))
-    if error.get("type") == "json_invalid":
-        return error_response(400, f"the request body is not valid JSON: {error.get('msg')}", None, "invalid_json")
-    if param is None:
-        if error.get("type") == "missing":
-            return error_response(400, "the request body is empty: send a JSON object", None, "missing_body")
-        if not content_type.startswith("application/json"):
-            return error_response(400, "send the body as JSON, with 'Content-Type: application/json'", None,
-                                  "invalid_content_type")
-        return error_response(400, "the request body must be a JSON object", None, "invalid_body")
-    cause = (error.get("ctx") or {}).get("error")
-    detail = str(cause) if isinstance(cause, Exception) else error.get("msg", "invalid value")
-    return error_response(400, f"{param}: {detail}", param, error.get("type"))
-
-
-# ---- text from tokens --------------------------------------------------------------------------
-
-
-class IncrementalDetokenizer:
-    """Token ids in, text deltas out. A delta never ends inside a UTF-8 character: bytes of an
-    incomplete character are held back until it completes (or `flush`). The deltas concatenate
-    to `decode(all ids, skip_special=True)`.
-
-    Each step decodes a window from `_prefix` (a character boundary, kept for tokenizers whose
-    decode of a slice depends on the token before it) to the end; `_read` marks what was emitted."""
-
-    def __init__(self, tokenizer: TokenizerLike) -> None:
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-
-    def push(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        return self._advance(final=False)
-
-    def flush(self) -> str:
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> str:
-        decode = self._tokenizer.decode
-        emitted = decode(self._ids[self._prefix : self._read], skip_special=True)
-        text = decode(self._ids[self._prefix :], skip_special=True)
-        if not final and (len(text) <= len(emitted) or text.endswith(REPLACEMENT_CHAR)):
-            return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        return text[len(emitted) :]
-
-
-class StopStrings:
-    """Holds back the text that could still become a stop string; once one appears, `stopped`
-    is set and the text from the stop string on is dropped (OpenAI does not return it)."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self._stops = stops
-        self._hold_chars = max((len(s) for s in stops), default=1) - 1
-        self._pending = ""  # text not yet returned; no stop string starts before it
-        self.stopped = False
-
-    def feed(self, text: str, final: bool) -> str:
-        if not self._stops:
-            return text
-        self._pending += text
-        hits = [i for s in self._stops if (i := self._pending.find(s)) >= 0]
-        if hits:
-            self.stopped = True
-            out, self._pending = self._pending[: min(hits)], ""
-            return out
-        keep = 0 if final else min(self._hold_chars, len(self._pending))
-        out, self._pending = self._pending[: len(self._pending) - keep], self._pending[len(self._pending) - keep :]
-        return out
 
 
 # ---- generation --------------------------------------------------------------------------------

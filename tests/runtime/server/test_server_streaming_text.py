@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from dualpath.runtime.fake_router import FakeRouter
-from dualpath.runtime.server import IncrementalDetokenizer, StopStrings
+from dualpath.runtime.detokenize import IncrementalDetokenizer, StopStrings
 
 MULTIBYTE_TEXT = "naïve café — 日本語 🙂👍🏽 done"
 
