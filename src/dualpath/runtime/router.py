@@ -71,6 +71,7 @@ class RouterRequest:
     last_s: float = -1.0
     generated: int = 0
     finished: bool = False
+    placed: bool = False  # assignments sent to both engines
     pe_done: bool = False
     de_done: bool = False
     qview: QueuedRequest | None = None
@@ -193,7 +194,7 @@ class Router:
         elif rr.de is None:  # PE chosen, DE not: only the PE's load to undo
             self._pe_release(rr)
             self.requests.pop(rr.rid, None)
-        elif not rr.de_regions:  # both chosen, never placed: nothing was sent
+        elif not rr.placed:  # both chosen, never placed: nothing was sent
             self._pe_release(rr)
             self._de_release(rr)
             self.requests.pop(rr.rid, None)
@@ -308,6 +309,7 @@ class Router:
                 self._free(de_node, de_regions)
                 return False
         rr.hit_tokens, rr.side, rr.de_regions, rr.pe_regions = hit, side, de_regions, pe_regions
+        rr.placed = True
         if hit:
             (rr.pe if side is ReadSide.PREFILL else rr.de).read_queue_tokens += hit
         p = rr.req.params
