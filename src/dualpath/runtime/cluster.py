@@ -27,7 +27,7 @@ from .engine_common import EngineSpec, engine_main, kv_dtype
 from .model import load_model
 from .router import Router
 from .store import BlockStore
-from .transport.channel import Outbox, ipc_endpoint
+from .transport.channel import ipc_endpoint
 from .transport.messages import Stop
 from .transport.shm import HostBuffer
 
@@ -42,6 +42,7 @@ class LocalCluster:
         self._landing: dict[int, HostBuffer] = {}
         self._tmp: str | None = None
         self._store_tmp: str | None = None
+        self._extra_stores: list[str] = []
         self.store: BlockStore | None = None
 
     async def __aenter__(self) -> "LocalCluster":
@@ -68,6 +69,7 @@ class LocalCluster:
         layout = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl)
         fingerprint = mcfg.fingerprint(dtype)
         self.store = BlockStore(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1)
+        self._layout, self._fingerprint = layout, fingerprint
         engines = [(e, "prefill") for e in range(cfg.num_prefill)] + [(cfg.num_prefill + d, "decode") for d in range(cfg.num_decode)]
         fbb = layout.full_block_bytes
         slots = max(1, cfg.host_buffer_bytes // fbb)
@@ -96,6 +98,22 @@ class LocalCluster:
             await self.stop()
             raise
 
+    async def switch_mode(self, mode: str) -> None:
+        """Run the next workload in `mode` on a fresh, empty store, without restarting engines."""
+        from dataclasses import replace as _replace
+
+        self.cfg = _replace(self.cfg, mode=mode)
+        base = "/dev/shm" if self.cfg.features.io_free and Path("/dev/shm").is_dir() else None
+        root = tempfile.mkdtemp(prefix="dp-store-", dir=base)
+        self._extra_stores.append(root)
+        store = BlockStore(root, self._layout, self._fingerprint, self.cfg.kv_dtype,
+                           capacity_bytes=self.cfg.store_capacity_bytes, num_threads=1)
+        old = self.store
+        await self.router.reconfigure(mode, store, root)
+        self.store = store
+        if old is not None:
+            old.close()
+
     async def stop(self) -> None:
         router = self.router
         if router is not None:
@@ -117,7 +135,7 @@ class LocalCluster:
         self._landing.clear()
         if self.store is not None:
             self.store.close()
-        for d in (self._tmp, self._store_tmp):
+        for d in (self._tmp, self._store_tmp, *self._extra_stores):
             if d:
                 shutil.rmtree(d, ignore_errors=True)
         self._procs.clear()

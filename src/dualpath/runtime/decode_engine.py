@@ -29,7 +29,7 @@ from .kv_region import contiguous
 from .model import PagedKVCache
 from .model.generate import SamplingParams as ModelSampling
 from .model.generate import TokenSampler
-from .protocol import (Cancel, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PromptLoaded,
+from .protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PromptLoaded,
                        PromptReady, ReadDone, Token)
 from .transport import ShmRegion
 from .transport.messages import Stop
@@ -99,6 +99,8 @@ class DecodeEngine(EngineBase):
                 r.cancelled = True
                 if r.running or (r.generated == 0 and r.pending_copies == 0):
                     self._finish(r)
+        elif isinstance(msg, Reconfigure):
+            self.reconfigure(msg)
         elif isinstance(msg, Stop):
             self._stop = True
 

@@ -43,19 +43,20 @@ def demo_config(mode: str, snic_bytes_per_s: float | None = DEMO_SNIC_BYTES_PER_
                          host_buffer_bytes=256 * 2**20, pe_hbm_bytes=128 * 2**20, de_kv_tokens=32768)
 
 
-async def run_mode(cfg: RuntimeConfig, trajectories: list[Trajectory], on_turn: Callable[[int], None] | None = None) -> dict[str, Any]:
+async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
+                       on_turn: Callable[[int], None] | None = None) -> dict[str, Any]:
+    cfg = cluster.cfg
     clock = MonotonicClock()
-    async with LocalCluster(cfg) as cluster:
-        router = cluster.router
-        vocab = router.tokenizer.vocab_size
-        t0 = time.perf_counter()
-        records = await replay_trajectories(router, trajectories, [0.0] * len(trajectories), vocab, clock, cfg.seed, on_turn)
-        wall = time.perf_counter() - t0
-        await asyncio.sleep(0.6)  # a last round of engine counters
-        router.check_invariants()
-        summary = router.metrics.summary()
-        counters = dict(router.metrics.engine_counters)
-        result = summarise(records, summary, wall, len(trajectories))
+    router = cluster.router
+    vocab = router.tokenizer.vocab_size
+    t0 = time.perf_counter()
+    records = await replay_trajectories(router, trajectories, [0.0] * len(trajectories), vocab, clock, cfg.seed, on_turn)
+    wall = time.perf_counter() - t0
+    await asyncio.sleep(1.0)  # a last round of engine counters
+    router.check_invariants()
+    router = cluster.router
+    counters = dict(router.metrics.engine_counters)
+    result = summarise(records, router.metrics.summary(), wall, len(trajectories))
     rate = cfg.snic_bytes_per_s
     result["mode"] = cfg.mode
     result["snic"] = {
@@ -70,18 +71,25 @@ async def run_mode(cfg: RuntimeConfig, trajectories: list[Trajectory], on_turn: 
 
 async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_per_s: float | None = DEMO_SNIC_BYTES_PER_S,
                    model: str = "smollm2-135m", seed: int = 0, on_turn: Callable[[str, int, int], None] | None = None) -> dict:
+    """One cluster runs every mode in turn, each on a fresh, empty store (no restart between)."""
     trajectories = demo_workload()
     total = sum(len(t.turns) for t in trajectories)
     runs = []
-    for mode in modes:
-        cfg = replace(demo_config(mode, snic_bytes_per_s, model), seed=seed)
-        cb = None if on_turn is None else (lambda n, m=mode: on_turn(m, n, total))
-        runs.append(await run_mode(cfg, trajectories, cb))
+    t0 = time.perf_counter()
+    async with LocalCluster(replace(demo_config(modes[0], snic_bytes_per_s, model), seed=seed)) as cluster:
+        startup_s = time.perf_counter() - t0
+        for i, mode in enumerate(modes):
+            if i:
+                await cluster.switch_mode(mode)
+            cb = None if on_turn is None else (lambda n, m=mode: on_turn(m, n, total))
+            runs.append(await run_workload(cluster, trajectories, cb))
     return {
         "config": {"model": model, "pd": "1P1D", "snic_bytes_per_s": snic_bytes_per_s,
                    "cnic_bytes_per_s": None if snic_bytes_per_s is None else CNIC_PER_SNIC * snic_bytes_per_s,
                    "kv_dtype": "float32", "seed": seed},
-        "workload": {"num_agents": len(trajectories), "num_turns": total,
-                     "first_prompt_tokens": [t.turns[0].append_tokens for t in trajectories]},
+        "workload": {"num_agents": len(trajectories), "num_turns": total, "rounds": len(trajectories[0].turns),
+                     "first_prompt_tokens": trajectories[0].turns[0].append_tokens,
+                     "append_tokens": trajectories[0].turns[1].append_tokens, "gen_tokens": trajectories[0].turns[1].gen_tokens},
+        "startup_s": startup_s,
         "runs": runs,
     }

@@ -11,7 +11,7 @@ import gc
 import os
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +23,7 @@ from ..core.lanes import Lane
 from .clock import MonotonicClock
 from .kv_region import KvGeometry, SpanCopy
 from .model import load_model
-from .protocol import Counters
+from .protocol import Counters, Reconfigure, Reconfigured
 from .store import BlockStore
 from .transport import LinkArbiter, ShmRegion, TokenBucket
 from .transport.channel import Inbox, Outbox
@@ -95,8 +95,7 @@ class EngineBase:
         burst = self.geom.full_block_bytes
         self.snic_read = TokenBucket(snic, burst, self.clock)
         self.snic_write = TokenBucket(snic, burst, self.clock)
-        self.store = BlockStore(spec.store_root, self.layout, spec.fingerprint, cfg.kv_dtype,
-                                capacity_bytes=cfg.store_capacity_bytes, num_threads=2)
+        self.store = self._open_store(spec.store_root)
         self._attached = SharedSegments()
         self.buffers: dict[int, np.ndarray] = {
             int(node): self._attached.view(ShmRegion(name, 0, size)) for node, (name, size) in spec.segments.items()
@@ -108,11 +107,33 @@ class EngineBase:
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._stop = False
+        self._lane_base = (0, 0)
         self._last_report_s = self.clock.now_s()
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{spec.engine}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"writer{spec.engine}", daemon=True)
         self._reader.start()
         self._writer.start()
+
+    def _open_store(self, root: str) -> BlockStore:
+        return BlockStore(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
+                          capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2)
+
+    def reconfigure(self, msg: Reconfigure) -> None:
+        """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""
+        self._reads.join()
+        self._writes.join()
+        self.cfg = replace(self.cfg, mode=msg.mode)
+        self.features = self.cfg.features
+        self.store.close()
+        self.store = self._open_store(msg.store_root)
+        for k in self.counters:  # counters are per mode
+            self.counters[k] = 0
+        self._lane_base = self.arbiter.stats().sent_bytes
+        self.on_reconfigured()
+        self.to_router(Reconfigured(self.spec.engine, msg.mode))
+
+    def on_reconfigured(self) -> None:
+        """Subclasses rebuild what depends on the mode."""
 
     # --- mail -------------------------------------------------------------------------------
     def send(self, endpoint: str, msg: Any) -> None:
@@ -166,6 +187,7 @@ class EngineBase:
                 ok += 1
             self.counters["storage_read_bytes"] += ok * fbb
             self.to_self(ReadFinished(rid, ok, ok * fbb))
+            self._reads.task_done()
 
     def persist(self, digest: bytes, payload: np.ndarray) -> None:
         """Write one Full Block (a private copy) to storage through the node's SNIC."""
@@ -180,6 +202,7 @@ class EngineBase:
             self.snic_write.consume(len(payload))
             self.store.put(digest, payload)
             self.counters["storage_write_bytes"] += len(payload)
+            self._writes.task_done()
 
     # --- copies over the CNIC ------------------------------------------------------------------
     def copy(self, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list, on_done: Callable[[Any], None] | None,
@@ -197,8 +220,9 @@ class EngineBase:
         st = self.arbiter.stats()
         self.to_router(Counters(self.spec.engine, int(self.counters["storage_read_bytes"]),
                                 int(self.counters["storage_write_bytes"]), float(self.counters["read_busy_s"]),
-                                int(st.sent_bytes[Lane.KV]),
-                                int(st.sent_bytes[Lane.LATENCY_CRITICAL]), float(self.counters["busy_s"]),
+                                int(st.sent_bytes[Lane.KV] - self._lane_base[Lane.KV]),
+                                int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]),
+                                float(self.counters["busy_s"]),
                                 int(self.counters["forwards"])))
 
     def close(self) -> None:

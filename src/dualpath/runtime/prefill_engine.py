@@ -32,7 +32,7 @@ from .kv_region import contiguous
 from .model import LayerKV
 from .model.generate import SamplingParams as ModelSampling
 from .model.generate import TokenSampler
-from .protocol import (Cancel, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
+from .protocol import (Cancel, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
                        PromptReady, ReadDone)
 from .transport.messages import Stop
 
@@ -73,6 +73,10 @@ class PrefillEngine(EngineBase):
         self._layer_pending: dict[int, int] = {}
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
         self.tbpl = self.geom.token_bytes_per_layer
+        self.on_reconfigured()
+
+    def on_reconfigured(self) -> None:
+        """Batch budgets and load depth follow the mode (PAPER.md 3.5; layerwise or not)."""
         cfg = self.cfg
         if self.features.dualpath_scheduler:
             budgets = [Budget("compute_quota_s", self.predicted_attention_s, cfg.compute_quota_s)]
@@ -145,6 +149,8 @@ class PrefillEngine(EngineBase):
             r = self.reqs.get(msg.rid)
             if r is not None:
                 r.cancelled = True  # dropped at the next batch formation unless in flight
+        elif isinstance(msg, Reconfigure):
+            self.reconfigure(msg)
         elif isinstance(msg, Stop):
             self._stop = True
 

@@ -194,3 +194,20 @@ class Counters:
     cnic_lc_bytes: int
     busy_s: float
     forwards: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """R -> engines, only while no request is in flight: switch mode and KV store directory (lets one
+    cluster run several modes on fresh stores without restarting the engine processes)."""
+
+    mode: str
+    store_root: str
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    engine: int
+    mode: str

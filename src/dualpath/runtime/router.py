@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from ..config import RuntimeConfig
@@ -35,7 +35,7 @@ from ..core.snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
 from ..errors import InputError
 from .api import GenerationRequest, TokenEvent
 from .metrics_runtime import RouterMetrics
-from .protocol import (Cancel, Counters, DecodeAssign, DecodeDone, FirstToken, Hello, PrefillAssign, PrefillDone,
+from .protocol import (Cancel, Counters, Reconfigure, Reconfigured, DecodeAssign, DecodeDone, FirstToken, Hello, PrefillAssign, PrefillDone,
                        PromptLoaded, ReadDone, Token)
 from .transport.channel import Inbox, Outbox
 from .transport.shm import BufferFull, HostBuffer, ShmRegion
@@ -114,6 +114,7 @@ class Router:
         self._hello = threading.Event()
         self._receiver = threading.Thread(target=self._receive, name="router-inbox", daemon=True)
         self._expected_engines = config.num_prefill + config.num_decode
+        self._reconfigured: set[int] = set()
 
     # --- life cycle ------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -151,6 +152,24 @@ class Router:
         rate = min(e.prefill_tokens_per_s for e in pes) if pes else 1.0
         self.thresholds = PrefillThresholds(alpha, max(1, int(self.cfg.beta_compute_s * rate)))
 
+    async def reconfigure(self, mode: str, store: Any, store_root: str, timeout_s: float = 120.0) -> None:
+        """Switch every engine and the router to `mode` on a fresh store; only while idle."""
+        if self.requests:
+            raise RuntimeError("reconfigure needs an idle cluster")
+        self._reconfigured = set()
+        for e in self.engines.values():
+            e.outbox.send(Reconfigure(mode, store_root))
+        deadline = self.clock.now_s() + timeout_s
+        while len(self._reconfigured) < len(self.engines):
+            if self.clock.now_s() > deadline:
+                raise RuntimeError("engines did not acknowledge the new mode")
+            await asyncio.sleep(0.02)
+        self.cfg = replace(self.cfg, mode=mode)
+        self.features = self.cfg.features
+        self.store = store
+        self.metrics = RouterMetrics(self.clock)
+        self._set_thresholds()
+
     # --- 1. requests ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         n = len(request.prompt_ids)
@@ -163,7 +182,6 @@ class Router:
             raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
         rid = next(self._ids)
         rr = RouterRequest(rid, request, asyncio.Queue(), self.clock.now_s())
-        bt = self.cfg.block_tokens
         hbm = (n + request.params.max_tokens) * self.kv_bytes_per_token
         rr.qview = QueuedRequest(RequestId(rid, 0), n, hbm, 0)
         self.requests[rid] = rr
@@ -344,6 +362,9 @@ class Router:
             return
         if isinstance(msg, Counters):
             self.metrics.counters(msg)
+            return
+        if isinstance(msg, Reconfigured):
+            self._reconfigured.add(msg.engine)
             return
         rr = self.requests.get(msg.rid)
         if rr is None:
