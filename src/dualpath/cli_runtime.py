@@ -183,6 +183,34 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         if json_path:
             write_json(result, json_path)
 
+    @bench_app.command("storage-bound")
+    def bench_storage_bound(
+        json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/storage_bound.json"),
+        plot: Annotated[Optional[Path], typer.Option()] = Path("out/storage_bound.png"),
+        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node, MB/s (equal on both nodes)")] = 40.0,
+    ) -> None:
+        """The demo workload, basic vs dualpath with two equal SNIC caps, plus our model's prefill and
+        decode tokens/s against transformers on this machine, in one run."""
+        from .runtime.bench_speed import model_speed
+        from .runtime.demo import run_demo
+        from .sim.runner import write_json
+
+        result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6))
+        runs = {r["mode"]: r for r in result["runs"]}
+        result["jct_dualpath_over_basic"] = runs["dualpath"]["jct_s"] / runs["basic"]["jct_s"]
+        d = runs["dualpath"]["snic"]
+        busy = [v["utilisation_while_reading"] for v in d.values() if v["utilisation_while_reading"] is not None]
+        result["dualpath_snic_utilisation_while_reading"] = busy
+        result["model_speed"] = model_speed()
+        print_runtime_runs(out, result, f"storage-bound: SNIC {snic_mb_s:.0f} MB/s per node")
+        out.print(f"JCT dualpath / basic = {result['jct_dualpath_over_basic']:.2f}; dualpath SNIC utilisation while reading: "
+                  + ", ".join(f"{u:.2f}" for u in busy))
+        out.print_json(json.dumps(result["model_speed"]))
+        if json_path:
+            write_json(result, json_path)
+        if plot:
+            plot_runtime(result, plot, "storage-bound: basic vs dualpath")
+
     @bench_app.command("lanes")
     def bench_lanes(
         duration_s: Annotated[float, typer.Option()] = 2.0,

@@ -87,6 +87,8 @@ class DecodeEngine(EngineBase):
             if r is not None:
                 self.to_router(ReadDone(msg.rid, self.spec.engine, r.a.hit_tokens, msg.nbytes, msg.ok_blocks))
                 self.send(r.a.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
+        elif isinstance(msg, (LayerPull, PromptReady)) and msg.rid not in self.reqs:
+            self.stash(msg.rid, msg)
         elif isinstance(msg, LayerPull):
             self._layer_pull(msg)
         elif isinstance(msg, PromptReady):
@@ -112,6 +114,7 @@ class DecodeEngine(EngineBase):
         if a.read_side == ReadSide.DECODE and a.hit_tokens:
             nb = a.hit_tokens // self.cfg.block_tokens
             self.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
+        self.replay_stashed(a.rid)
 
     # --- 2. layer streams to the PE -----------------------------------------------------------
     def _layer_pull(self, m: LayerPull) -> None:
@@ -226,4 +229,5 @@ class DecodeEngine(EngineBase):
         if rid in self.cache.seq_ids:
             self.cache.free(rid)
         del self.reqs[rid]
+        self.ended(rid)
         self.to_router(DecodeDone(rid, self.spec.engine))

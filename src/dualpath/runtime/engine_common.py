@@ -7,6 +7,7 @@ engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import queue
@@ -107,6 +108,9 @@ class EngineBase:
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._stop = False
+        self._early: dict[int, list] = {}
+        self._ended: set[int] = set()
+        self._ended_order: collections.deque[int] = collections.deque()
         self._lane_base = (0, 0)
         self._last_report_s = self.clock.now_s()
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{spec.engine}", daemon=True)
@@ -159,6 +163,24 @@ class EngineBase:
 
     def handle(self, msg: Any) -> None:  # overridden
         raise NotImplementedError
+
+    # --- messages that overtake the assignment they depend on ----------------------------------
+    # The router's assignment and a peer's message about the same request travel on different
+    # sockets, so a peer's message can arrive first: keep it until the assignment is here.
+    def stash(self, rid: int, msg: Any) -> None:
+        if rid not in self._ended:
+            self._early.setdefault(rid, []).append(msg)
+
+    def replay_stashed(self, rid: int) -> None:
+        for msg in self._early.pop(rid, ()):
+            self.handle(msg)
+
+    def ended(self, rid: int) -> None:
+        self._early.pop(rid, None)
+        self._ended.add(rid)
+        self._ended_order.append(rid)
+        if len(self._ended_order) > 65536:
+            self._ended.discard(self._ended_order.popleft())
 
     # --- storage (the node's SNIC) ------------------------------------------------------------
     def read_blocks(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> None:

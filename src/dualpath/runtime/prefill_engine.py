@@ -140,7 +140,10 @@ class PrefillEngine(EngineBase):
         elif isinstance(msg, ReadFinished):
             self._hit_loaded(msg.rid, msg.ok_blocks, report=msg.nbytes)
         elif isinstance(msg, HitReady):
-            self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
+            if msg.rid in self.reqs:
+                self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
+            else:
+                self.stash(msg.rid, msg)
         elif isinstance(msg, LayerReady):
             self._layer_pending[msg.layer] -= 1
         elif isinstance(msg, CopyDone):
@@ -163,6 +166,7 @@ class PrefillEngine(EngineBase):
         elif r.pe_path:
             nb = a.hit_tokens // self.cfg.block_tokens
             self.read_blocks(a.rid, a.hit_digests, self.node, a.pe_offsets[:nb])
+        self.replay_stashed(a.rid)
 
     def _hit_loaded(self, rid: int, ok_blocks: int, report: int | None) -> None:
         r = self.reqs.get(rid)
@@ -177,6 +181,7 @@ class PrefillEngine(EngineBase):
     def _drop(self, r: PReq) -> None:
         self.queue.remove(r)
         del self.reqs[r.a.rid]
+        self.ended(r.a.rid)
         self.to_router(PrefillDone(r.a.rid, self.spec.engine))
 
     # --- batch ------------------------------------------------------------------------------
@@ -314,4 +319,5 @@ class PrefillEngine(EngineBase):
             self.send(a.de_endpoint, PromptReady(a.rid, r.first_token, r.hit_tokens))
         self.queue.remove(r)
         del self.reqs[a.rid]
+        self.ended(a.rid)
         self.to_router(PrefillDone(a.rid, self.spec.engine))

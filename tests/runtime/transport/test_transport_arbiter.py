@@ -12,7 +12,7 @@ import pytest
 from dualpath.core.lanes import Lane, LaneWeights
 from dualpath.runtime.clock import ManualClock, MonotonicClock
 from dualpath.runtime.transport.arbiter import LinkArbiter
-from dualpath.runtime.transport.transfer import ArbiterClosed, TransferFailed
+from dualpath.runtime.transport.transfer import ArbiterClosed, ContiguousCopy, TransferFailed
 
 LC, KV = Lane.LATENCY_CRITICAL, Lane.KV
 CHUNK = 64 * 1024
@@ -162,3 +162,60 @@ def test_on_done_runs_after_completion_with_the_result():
                 break
             threading.Event().wait(0.001)
     assert seen == [r]
+
+
+def test_at_real_speed_a_latency_critical_arrival_cuts_a_kv_run_after_one_chunk():
+    calls = []
+    in_chunk_2, go = threading.Event(), threading.Event()
+
+    def kv_chunk(offset_bytes, nbytes):
+        calls.append(("kv", offset_bytes, nbytes))
+        if offset_bytes == 2 * CHUNK:  # the LC message arrives while this chunk is copied
+            in_chunk_2.set()
+            assert go.wait(10.0)
+
+    def lc_chunk(offset_bytes, nbytes):
+        calls.append(("lc", offset_bytes, nbytes))
+
+    with LinkArbiter("real", None, LaneWeights(), MonotonicClock(), CHUNK) as arb:
+        kv = arb.submit(KV, 100 * CHUNK, kv_chunk)
+        assert in_chunk_2.wait(10.0)
+        lc = arb.submit(LC, 2 * CHUNK, lc_chunk)
+        arb.check_invariants()
+        go.set()
+        r_lc, r_kv = lc.wait(10.0), kv.wait(10.0)
+        arb.check_invariants()
+        assert arb.stats().sent_bytes == (2 * CHUNK, 100 * CHUNK)
+    kv_calls = [("kv", i * CHUNK, CHUNK) for i in range(100)]
+    assert calls == kv_calls[:3] + [("lc", 0, CHUNK), ("lc", CHUNK, CHUNK)] + kv_calls[3:]
+    assert r_lc.completed_s <= r_kv.completed_s
+
+
+def test_at_real_speed_a_copy_failing_inside_a_run_fails_its_transfer_only():
+    def boom(offset_bytes, nbytes):
+        if offset_bytes >= 3 * CHUNK:
+            raise OSError("disk on fire")
+
+    with LinkArbiter("real", None, LaneWeights(), MonotonicClock(), CHUNK) as arb:
+        bad = arb.submit(KV, 10 * CHUNK, boom)
+        good = arb.submit(KV, 2 * CHUNK, noop)
+        with pytest.raises(TransferFailed, match="disk on fire"):
+            bad.wait(10.0)
+        assert good.wait(10.0).nbytes == 2 * CHUNK
+        arb.check_invariants()
+        assert arb.stats().sent_bytes == (0, 5 * CHUNK)  # 3 chunks of the failed one, then the good one
+
+
+def test_contiguous_copy_moves_ranges_and_rejects_bad_ones():
+    src = np.arange(1000, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    copy = ContiguousCopy(dst, src)
+    copy(0, 10)
+    copy(990, 10)
+    assert np.array_equal(dst[:10], src[:10]) and np.array_equal(dst[990:], src[990:]) and not dst[10:990].any()
+    with pytest.raises(ValueError):
+        copy(995, 10)
+    with pytest.raises(ValueError):
+        ContiguousCopy(dst[:10], src)
+    with pytest.raises(ValueError):
+        ContiguousCopy(dst[::2], src[:500])

@@ -6,7 +6,7 @@ from dualpath.runtime.transport.bench import KIB, MIB, run_lanes_bench, run_tran
 
 
 def test_lanes_protect_latency_critical_bursts_and_fifo_does_not():
-    kw = dict(duration_s=0.25, link_rate_bytes_per_s=1e9, burst_interval_s=0.005, chunk_bytes=8 * KIB,
+    kw = dict(duration_s=0.25, link_rate_bytes_per_s=1e9, burst_interval_s=0.005,  # default 8 KiB chunks
               kv_transfer_bytes=256 * KIB, max_lag_s=1.0)  # absorb any host jitter: exact link times
     lanes = run_lanes_bench(fifo=False, **kw)
     fifo = run_lanes_bench(fifo=True, **kw)
@@ -17,6 +17,9 @@ def test_lanes_protect_latency_critical_bursts_and_fifo_does_not():
 
 
 def test_transport_bench_moves_the_bytes_intact():
-    r = run_transport_bench(total_bytes=8 * MIB, block_bytes=1 * MIB, chunk_bytes=256 * KIB)
+    r = run_transport_bench(total_bytes=8 * MIB, block_bytes=1 * MIB, chunk_bytes=256 * KIB, repeats=2)
     assert r["checksum_ok"]
-    assert r["transport_gbps"] > 0 and r["memcpy_gbps"] > 0
+    assert r["transport_gbps"] > 0 and r["memcpy_gbps"] > 0 and r["memcpy_blockwise_gbps"] > 0
+    assert r["memcpy_method"] in ("numpy.copyto", "ctypes.memmove")
+    assert r["ratio"] == pytest.approx(r["transport_gbps"] / r["memcpy_gbps"])
+    assert r["memcpy_gbps"] == max(r["memcpy_numpy_gbps"], r["memcpy_memmove_gbps"])

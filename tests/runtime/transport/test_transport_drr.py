@@ -108,3 +108,87 @@ def test_merged_decisions_give_the_step_by_step_schedule(raw, w, window):
     step = _simulate(transfers, weights, merge=False, window_s=1 / 1024)
     assert _simulate(transfers, weights, merge=True, window_s=window / 1024) == step
     assert _simulate(transfers, weights, merge=False, window_s=window / 1024) == step
+
+
+def _chunk_sequence(transfers, weights, run_bytes):
+    """Chunks (item, offset, nbytes) a real-speed link sends, one decision per chunk
+    (run_bytes None) or in runs cut short when the other lane gets a transfer. Transfer k
+    arrives just before the decision of chunk number transfers[k][1]."""
+    drr = DeficitRoundRobin(weights, CHUNK)
+    order = sorted(range(len(transfers)), key=lambda k: transfers[k][1])
+    out, step, p = [], 0, 0
+
+    def arrive():
+        nonlocal p
+        lanes = set()
+        while p < len(order) and transfers[order[p]][1] <= step:
+            k = order[p]
+            lane, _, nbytes = transfers[k]
+            drr.push(lane, k, nbytes, 0.0)
+            lanes.add(lane)
+            p += 1
+        return lanes
+
+    while p < len(order) or drr.has_pending():
+        arrive()
+        if run_bytes is None:
+            g = drr.next_chunk(0.0)
+            if g is not None:
+                out.append((g.item, g.offset_bytes, g.nbytes))
+            step += 1
+            continue
+        g = drr.next_run(0.0, run_bytes)
+        if g is None:
+            step += 1
+            continue
+        sent = 0
+        for n in drr.run_pieces():
+            out.append((g.item, g.offset_bytes + sent, n))
+            sent += n
+            step += 1
+            if ({LC, KV} - {g.lane}) & arrive() and sent < g.nbytes:
+                break
+        assert drr.end_run(sent) == g.nbytes - sent
+        drr.check_invariants()
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.sampled_from([LC, KV]), st.integers(0, 60), st.integers(1, 40),
+                           st.sampled_from([1, 100, 1024])), min_size=1, max_size=10),
+    w=st.tuples(st.sampled_from([1.0, 3.0, 99.0]), st.sampled_from([1.0, 2.0, 5.0])),
+    run_bytes=st.sampled_from([1, 1000, 3 * CHUNK, 7 * CHUNK + 5, 10**9]),
+)
+def test_runs_cut_at_the_other_lanes_arrival_give_the_step_by_step_chunks(raw, w, run_bytes):
+    transfers = [(lane, at, n * unit) for lane, at, n, unit in raw]
+    weights = LaneWeights(*w)
+    assert _chunk_sequence(transfers, weights, run_bytes) == _chunk_sequence(transfers, weights, None)
+
+
+def test_a_run_covers_the_transfer_if_uncontested_else_the_rest_of_the_turn():
+    drr = DeficitRoundRobin(LaneWeights(), CHUNK)
+    drr.push(KV, "kv", 10 * CHUNK + 1, 0.0)
+    g = drr.next_run(0.0, 10**9)
+    assert (g.item, g.offset_bytes, g.nbytes, g.is_last) == ("kv", 0, 10 * CHUNK + 1, True)
+    assert list(drr.run_pieces()) == [CHUNK] * 10 + [1]
+    drr.push(LC, "lc", CHUNK, 0.0)  # arrives during the 3rd chunk: the run stops after it
+    assert drr.end_run(3 * CHUNK) == 7 * CHUNK + 1
+    assert drr.next_run(0.0, 10**9).item == "lc"
+    drr.end_run(CHUNK)
+    drr.push(LC, "lc2", 500 * CHUNK, 0.0)
+    g = drr.next_run(0.0, 10**9)  # KV is queued: the rest of LC's turn (99 chunks, 1 spent)
+    assert (g.item, g.offset_bytes, g.nbytes) == ("lc2", 0, 98 * CHUNK)
+    drr.end_run(g.nbytes)
+    g = drr.next_run(0.0, 10**9)  # then one KV chunk (its quantum)
+    assert (g.item, g.offset_bytes, g.nbytes) == ("kv", 3 * CHUNK, CHUNK)
+    drr.end_run(g.nbytes)
+    g = drr.next_run(0.0, 10**9)
+    assert (g.item, g.offset_bytes, g.nbytes) == ("lc2", 98 * CHUNK, 99 * CHUNK)
+    drr.drop("lc2")
+    drr.end_run(g.nbytes)
+    g = drr.next_run(0.0, 10**9)  # uncontested again: the rest of KV in one run
+    assert (g.item, g.offset_bytes, g.nbytes) == ("kv", 4 * CHUNK, 6 * CHUNK + 1)
+    drr.end_run(g.nbytes)
+    assert not drr.has_pending()
+    drr.check_invariants()

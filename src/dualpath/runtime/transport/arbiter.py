@@ -21,7 +21,13 @@ than `max_lag_s` behind (the host cannot copy at the link's rate, or it was desc
 link loses that time (`LinkStats.stalled_s`): the emulated link is never faster than the host.
 `max_lag_s=None` never drops time (deterministic tests with a ManualClock).
 
-Unlimited links (rate None) run on real time, one chunk at a time at copy speed.
+Unlimited links (rate None) run on real time at copy speed. When no other lane holds a transfer,
+one decision grants a run of up to `max_run_bytes` of the head transfer (`DeficitRoundRobin.next_run`);
+the thread copies it chunk by chunk with no locking or scheduling between chunks, and checks after
+each chunk whether the other lane got a transfer: if so it stops there and hands the rest back, so
+a latency-critical arrival still waits at most one KV chunk (real time: chunk / copy speed). Copy
+speed then depends on the chunk and on `do_chunk`'s cost per call (`transfer.ContiguousCopy`: one
+memmove); see DEFAULT_CHUNK_BYTES.
 
 `fifo=True` serves every lane from one FIFO queue (the baseline without lanes); byte counters
 still count by the submitted lane.
@@ -43,7 +49,13 @@ from .drr import ChunkGrant, DeficitRoundRobin
 from .token_bucket import TokenBucket
 from .transfer import ArbiterClosed, DoChunk, LinkStats, TransferFailed, TransferHandle, TransferResult
 
-DEFAULT_CHUNK_BYTES = 64 * 1024
+# A latency-critical transfer waits at most one KV chunk: with 64 KiB bursts, (burst + chunk) / burst
+# <= 1.125 needs chunk <= 8 KiB (the lanes acceptance allows 1.2, i.e. <= 12.8 KiB: too tight for
+# host jitter). On a rate-limited link the chunk costs nothing (copies are merged); at real speed
+# every chunk is one `do_chunk` call (~1 us of Python), so large transfers over unlimited links
+# copy faster with larger chunks (`bench.REAL_SPEED_CHUNK_BYTES`).
+DEFAULT_CHUNK_BYTES = 8 * 1024
+DEFAULT_MAX_RUN_BYTES = 64 * 1024 * 1024  # unlimited links: bytes granted per decision at most (bounds close())
 DEFAULT_MAX_LAG_S = 0.010  # host jitter (thread descheduled, GIL) the emulation absorbs before the link loses time
 _EPS_S = 1e-9
 
@@ -62,6 +74,7 @@ class _Run:
     start_s: float
     finish_s: float
     is_last: bool
+    contender_arrivals: int = 0  # unlimited links: the other lane's transfers pushed when decided
 
 
 class LinkArbiter:
@@ -69,16 +82,24 @@ class LinkArbiter:
 
     def __init__(self, name: str, rate_bytes_per_s: float | None, weights: LaneWeights, clock: Clock,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, fifo: bool = False,
-                 max_lag_s: float | None = DEFAULT_MAX_LAG_S) -> None:
+                 max_lag_s: float | None = DEFAULT_MAX_LAG_S, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
+        if max_run_bytes <= 0:
+            raise ValueError(f"max_run_bytes must be positive, got {max_run_bytes}")
         self.name = name
         self.rate_bytes_per_s = rate_bytes_per_s
         self.chunk_bytes = chunk_bytes
         self.fifo = fifo
         self.max_lag_s = max_lag_s
+        self.max_run_bytes = max_run_bytes
         self._clock = clock
         self._bucket = TokenBucket(rate_bytes_per_s, 0, clock)
         lanes = (Lane.KV,) if fifo else (Lane.LATENCY_CRITICAL, Lane.KV)
         self._sched: DeficitRoundRobin[TransferHandle] = DeficitRoundRobin(weights, chunk_bytes, lanes)
+        # transfers pushed per scheduler lane (read without the lock by the copy loop of a run),
+        # and for each lane the other lane whose arrivals cut a run short (none in FIFO mode)
+        self._arrivals = [0, 0]
+        self._contender: dict[Lane, Lane | None] = {
+            lane: next((other for other in lanes if other != lane), None) for lane in lanes}
         self._cv = threading.Condition()
         self._closing = False
         self._link_free_s = clock.now_s()
@@ -98,7 +119,8 @@ class LinkArbiter:
                on_done: Callable[[TransferResult], None] | None = None) -> TransferHandle:
         """Queue `nbytes` on `lane`. `do_chunk(offset, n)` is called on the link's thread for
         consecutive half-open ranges covering [0, nbytes) in order: at most `chunk_bytes` each on
-        an unlimited link; on a rate-limited one, chunks consecutive on the link are merged."""
+        an unlimited link; on a rate-limited one, chunks consecutive on the link are merged.
+        `transfer.ContiguousCopy` is the cheapest `do_chunk` between two contiguous arrays."""
         if nbytes <= 0:
             raise ValueError(f"nbytes must be positive, got {nbytes}")
         with self._cv:
@@ -107,7 +129,9 @@ class LinkArbiter:
             now = max(self._clock.now_s(), self._last_arrival_s)  # stamped under the lock: see _plan
             self._last_arrival_s = now
             handle = TransferHandle(Lane(lane), nbytes, now, do_chunk, on_done)
-            self._sched.push(Lane.KV if self.fifo else handle.lane, handle, nbytes, now)
+            sched_lane = Lane.KV if self.fifo else handle.lane
+            self._sched.push(sched_lane, handle, nbytes, now)
+            self._arrivals[sched_lane] += 1
             self._submitted[handle.lane] += nbytes
             self._queued[handle.lane] += nbytes
             self._cv.notify()
@@ -151,11 +175,15 @@ class LinkArbiter:
     # --- the link's thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        unlimited = self._bucket.unlimited
         while True:
             runs = self._wait_and_plan()
             if runs is None:
                 return
-            self._copy(runs)
+            if unlimited:
+                self._copy_run(runs[0])
+            else:
+                self._copy(runs)
 
     def _wait_and_plan(self) -> list[_Run] | None:
         """Block until chunks are due on the link and return them; None once closed and idle."""
@@ -185,8 +213,14 @@ class LinkArbiter:
         before `now` is queued, later ones are stamped >= now)."""
         if self._bucket.unlimited:
             t = max(self._link_free_s, now)
-            g = self._sched.next_chunk(t)
-            return [] if g is None else [self._take(g, t, t)]  # finish set after the copy
+            g = self._sched.next_run(t, self.max_run_bytes)
+            if g is None:
+                return []
+            run = self._take(g, t, t)  # finish set after the copy
+            contender = self._contender[g.lane]
+            if contender is not None:
+                run.contender_arrivals = self._arrivals[contender]  # under the lock: none missed
+            return [run]
         arrival = self._sched.earliest_arrival_s()
         assert arrival is not None
         t = max(self._link_free_s, arrival)
@@ -238,10 +272,6 @@ class LinkArbiter:
                 self._drop(h, r.nbytes, e)
                 continue
             with self._cv:
-                if self._bucket.unlimited:  # real speed: the link was busy for the copy
-                    r.finish_s = max(r.start_s, self._clock.now_s())
-                    self._busy_s += r.finish_s - r.start_s
-                    self._link_free_s = r.finish_s
                 self._in_flight[h.lane] -= r.nbytes
                 self._sent[h.lane] += r.nbytes
                 if r.is_last:
@@ -249,6 +279,52 @@ class LinkArbiter:
             if r.is_last:
                 self._seq += 1
                 heapq.heappush(self._due, (r.finish_s, self._seq, r))
+
+    def _copy_run(self, r: _Run) -> None:
+        """Copy an unlimited link's run (`DeficitRoundRobin.next_run`) chunk by chunk; stop early,
+        handing the rest back, if the other lane got a transfer (unless the link is closing:
+        then the decided run finishes)."""
+        h = r.handle
+        contender = self._contender[Lane.KV if self.fifo else h.lane]
+        arrivals = self._arrivals
+        seen = r.contender_arrivals
+        do_chunk = h._do_chunk
+        offset, end = r.offset_bytes, r.offset_bytes + r.nbytes
+        error: BaseException | None = None
+        ended = False
+        try:
+            for n in self._sched.run_pieces():
+                do_chunk(offset, n)
+                offset += n
+                if contender is not None and arrivals[contender] != seen and offset < end:
+                    with self._cv:
+                        if not self._closing:
+                            back = self._sched.end_run(offset - r.offset_bytes)
+                            self._in_flight[h.lane] -= back
+                            self._queued[h.lane] += back
+                            r.nbytes -= back
+                            r.is_last = False
+                            ended = True
+                            break
+                    seen = arrivals[contender]
+        except BaseException as e:  # reported through the handle; the link keeps going
+            error = e
+        sent = offset - r.offset_bytes
+        with self._cv:
+            if not ended:
+                self._sched.end_run(r.nbytes)
+            r.finish_s = max(r.start_s, self._clock.now_s())  # real speed: the link was busy for the copy
+            self._busy_s += r.finish_s - r.start_s
+            self._link_free_s = r.finish_s
+            self._in_flight[h.lane] -= sent
+            self._sent[h.lane] += sent
+            if error is None and r.is_last:
+                self._count_completion(h)
+        if error is not None:
+            self._drop(h, r.nbytes - sent, error)
+        elif r.is_last:
+            self._seq += 1
+            heapq.heappush(self._due, (r.finish_s, self._seq, r))
 
     def _drop(self, h: TransferHandle, in_flight_bytes: int, error: BaseException) -> None:
         with self._cv:

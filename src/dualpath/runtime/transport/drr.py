@@ -15,6 +15,13 @@ Rules (PAPER.md 2.3, DESIGN.md 5):
   decision's link time, so the schedule does not depend on when the arbiter's thread runs. With 99:1 the KV quantum is one chunk: a latency-critical
   transfer that arrives behind KV waits at most the one KV chunk on the link.
 
+Runs (`next_run`, for links at real speed): one grant may cover many consecutive chunks of the
+head transfer (the rest of the lane's turn; the rest of the transfer when no other lane holds one). The caller copies it piece by piece
+(`run_pieces`: exactly the chunks of the step-by-step schedule), and if another lane's transfer
+arrives meanwhile it stops after the current piece and hands the rest back (`end_run`); the state
+is then the step-by-step schedule's at that chunk boundary, so the arrival still waits at most one
+chunk.
+
 Ledger (check_invariants): for every lane, pushed bytes = granted bytes + queued bytes.
 """
 
@@ -23,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, Iterator, NamedTuple, TypeVar
 
 from ...core.lanes import Lane, LaneWeights
 
@@ -49,6 +56,20 @@ class _Entry(Generic[T]):
     sent_bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _OpenRun(Generic[T]):
+    lane: Lane
+    entry: _Entry[T]
+    deficit_bytes: int  # the lane's deficit when the run was granted
+    nbytes: int
+
+
+def _deficit_after(deficit: int, quantum: int, nbytes: int) -> int:
+    """A lane's deficit after sending `nbytes` in consecutive turns, starting with `deficit`."""
+    turns = -(-(nbytes - deficit) // quantum) if nbytes > deficit else 0
+    return deficit + turns * quantum - nbytes
+
+
 class DeficitRoundRobin(Generic[T]):
     def __init__(self, weights: LaneWeights, chunk_bytes: int, lanes: tuple[Lane, ...] = (Lane.LATENCY_CRITICAL, Lane.KV)) -> None:
         if chunk_bytes <= 0:
@@ -63,6 +84,7 @@ class DeficitRoundRobin(Generic[T]):
         self._deficit_bytes = {l: 0 for l in lanes}
         self._ptr = 0
         self._topped_up = False
+        self._run: _OpenRun[T] | None = None
         self.pushed_bytes = {l: 0 for l in lanes}
         self.granted_bytes = {l: 0 for l in lanes}
 
@@ -99,30 +121,81 @@ class DeficitRoundRobin(Generic[T]):
         start before `merge_until_s` and before any other lane's head arrives. The schedule is
         the same, in one decision instead of one per chunk.
         """
-        for q in self._queues.values():
-            if q and q[0].arrival_s <= now_s:
-                break
-        else:
+        lane = self._select(now_s)
+        if lane is None:
             return None
-        while True:
-            lane = self.lanes[self._ptr]
-            q = self._queues[lane]
-            if not q or q[0].arrival_s > now_s:
-                self._deficit_bytes[lane] = 0
-                self._advance()
-                continue
-            if not self._topped_up:
-                self._deficit_bytes[lane] += self.quantum_bytes[lane]
-                self._topped_up = True
-            if self._deficit_bytes[lane] <= 0:
-                self._advance()
-                continue
-            if merge_until_s is None or bytes_per_s is None:
-                n = min(self.chunk_bytes, q[0].nbytes - q[0].sent_bytes, self._deficit_bytes[lane])
-                self._deficit_bytes[lane] -= n
-            else:
-                n = self._merged_bytes(lane, q[0], now_s, merge_until_s, bytes_per_s)
-            return self._grant(lane, q, n)
+        q = self._queues[lane]
+        if merge_until_s is None or bytes_per_s is None:
+            n = min(self.chunk_bytes, q[0].nbytes - q[0].sent_bytes, self._deficit_bytes[lane])
+            self._deficit_bytes[lane] -= n
+        else:
+            n = self._merged_bytes(lane, q[0], now_s, merge_until_s, bytes_per_s)
+        return self._grant(lane, q, n)
+
+    def next_run(self, now_s: float, max_bytes: int) -> ChunkGrant[T] | None:
+        """Like `next_chunk(now_s)`, but the grant covers the chunks the step-by-step schedule
+        would send the head transfer back to back: the rest of the lane's turn, or, if no other
+        lane holds a transfer, the rest of the transfer; at most `max_bytes` (but at least one
+        chunk, cut at a chunk boundary). The run stays open until `end_run`; copy it by
+        `run_pieces`."""
+        if self._run is not None:
+            raise RuntimeError("a run is still open: end_run first")
+        lane = self._select(now_s)
+        if lane is None:
+            return None
+        q = self._queues[lane]
+        head = q[0]
+        left = head.nbytes - head.sent_bytes
+        d = self._deficit_bytes[lane]
+        n = min(self.chunk_bytes, left, d)
+        # the other lanes can claim the link after this turn (deficit d) if they hold a transfer
+        contested = any(oq for other, oq in self._queues.items() if other != lane)
+        limit = min(left, d) if contested else left
+        if n < limit:
+            n = limit if limit <= max_bytes else max(n, self._boundary_at_or_before(lane, d, max_bytes))
+        self._deficit_bytes[lane] = _deficit_after(d, self.quantum_bytes[lane], n)
+        self._run = _OpenRun(lane, head, d, n)
+        return self._grant(lane, q, n)
+
+    def run_pieces(self) -> Iterator[int]:
+        """Sizes of the open run's chunks in the step-by-step schedule, in order."""
+        run = self._run
+        if run is None:
+            raise RuntimeError("no open run")
+        chunk, quantum = self.chunk_bytes, self.quantum_bytes[run.lane]
+        d, left = run.deficit_bytes, run.nbytes
+        while left > 0:
+            if d == 0:
+                d = quantum
+            k = min(chunk, d, left)
+            yield k
+            d -= k
+            left -= k
+
+    def end_run(self, sent_bytes: int) -> int:
+        """Close the open run after its first `sent_bytes` (the end of one of its pieces); the
+        rest goes back to the head of its lane. Returns the bytes handed back. The transfer must
+        not have been dropped or drained meanwhile unless `sent_bytes` is the whole run."""
+        run = self._run
+        if run is None:
+            raise RuntimeError("no open run")
+        if not 0 < sent_bytes <= run.nbytes:
+            raise ValueError(f"sent_bytes must be in (0, {run.nbytes}], got {sent_bytes}")
+        self._run = None
+        back = run.nbytes - sent_bytes
+        if back:
+            q = self._queues[run.lane]
+            e = run.entry
+            if not q or q[0] is not e:  # the run reached the transfer's end: it was popped
+                q.appendleft(e)
+            e.sent_bytes -= back
+            self.granted_bytes[run.lane] -= back
+            self._deficit_bytes[run.lane] = _deficit_after(run.deficit_bytes, self.quantum_bytes[run.lane], sent_bytes)
+        return back
+
+    @property
+    def run_open(self) -> bool:
+        return self._run is not None
 
     def drop(self, item: T) -> int:
         """Remove a queued transfer (failed or cancelled); returns its unsent bytes."""
@@ -153,6 +226,36 @@ class DeficitRoundRobin(Generic[T]):
             assert all(0 <= e.sent_bytes < e.nbytes for e in q), "a finished transfer is still queued"
             assert 0 <= self._deficit_bytes[lane] <= self.quantum_bytes[lane], f"deficit out of range on {lane!r}"
 
+    def _select(self, now_s: float) -> Lane | None:
+        """Move the round-robin pointer to the lane that sends next at `now_s` (topped up, with
+        a positive deficit and an eligible head); None if nothing has arrived."""
+        for q in self._queues.values():
+            if q and q[0].arrival_s <= now_s:
+                break
+        else:
+            return None
+        while True:
+            lane = self.lanes[self._ptr]
+            q = self._queues[lane]
+            if not q or q[0].arrival_s > now_s:
+                self._deficit_bytes[lane] = 0
+                self._advance()
+                continue
+            if not self._topped_up:
+                self._deficit_bytes[lane] += self.quantum_bytes[lane]
+                self._topped_up = True
+            if self._deficit_bytes[lane] <= 0:
+                self._advance()
+                continue
+            return lane
+
+    def _boundary_at_or_before(self, lane: Lane, deficit: int, nbytes: int) -> int:
+        """The last step-by-step chunk boundary at or before `nbytes` bytes into this lane's
+        turns (first turn `deficit` bytes, then quanta; chunks cut within each turn)."""
+        quantum = self.quantum_bytes[lane]
+        start = 0 if nbytes < deficit else deficit + (nbytes - deficit) // quantum * quantum
+        return start + (nbytes - start) // self.chunk_bytes * self.chunk_bytes
+
     def _advance(self) -> None:
         self._ptr = (self._ptr + 1) % len(self.lanes)
         self._topped_up = False
@@ -171,8 +274,7 @@ class DeficitRoundRobin(Generic[T]):
             extra = ((limit_s - now_s) * bytes_per_s - d) / quantum
             if extra > 0:
                 n = min(left, d + math.ceil(extra) * quantum)
-        turns = math.ceil((n - d) / quantum) if n > d else 0
-        self._deficit_bytes[lane] = d + turns * quantum - n
+        self._deficit_bytes[lane] = _deficit_after(d, quantum, n)
         return n
 
     def _grant(self, lane: Lane, q: deque[_Entry[T]], n: int) -> ChunkGrant[T]:

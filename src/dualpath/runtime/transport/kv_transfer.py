@@ -8,8 +8,8 @@ Lifecycle of one block:
    `KvPull(request_id, layer, segment, offset_bytes, nbytes, reply_to=receiver.endpoint)`.
 2. The holder calls `ShmKvSender.send(request_id, layer, src, dst, reply_to, lane)`: the source
    region of its own buffer and the destination from the pull (attached on first use).
-3. The holder's `LinkArbiter` copies the bytes chunk by chunk (numpy copy, GIL released),
-   lanes arbitrated and the link's rate applied.
+3. The holder's `LinkArbiter` copies the bytes chunk by chunk (`ContiguousCopy`: memmove, GIL
+   released), lanes arbitrated and the link's rate applied.
 4. At delivery, on the link's thread, the sender pushes `KvReady` to `reply_to`.
 5. The receiver's `ShmKvReceiver.recv()` returns the `KvReady`; `view(ready)` reads the bytes;
    the receiver frees the slot when it has consumed them.
@@ -28,6 +28,7 @@ from .arbiter import LinkArbiter, TransferHandle, TransferResult
 from .channel import Inbox, Outbox
 from .messages import KvReady
 from .shm import HostBuffer, SharedSegments, ShmRegion
+from .transfer import ContiguousCopy
 
 
 class ShmKvSender:
@@ -44,14 +45,9 @@ class ShmKvSender:
         """Copy `src` into `dst` (same size) over the link, then send `KvReady` to `reply_to`."""
         if src.nbytes != dst.nbytes:
             raise ValueError(f"source has {src.nbytes} bytes, destination {dst.nbytes}")
-        src_view = self._segments.view(src)
-        dst_view = self._segments.view(dst)
+        do_chunk = ContiguousCopy(self._segments.view(dst), self._segments.view(src))
         outbox = self._outbox(reply_to)
         ready = KvReady(request_id, layer, dst.segment, dst.offset_bytes, dst.nbytes)
-
-        def do_chunk(offset_bytes: int, nbytes: int) -> None:
-            end = offset_bytes + nbytes
-            np.copyto(dst_view[offset_bytes:end], src_view[offset_bytes:end])
 
         def on_done(result: TransferResult) -> None:
             outbox.send(ready)
