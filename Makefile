@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-speed clean
+.PHONY: demo sim-demo test test-slow bench-speed clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/dualpath demo --json out/demo.json --plot out/demo.png
+
+sim-demo: $(STAMP)
 	$(BIN)/dualpath sim --model ds-v3.2-660b --pd 2P4D --max-len 64k --agents 1024 \
-		--mode basic --mode dualpath --mode oracle --seed 1 --json out/demo.json --plot out/demo.png
+		--mode basic --mode dualpath --mode oracle --seed 1 --json out/sim.json --plot out/sim.png
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
