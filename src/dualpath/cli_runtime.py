@@ -38,34 +38,9 @@ def print_runtime_runs(out, result: dict, title: str) -> None:
 
 
 def plot_runtime(result: dict, path: Path, title: str) -> None:
-    import matplotlib
+    from .metrics.plots import plot_runs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = result["runs"]
-    names = [r["mode"] for r in runs]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    axes[0].bar(names, [r["jct_s"] for r in runs], color="#4c72b0")
-    axes[0].set_ylabel("JCT (s)")
-    axes[0].set_title("job completion time")
-    x = range(len(names))
-    axes[1].bar([i - 0.2 for i in x], [r["ttft_s"]["p50"] for r in runs], width=0.4, label="p50")
-    axes[1].bar([i + 0.2 for i in x], [r["ttft_s"]["p90"] for r in runs], width=0.4, label="p90")
-    axes[1].set_xticks(list(x), names)
-    axes[1].set_ylabel("TTFT (s)")
-    axes[1].legend()
-    pe = [r["bytes"]["storage_to_prefill"] / 1e6 for r in runs]
-    de = [r["bytes"]["storage_via_decode"] / 1e6 for r in runs]
-    axes[2].bar(names, pe, label="PE read path")
-    axes[2].bar(names, de, bottom=pe, label="DE read path")
-    axes[2].set_ylabel("KV read from storage (MB)")
-    axes[2].legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_runs(result, path, title, bytes_scale=1e6, bytes_unit="MB")
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:

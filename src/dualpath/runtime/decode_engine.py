@@ -25,7 +25,7 @@ import torch
 from ..core.blocks import ROOT_DIGEST, block_digest
 from ..core.snapshot import ReadSide
 from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished
-from .kv_region import contiguous
+from .kv_region import contiguous, layer_spans
 from .model import PagedKVCache
 from .model.generate import SamplingParams as ModelSampling
 from .model.generate import TokenSampler
@@ -119,8 +119,8 @@ class DecodeEngine(EngineBase):
     # --- 2. layer streams to the PE -----------------------------------------------------------
     def _layer_pull(self, m: LayerPull) -> None:
         r = self.reqs[m.rid]
-        spans = self.geom.layer_spans(r.a.de_offsets, m.layer, 0, m.num_tokens)
-        dst = self._attached.view(ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.geom.token_bytes_per_layer))
+        spans = layer_spans(self.layout, r.a.de_offsets, m.layer, 0, m.num_tokens)
+        dst = self._attached.view(ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer))
         reply, rid, layer = m.reply_to, m.rid, m.layer
         self.copy(self.buffers[self.node], spans, dst, contiguous(0, dst.nbytes),
                   lambda _res: self.send(reply, LayerReady(rid, layer)))
@@ -136,7 +136,7 @@ class DecodeEngine(EngineBase):
         r.generated = 1
         n = len(r.a.prompt_ids)
         self.cache.add_sequence(m.rid, n)
-        fbb = self.geom.full_block_bytes
+        fbb = self.layout.full_block_bytes
         table = self.cache.block_table(m.rid)
         src_spans = [(off, fbb) for off in r.a.de_offsets]
         dst_spans = [(b * fbb, fbb) for b in table]
@@ -201,7 +201,7 @@ class DecodeEngine(EngineBase):
             parent = r.digests[-1] if r.digests else ROOT_DIGEST
             r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
         table = self.cache.block_table(r.a.rid)
-        fbb = self.geom.full_block_bytes
+        fbb = self.layout.full_block_bytes
         while r.persisted_blocks < have:
             b = r.persisted_blocks
             r.persisted_blocks += 1

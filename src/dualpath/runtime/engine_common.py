@@ -22,7 +22,7 @@ from ..config import RuntimeConfig
 from ..core.blocks import BlockLayout
 from ..core.lanes import Lane
 from .clock import MonotonicClock
-from .kv_region import KvGeometry, SpanCopy
+from .kv_region import SpanCopy
 from .model import load_model
 from .protocol import Counters, Reconfigure, Reconfigured
 from .store import BlockStore
@@ -84,7 +84,6 @@ class EngineBase:
         self.dtype = kv_dtype(cfg)
         itemsize = torch.tensor([], dtype=self.dtype).element_size()
         tbpl = self.mcfg.kv_bytes_per_token_per_layer(self.dtype)
-        self.geom = KvGeometry(self.mcfg.num_layers, cfg.block_tokens, tbpl)
         self.layout = BlockLayout(self.mcfg.num_layers, cfg.block_tokens, tbpl)
         self.itemsize = itemsize
         self.clock = MonotonicClock()
@@ -93,7 +92,7 @@ class EngineBase:
         self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if io_free else cfg.cnic_rate, cfg.lane_weights,
                                    self.clock, chunk_bytes=cfg.chunk_bytes)
         snic = None if io_free else cfg.snic_bytes_per_s
-        burst = self.geom.full_block_bytes
+        burst = self.layout.full_block_bytes
         self.snic_read = TokenBucket(snic, burst, self.clock)
         self.snic_write = TokenBucket(snic, burst, self.clock)
         self.store = self._open_store(spec.store_root)
@@ -188,7 +187,7 @@ class EngineBase:
         self._reads.put((rid, digests, node, offsets))
 
     def _read_loop(self) -> None:
-        fbb = self.geom.full_block_bytes
+        fbb = self.layout.full_block_bytes
         busy_since: float | None = None
         while True:
             if self._reads.empty() and busy_since is not None:

@@ -12,48 +12,27 @@ as a `LinkArbiter` transfer calls it (`do_chunk(offset, nbytes)` over the logica
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-
 import numpy as np
 
+from ..core.blocks import BlockLayout
 
-@dataclass(frozen=True, slots=True)
-class KvGeometry:
-    num_layers: int
-    block_tokens: int
-    token_bytes_per_layer: int  # 2 * kv_heads * head_dim * itemsize
 
-    @property
-    def layer_block_bytes(self) -> int:
-        return self.block_tokens * self.token_bytes_per_layer
-
-    @property
-    def full_block_bytes(self) -> int:
-        return self.num_layers * self.layer_block_bytes
-
-    @property
-    def token_bytes(self) -> int:
-        """KV bytes of one token over all layers."""
-        return self.num_layers * self.token_bytes_per_layer
-
-    def num_blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_tokens)
-
-    def layer_spans(self, offsets: list[int], layer: int, start: int, stop: int) -> list[tuple[int, int]]:
-        """(byte offset in the segment, nbytes) of layer `layer` for tokens [start, stop)."""
-        if not 0 <= layer < self.num_layers:
-            raise IndexError(f"layer {layer} outside [0, {self.num_layers})")
-        if not 0 <= start <= stop <= len(offsets) * self.block_tokens:
-            raise ValueError(f"tokens [{start}, {stop}) outside the {len(offsets)} blocks of the region")
-        bt, tb = self.block_tokens, self.token_bytes_per_layer
-        spans = []
-        t = start
-        while t < stop:
-            b, inside = divmod(t, bt)
-            n = min(stop - t, bt - inside)
-            spans.append((offsets[b] + layer * self.layer_block_bytes + inside * tb, n * tb))
-            t += n
-        return spans
+def layer_spans(layout: BlockLayout, offsets: list[int], layer: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """(byte offset in the segment, nbytes) of layer `layer` for tokens [start, stop) of a prompt
+    whose block b sits at `offsets[b]` (a Full Block, `core.blocks.BlockLayout`)."""
+    bt = layout.block_tokens
+    if not 0 <= start <= stop <= len(offsets) * bt:
+        raise ValueError(f"tokens [{start}, {stop}) outside the {len(offsets)} blocks of the region")
+    layer_start = layout.layer_range(layer)[0]
+    tb = layout.kv_bytes_per_token_per_layer
+    spans = []
+    t = start
+    while t < stop:
+        b, inside = divmod(t, bt)
+        n = min(stop - t, bt - inside)
+        spans.append((offsets[b] + layer_start + inside * tb, n * tb))
+        t += n
+    return spans
 
 
 def contiguous(offset_bytes: int, nbytes: int) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ from ..core.policy import Budget, form_prefill_batch
 from ..core.snapshot import BatchCandidate, ReadSide
 from ..core.request import RequestId
 from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
-from .kv_region import contiguous
+from .kv_region import contiguous, layer_spans
 from .model import LayerKV
 from .model.generate import SamplingParams as ModelSampling
 from .model.generate import TokenSampler
@@ -72,7 +72,7 @@ class PrefillEngine(EngineBase):
         self.queue: deque[PReq] = deque()
         self._layer_pending: dict[int, int] = {}
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
-        self.tbpl = self.geom.token_bytes_per_layer
+        self.tbpl = self.layout.kv_bytes_per_token_per_layer
         self.on_reconfigured()
 
     def on_reconfigured(self) -> None:
@@ -264,7 +264,7 @@ class PrefillEngine(EngineBase):
             nbytes = r.cached * self.tbpl
             if r.pe_path:
                 src = self.buffers[self.node]
-                spans = self.geom.layer_spans(r.a.pe_offsets, l, 0, r.cached)
+                spans = layer_spans(self.layout, r.a.pe_offsets, l, 0, r.cached)
                 self.copy(src, spans, self.landing, contiguous(base + off, nbytes),
                           lambda _res, rid=r.a.rid, l=l: self.to_self(LayerReady(rid, l)))
             else:
@@ -277,15 +277,15 @@ class PrefillEngine(EngineBase):
             a = r.a
             de_buf = self.buffers[a.de_engine]
             data = kv.kv.to(self.dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
-            self._pd(r, l, data, contiguous(0, data.nbytes), de_buf, self.geom.layer_spans(a.de_offsets, l, r.cached, r.cached + n))
+            self._pd(r, l, data, contiguous(0, data.nbytes), de_buf, layer_spans(self.layout, a.de_offsets, l, r.cached, r.cached + n))
             if r.pe_path and not r.hit_sent and r.hit_tokens:
                 own = self.buffers[self.node]
-                self._pd(r, l, own, self.geom.layer_spans(a.pe_offsets, l, 0, r.hit_tokens),
-                         de_buf, self.geom.layer_spans(a.de_offsets, l, 0, r.hit_tokens))
+                self._pd(r, l, own, layer_spans(self.layout, a.pe_offsets, l, 0, r.hit_tokens),
+                         de_buf, layer_spans(self.layout, a.de_offsets, l, 0, r.hit_tokens))
             if r.pe_path and r.cached + n < len(r.prompt):
                 # a later chunk reloads this chunk's KV from the PE buffer
                 self._pd(r, l, data, contiguous(0, data.nbytes), self.buffers[self.node],
-                         self.geom.layer_spans(a.pe_offsets, l, r.cached, r.cached + n))
+                         layer_spans(self.layout, a.pe_offsets, l, r.cached, r.cached + n))
 
     def _pd(self, r: PReq, l: int, src: np.ndarray, src_spans, dst: np.ndarray, dst_spans) -> None:
         r.pending_pd += 1
