@@ -142,7 +142,7 @@ class DecodeEngine(EngineBase):
         dst_spans = [(b * fbb, fbb) for b in table]
         rid = m.rid
         r.pending_copies += 1
-        self.copy(self.buffers[self.node], src_spans, self.cache_bytes.numpy(), dst_spans,
+        self.copy(self.buffers[self.node], src_spans, self.cache_bytes, dst_spans,
                   lambda _res: self.to_self(CopyDone(rid, "h2d", -1)))
 
     def _copy_done(self, m: CopyDone) -> None:
@@ -207,7 +207,7 @@ class DecodeEngine(EngineBase):
             r.persisted_blocks += 1
             if b < r.hit_blocks:
                 continue
-            staging = np.empty(fbb, dtype=np.uint8)  # D2H into host DRAM, then storage
+            staging = np.empty(fbb, dtype=np.uint8)  # D2H into host DRAM (pinned on a GPU host), then storage
             digest, rid = r.digests[b], r.a.rid
             r.pending_copies += 1
 
@@ -215,7 +215,7 @@ class DecodeEngine(EngineBase):
                 self.persist(d, s)
                 self.to_self(CopyDone(rid, "d2h", -1))
 
-            self.copy(self.cache_bytes.numpy(), [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
+            self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
 
     def _finish(self, r: DReq) -> None:
         """Stop decoding; the cache blocks are freed once no copy touches them any more."""

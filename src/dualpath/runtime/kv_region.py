@@ -12,6 +12,7 @@ as a `LinkArbiter` transfer calls it (`do_chunk(offset, nbytes)` over the logica
 from __future__ import annotations
 
 import bisect
+from typing import Any
 import numpy as np
 
 from ..core.blocks import BlockLayout
@@ -39,15 +40,29 @@ def contiguous(offset_bytes: int, nbytes: int) -> list[tuple[int, int]]:
     return [(offset_bytes, nbytes)] if nbytes else []
 
 
+def _copy(dst: Any, src: Any) -> None:
+    """dst[:] = src for uint8 numpy arrays or torch tensors on any device (both release the GIL)."""
+    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+        np.copyto(dst, src)
+        return
+    import torch
+
+    d = torch.from_numpy(dst) if isinstance(dst, np.ndarray) else dst
+    s = torch.from_numpy(src) if isinstance(src, np.ndarray) else src
+    d.copy_(s, non_blocking=d.device.type != "cpu" or s.device.type != "cpu")
+
+
 class SpanCopy:
-    """Copy the bytes of `src_spans` in `src` (uint8 array) into `dst_spans` in `dst`, in order.
+    """Copy the bytes of `src_spans` in `src` into `dst_spans` in `dst`, in order. Either side is a
+    flat uint8 numpy array (host buffers) or torch tensor (a KV cache, possibly on a GPU: this is
+    then the H2D or D2H copy of PAPER.md 1.3).
 
     Both span lists are cut at each other's boundaries into aligned pieces once; `__call__`
     copies the pieces overlapping a chunk [offset, offset + nbytes) of the logical stream, so the
-    arbiter can interleave lanes between chunks. numpy copies release the GIL.
+    arbiter can interleave lanes between chunks.
     """
 
-    def __init__(self, src: np.ndarray, src_spans: list[tuple[int, int]], dst: np.ndarray, dst_spans: list[tuple[int, int]]) -> None:
+    def __init__(self, src: Any, src_spans: list[tuple[int, int]], dst: Any, dst_spans: list[tuple[int, int]]) -> None:
         total_src = sum(n for _, n in src_spans)
         total_dst = sum(n for _, n in dst_spans)
         if total_src != total_dst:
@@ -81,5 +96,5 @@ class SpanCopy:
             lo = max(offset_bytes, self._starts[k]) - self._starts[k]
             hi = min(end, self._starts[k] + n) - self._starts[k]
             if hi > lo:
-                np.copyto(self.dst[do + lo : do + hi], self.src[so + lo : so + hi])
+                _copy(self.dst[do + lo : do + hi], self.src[so + lo : so + hi])
             k += 1
