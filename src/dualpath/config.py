@@ -328,7 +328,9 @@ class RuntimeConfig:
     snic_bytes_per_s: float | None = None
     cnic_bytes_per_s: float | None = None  # None with a SNIC cap: the paper's ratio (= SNIC rate)
     lane_weights: LaneWeights = field(default_factory=LaneWeights)
-    chunk_bytes: int = 64 * 1024  # arbiter chunk: a latency-critical message waits at most this
+    # Arbiter chunk: a latency-critical message waits at most one chunk; 8 KiB keeps a 64 KiB burst
+    # within (64 + 8) / 64 = 1.125x of its unloaded time (`dualpath bench lanes`).
+    chunk_bytes: int = 8 * 1024
     host_buffer_bytes: int = 512 * 2**20  # per node DRAM buffer (PE/DE buffer)
     pe_hbm_bytes: int = 256 * 2**20  # a PE's room for the batch's cached KV (the "HBM" landing zone)
     de_kv_tokens: int = 65536  # a DE's KV cache (HBM) capacity in tokens
