@@ -57,14 +57,15 @@ class DecodeEngine(EngineBase):
         super().__init__(spec)
         self.node = spec.engine
         bt = self.cfg.block_tokens
-        self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt) + self.cfg.max_decode_batch,
-                                  block_tokens=bt, dtype=self.dtype, device=self.cfg.device)
+        self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt), block_tokens=bt,
+                                  dtype=self.dtype, device=self.cfg.device)
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
         self.reqs: dict[int, DReq] = {}
         self.eos = set(self.mcfg.eos_token_ids)
 
     def run(self) -> None:
-        self.to_router(Hello(self.spec.engine, "decode", self.spec.endpoint, self.cfg.de_kv_tokens,
+        # HBM in whole blocks: the router reserves prompt + max_tokens rounded up to blocks
+        self.to_router(Hello(self.spec.engine, "decode", self.spec.endpoint, self.cache.num_blocks * self.cfg.block_tokens,
                              self.buffers[self.node].nbytes, 0.0, 0.0))
         while not self._stop:
             while True:

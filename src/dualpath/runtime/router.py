@@ -76,9 +76,7 @@ class RouterRequest:
     de_done: bool = False
     qview: QueuedRequest | None = None
 
-    @property
-    def total_tokens(self) -> int:
-        return len(self.req.prompt_ids) + self.req.params.max_tokens
+    total_tokens: int = 0  # prompt + max_tokens, rounded up to whole KV-cache blocks (DE HBM)
 
 
 class Router:
@@ -182,7 +180,9 @@ class Router:
             raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
         rid = next(self._ids)
         rr = RouterRequest(rid, request, asyncio.Queue(), self.clock.now_s())
-        hbm = (n + request.params.max_tokens) * self.kv_bytes_per_token
+        bt = self.cfg.block_tokens
+        rr.total_tokens = -(-(n + request.params.max_tokens) // bt) * bt
+        hbm = rr.total_tokens * self.kv_bytes_per_token
         rr.qview = QueuedRequest(RequestId(rid, 0), n, hbm, 0)
         self.requests[rid] = rr
         self.pe_queue.append(rr)
