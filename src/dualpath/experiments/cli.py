@@ -74,10 +74,11 @@ def repro(
         ctx = Context(out, scale="quick" if quick else "full", seed=seed, progress=sink, use_disk_cache=cache)
         outputs = run_suite(ctx, names)
     table = Table(title=f"dualpath repro ({ctx.scale}) -> {out}")
-    for col in ("experiment", "wall s", "headlines met"):
+    for col in ("experiment", "wall s", "simulations", "simulation wall s", "headlines met"):
         table.add_column(col, justify="right")
     for o in outputs:
-        table.add_row(o.name, f"{o.wall_s:.0f}", f"{sum(h.met for h in o.headlines)} / {len(o.headlines)}")
+        table.add_row(o.name, f"{o.wall_s:.0f}", str(o.num_sims), f"{o.sim_wall_s:.0f}",
+                      f"{sum(h.met for h in o.headlines)} / {len(o.headlines)}")
     Console().print(table)
     console.print(f"{sink.num_sims} simulations run, {sink.num_cached} from cache; total {time.perf_counter() - t0:.0f} s; "
                   f"wrote {out / 'report.md'} and {out / 'summary.json'}")

@@ -59,6 +59,9 @@ class Context:
     progress: ProgressSink = field(default_factory=NullProgress)
     use_disk_cache: bool = True
     memo: dict[str, Any] = field(default_factory=dict)  # simulation results by cache key
+    # The current experiment's simulations (cache key -> wall seconds when first simulated);
+    # the suite resets it per experiment, so a cached rerun still reports the simulation cost.
+    sim_wall_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -127,10 +130,13 @@ class ExperimentOutput:
     markdown: str  # the body of this experiment's report section (below its heading)
     extra: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    sim_wall_s: float = 0.0  # its simulations' wall time when first simulated (cached or not now)
+    num_sims: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "title": self.title, "wall_s": self.wall_s, "table": self.table,
+            "name": self.name, "title": self.title, "wall_s": self.wall_s, "sim_wall_s": self.sim_wall_s,
+            "num_sims": self.num_sims, "table": self.table,
             "headlines": [h.to_dict() for h in self.headlines], "figures": self.figures, **self.extra,
         }
 

@@ -17,6 +17,7 @@ Table 3) simulate them once and an interrupted suite resumes.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import config
 from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
 from ..sim.runner import _clean, load_trajectories
 from ..sim.simulator import Simulator
@@ -85,16 +87,31 @@ def sim_config(spec: SimSpec, seed: int) -> SimConfig:
     return SimConfig(cluster=cluster, workload=workload)
 
 
+# Sources that cannot change a simulation's numbers: plotting, benchmarks, the runner's JSON and
+# plot helpers. From config.py and the runner only the simulation's pieces are hashed (the runtime's
+# config lives in the same file and changes often).
+_NOT_SIMULATION = {"sim/bench.py", "sim/runner.py", "metrics/plots.py"}
+_SIM_CONFIG_SOURCES = (
+    config.Features, config.parse_mode, config.parse_pd, config.ComputeKnobs, config.SchedulerConfig,
+    config.ClusterConfig, config.WorkloadConfig, config.MetricsConfig, config.SimConfig, config.paper_cluster,
+    load_trajectories,
+)
+
+
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """Hash of the simulator's source: a cached result is reused only for the same code."""
+    """Hash of the simulation's source: a cached result is reused only for the same code."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for sub in ("sim", "core", "workloads", "metrics"):
         for p in sorted((root / sub).rglob("*.py")):
-            h.update(p.relative_to(root).as_posix().encode())
-            h.update(p.read_bytes())
-    h.update((root / "config.py").read_bytes())
+            rel = p.relative_to(root).as_posix()
+            if rel not in _NOT_SIMULATION:
+                h.update(rel.encode())
+                h.update(p.read_bytes())
+    for obj in _SIM_CONFIG_SOURCES:
+        h.update(inspect.getsource(obj).encode())
+    h.update(repr((config.MODE_PRESETS, config.MODEL_PRESETS)).encode())
     return h.hexdigest()[:16]
 
 
@@ -118,14 +135,18 @@ def _trajectories(cfg: SimConfig) -> tuple:
 def simulate(ctx: "Context", spec: SimSpec) -> dict[str, Any]:
     """The run's result dict (results.py keys) with `spec`, `seed` and `probe` added."""
     key = _cache_key(spec, ctx.seed)
-    if key in ctx.memo:
-        return ctx.memo[key]
+    if key not in ctx.memo:
+        ctx.memo[key] = _load_or_run(ctx, spec, key)
+    result = ctx.memo[key]
+    ctx.sim_wall_s[key] = result["wall_s"]
+    return result
+
+
+def _load_or_run(ctx: "Context", spec: SimSpec, key: str) -> dict[str, Any]:
     path = ctx.out_dir / "cache" / f"{key}.json"
     if ctx.use_disk_cache and path.is_file():
-        result = json.loads(path.read_text())
-        ctx.memo[key] = result
         ctx.progress.cached(spec.label())
-        return result
+        return json.loads(path.read_text())
     cfg = sim_config(spec, ctx.seed)
     trajs, arrivals = _trajectories(cfg)
     sim = Simulator(cfg, parse_mode(spec.mode), trajs, arrivals)
@@ -139,8 +160,9 @@ def simulate(ctx: "Context", spec: SimSpec) -> dict[str, Any]:
     result = _clean(result)
     if ctx.use_disk_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, sort_keys=True))
-    ctx.memo[key] = result
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, sort_keys=True))
+        tmp.replace(path)  # atomic: two suites sharing DIR never read a half-written file
     return result
 
 

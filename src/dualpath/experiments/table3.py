@@ -25,6 +25,20 @@ PAPER_ONLINE = {"small": {"ttft": 1.739, "ttst": 0.228, "tpot": 0.039}, "large":
 PAPER_SCHEDULER_CORES = 10.0  # [P] "below 10 cores"
 SCALE_TARGET = 0.05
 ONLINE_TARGET = 0.25  # Fig. 10's tolerance for online numbers (the paper gives none here)
+MISS_NOTES = {
+    "ttft": "our DualPath has more capacity, so the load is lighter",
+    "ttst": "engine-side second-token costs not modelled",
+    "tpot": "decode modelled as HBM-bound steps without engine overheads",
+}
+ONLINE_NOTE = (
+    "Modelling assumptions behind the absolute online numbers. TPOT: the decode model is HBM-bound at 90% of H800 "
+    "bandwidth plus per-layer EP latency (config.py), and comes out faster than the paper's 36-39 ms; per-step "
+    "engine overheads are not modelled. TTST: the simulator's second token waits only for the last KV bytes, the "
+    "H2D copy and one decode step, while the paper's 0.19-0.23 s includes engine-side costs not modelled. TTFT: "
+    "our DualPath's capacity is higher than the paper's (Figs. 10-11), so 0.4 APS is a lighter load for it than for "
+    "the testbed. What the table claims, similar latency at 22x the load and nodes, is checked by comparing the "
+    "two rows."
+)
 
 
 def offline_shapes(ctx: Context) -> dict[str, tuple[str, int]]:
@@ -64,7 +78,11 @@ def run(ctx: Context) -> ExperimentOutput:
         for k in ("ttft", "ttst", "tpot"):
             headlines.append(Headline(NAME, f"online {k.upper()} mean, {onl[size]['pd']} at {onl[size]['aps']:g} APS",
                                       onl[size][f"{k}_mean_s"], PAPER_ONLINE[size][k], ONLINE_TARGET,
-                                      note="target borrowed from Fig. 10's 25%"))
+                                      note=f"target: Fig. 10's 25%; {MISS_NOTES[k]} (see the table3 section)"))
+    paper_ttft_ratio = PAPER_ONLINE["large"]["ttft"] / PAPER_ONLINE["small"]["ttft"]
+    headlines.append(Headline(NAME, f"online TTFT {onl['large']['pd']} / {onl['small']['pd']} (similar latency at scale)",
+                              ratio(onl["large"]["ttft_mean_s"], onl["small"]["ttft_mean_s"]), paper_ttft_ratio, ONLINE_TARGET,
+                              note="paper: 1.847 / 1.739"))
     busiest = max(table, key=lambda r: r["scheduler_cores"] if math.isfinite(r["scheduler_cores"]) else -1.0)
     headlines.append(Headline(NAME, f"scheduler CPU cores (policy wall / simulated s, {busiest['pd']} {busiest['kind']})",
                               busiest["scheduler_cores"], PAPER_SCHEDULER_CORES, 0.0, kind="max"))
@@ -83,6 +101,7 @@ def run(ctx: Context) -> ExperimentOutput:
         "Scheduler cost: decisions = PE and DE assignments; CPU is the wall time of the shared policy code inside the "
         "simulator's scheduling passes (one Python thread), so 'cores' = policy seconds per simulated second.",
         headline_table(headlines),
+        ONLINE_NOTE,
         "![Table 3](table3.png)",
     ])
     return ExperimentOutput(NAME, TITLE, table, headlines, [fig], md)
