@@ -181,6 +181,10 @@ from .cli_runtime import register as _register_runtime  # noqa: E402
 
 _register_runtime(app, bench_app, console, out)
 
+from .experiments.cli import repro as _repro  # noqa: E402
+
+app.command("repro", help="Regenerate the paper's experiments (Table 1, Figs. 7-14, Table 3) in the simulator.")(_repro)
+
 
 def _split_ints(text: str) -> list[int]:
     try:

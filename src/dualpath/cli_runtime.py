@@ -11,7 +11,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .config import DEMO_AGENTS, DEMO_ROUNDS, DEMO_SNIC_BYTES_PER_S
 from .errors import InputError
+
+DEMO_SNIC_MB_S = DEMO_SNIC_BYTES_PER_S / 1e6
 
 
 def _progress(console):
@@ -49,7 +52,9 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = Path("out/demo.json"),
         plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/demo.png"),
         model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
-        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node and direction, MB/s")] = 40.0,
+        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node and direction, MB/s")] = DEMO_SNIC_MB_S,
+        agents: Annotated[int, typer.Option(help="agents, all starting at t=0")] = DEMO_AGENTS,
+        rounds: Annotated[int, typer.Option(help="rounds per agent (first prompt 574 tokens, then 61 appended, 3 generated)")] = DEMO_ROUNDS,
         seed: Annotated[int, typer.Option()] = 0,
     ) -> None:
         """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
@@ -58,6 +63,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
 
         if snic_mb_s <= 0:
             raise InputError("--snic-mb-s must be positive")
+        if agents < 1 or rounds < 1:
+            raise InputError("--agents and --rounds must be at least 1")
         progress = _progress(console)
         tasks: dict[str, int] = {}
 
@@ -67,7 +74,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
             progress.update(tasks[mode], completed=done)
 
         with progress:
-            result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6, model=model, seed=seed, on_turn=on_turn))
+            result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6, model=model, seed=seed, on_turn=on_turn,
+                                          num_agents=agents, rounds=rounds))
         print_runtime_runs(out, result, f"local 1P1D, {model}, SNIC {snic_mb_s:.0f} MB/s per node")
         runs = {r["mode"]: r for r in result["runs"]}
         if "basic" in runs and "dualpath" in runs:
@@ -162,7 +170,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
     def bench_storage_bound(
         json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/storage_bound.json"),
         plot: Annotated[Optional[Path], typer.Option()] = Path("out/storage_bound.png"),
-        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node, MB/s (equal on both nodes)")] = 40.0,
+        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node, MB/s (equal on both nodes)")] = DEMO_SNIC_MB_S,
     ) -> None:
         """The demo workload, basic vs dualpath with two equal SNIC caps, plus our model's prefill and
         decode tokens/s against transformers on this machine, in one run."""

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from dualpath.config import DEMO_AGENTS, DEMO_ROUNDS
+
 
 def cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "dualpath.cli", *args], capture_output=True, text=True, timeout=timeout)
@@ -54,7 +56,8 @@ def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     # precede the persist of the previous turn's last block, which then is recomputed instead
     total = {m: r["bytes"]["storage_to_prefill"] + r["bytes"]["storage_via_decode"] for m, r in runs.items()}
     assert abs(total["basic"] - total["dualpath"]) <= 0.03 * total["basic"]
-    assert runs["basic"]["num_turns"] == runs["dualpath"]["num_turns"] == 128
+    assert runs["basic"]["num_turns"] == runs["dualpath"]["num_turns"] == DEMO_AGENTS * DEMO_ROUNDS
+    assert all(r["tpot_s"]["count"] == DEMO_AGENTS * DEMO_ROUNDS for r in runs.values())  # 3 tokens per turn
     assert runs["dualpath"]["jct_s"] < runs["basic"]["jct_s"]
 
 

@@ -233,3 +233,18 @@ def test_slo_rule():
     assert not meets_slo(_online(3.0, 6.0, 0.030))  # still rising: would pass 4 s within 30 min
     assert not meets_slo(_online(1.0, 1.0, 0.051))  # TPOT over 50 ms
     assert not meets_slo(_online(None, 1.0, 0.03))
+
+
+def test_main_cli_repro_runs_table1_and_rejects_bad_names(tmp_path):
+    """`dualpath repro` is registered in the main CLI: table1 (no simulation) writes its files and
+    a summary whose headlines match the cost model; a bad name exits 2 without a traceback."""
+    main = [sys.executable, "-c", "from dualpath.cli import main; main()", "repro"]
+    p = subprocess.run([*main, "--only", "table1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["experiments"]) == {"table1"}
+    v32 = next(h for h in summary["headlines"] if h["metric"] == "DeepSeek-V3.2 660B @ 64K")
+    assert v32["ours"] == pytest.approx(cache_compute_ratio_gb_per_pflop(get_model("ds-v3.2-660b"), 65536), rel=1e-6)
+    assert (tmp_path / "table1.png").stat().st_size > 0 and "## Table 1" in (tmp_path / "report.md").read_text()
+    bad = subprocess.run([*main, "--only", "fig99", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown experiment 'fig99'" in bad.stderr and "Traceback" not in bad.stderr

@@ -90,16 +90,19 @@ def run(ctx: Context) -> ExperimentOutput:
     md = "\n\n".join([
         scale_note(ctx) + f"DS 660B, DualPath, MaxLen {setup.max_len // 1024}K. Online: warm-up {setup.warmup_s:g} s, "
         f"horizon {setup.horizon_s:g} s, means over turns arriving after the warm-up (TTFT counts turns still waiting).",
-        md_table(["run", "P/D", "agents", "JCT s", "paper JCT s", "decisions/s", "CPU us/decision", "scheduler cores", "sim wall s"],
+        md_table(["run", "P/D", "agents", "JCT s", "paper JCT s", "decisions/s", "CPU us/decision", "scheduler cores", "turns",
+                  "sim wall s", "simulated turns/s"],
                  [[r["size"], r["pd"], r["agents"], r["jct_s"], r["paper_jct_s"], r["decisions_per_s"], r["cpu_us_per_decision"],
-                   r["scheduler_cores"], r["wall_s"]] for r in table if r["kind"] == "offline"]),
+                   r["scheduler_cores"], r["turns"], r["wall_s"], ratio(r["turns"], r["wall_s"])]
+                  for r in table if r["kind"] == "offline"]),
         md_table(["run", "P/D", "APS", "TTFT s", "paper", "TTST s", "paper", "TPOT s", "paper", "decisions/s", "CPU us/decision",
                   "sim wall s"],
                  [[r["size"], r["pd"], r["aps"], r["ttft_mean_s"], r["paper_ttft_s"], r["ttst_mean_s"], r["paper_ttst_s"],
                    r["tpot_mean_s"], r["paper_tpot_s"], r["decisions_per_s"], r["cpu_us_per_decision"], r["wall_s"]]
                   for r in table if r["kind"] == "online"]),
         "Scheduler cost: decisions = PE and DE assignments; CPU is the wall time of the shared policy code inside the "
-        "simulator's scheduling passes (one Python thread), so 'cores' = policy seconds per simulated second.",
+        "simulator's scheduling passes (one Python thread), so 'cores' = policy seconds per simulated second. "
+        "Sim wall s is the simulation's own wall time when it was run (one Python thread; from DIR/cache if cached).",
         headline_table(headlines),
         ONLINE_NOTE,
         "![Table 3](table3.png)",

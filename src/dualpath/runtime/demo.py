@@ -1,16 +1,17 @@
 """`dualpath demo`: a local 1P1D cluster on the embedded defaults, an agentic replay in `basic`
 then `dualpath` mode, with SNIC caps that make loading dominate.
 
-Workload: 8 agents x 16 rounds; a first prompt of 575 tokens, then 62 appended tokens and
-exactly 2 generated tokens per round (zero tool and think time, as the paper's replay). The sizes
-are block aligned: after each round the KV of prompt + 1 generated token fills whole 64-token
-blocks, so every later round hits its entire context and computes only 63 new tokens, as an
-agentic turn does (~99% hits); the CPU's time then goes to loading, which is what the demo shows.
-KV is float32: 46 KB per token for SmolLM2-135M, so each round reloads 26-56 MB per agent.
+Workload: 4 agents x 15 rounds; a first prompt of 574 tokens, then 61 appended tokens and
+exactly 3 generated tokens per round (zero tool and think time, as the paper's replay; 3 tokens so
+TPOT, which excludes the first two, is defined). The sizes are block aligned: after each round
+the KV of prompt + 2 generated tokens fills whole 64-token blocks, so every later round hits its
+entire context and computes only 62 new tokens, as an agentic turn does (~99% hits); the CPU's
+time then goes to loading, which is what the demo shows. KV is float32: 46 KB per token for
+SmolLM2-135M, so each round reloads 26-53 MB per agent.
 
-SNIC cap: 40 MB/s per node and direction, the same on both nodes. The CNIC of each (one-engine)
+SNIC cap: 30 MB/s per node and direction, the same on both nodes. The CNIC of each (one-engine)
 node runs at 8x that: a node's eight 400 Gbps CNICs against one 400 Gbps SNIC (PAPER.md 1.2), so
-the compute network is not the bottleneck it is not in the paper either.
+the compute network is not the bottleneck, as in the paper.
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from ..config import RuntimeConfig
+from ..config import DEMO_AGENTS, DEMO_ROUNDS, DEMO_SNIC_BYTES_PER_S, RuntimeConfig
 from ..core.request import TurnSpec
 from ..workloads import Trajectory
 from .clock import MonotonicClock
 from .cluster import LocalCluster
 from .replay import replay_trajectories, summarise
 
-DEMO_SNIC_BYTES_PER_S = 40e6
 CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node, 1 x 400 Gbps SNIC
 
 
-def demo_workload(num_agents: int = 8, rounds: int = 16, first_prompt_tokens: int = 575, append_tokens: int = 62,
-                  gen_tokens: int = 2) -> list[Trajectory]:
+def demo_workload(num_agents: int = DEMO_AGENTS, rounds: int = DEMO_ROUNDS, first_prompt_tokens: int = 574, append_tokens: int = 61,
+                  gen_tokens: int = 3) -> list[Trajectory]:
     turns = (TurnSpec(first_prompt_tokens, gen_tokens),) + (TurnSpec(append_tokens, gen_tokens),) * (rounds - 1)
     return [Trajectory(a, turns) for a in range(num_agents)]
 
@@ -70,9 +70,10 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
 
 
 async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_per_s: float | None = DEMO_SNIC_BYTES_PER_S,
-                   model: str = "smollm2-135m", seed: int = 0, on_turn: Callable[[str, int, int], None] | None = None) -> dict:
+                   model: str = "smollm2-135m", seed: int = 0, on_turn: Callable[[str, int, int], None] | None = None,
+                   num_agents: int = DEMO_AGENTS, rounds: int = DEMO_ROUNDS) -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between)."""
-    trajectories = demo_workload()
+    trajectories = demo_workload(num_agents, rounds)
     total = sum(len(t.turns) for t in trajectories)
     runs = []
     t0 = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -88,3 +90,33 @@ def test_folder_with_wrong_architecture_raises(tiny, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match="architectures"):
         load_model(folder)
+
+
+def _same_weights(a, b) -> bool:
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_gguf_conversion_cache_round_trips_and_survives_corruption(smollm2, tmp_path, monkeypatch):
+    """The converted-model cache gives bit-identical weights and the same tokenizer; a corrupted
+    entry is ignored (the GGUF is converted again), and `off` writes nothing."""
+    monkeypatch.setenv("DUALPATH_CACHE_DIR", str(tmp_path / "cache"))
+    first = load_model("smollm2-135m")  # converts and writes the entry
+    (entry,) = (tmp_path / "cache" / "gguf").iterdir()
+    assert sorted(p.name for p in entry.iterdir()) == ["metadata.json", "model.safetensors"]
+    second = load_model("smollm2-135m")  # from the entry
+    assert _same_weights(first, second) and _same_weights(first, smollm2)
+    text = "Hello, world! The capital of France is Paris."
+    assert second.tokenizer.encode(text) == smollm2.tokenizer.encode(text)
+    assert second.model.config == smollm2.model.config
+
+    blob = entry / "model.safetensors"
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])  # truncated entry
+    third = load_model("smollm2-135m")
+    assert _same_weights(third, smollm2)
+    assert _same_weights(load_model("smollm2-135m"), smollm2)  # the rebuilt entry
+
+    monkeypatch.setenv("DUALPATH_CACHE_DIR", "off")
+    shutil.rmtree(tmp_path / "cache")
+    load_model("smollm2-135m")
+    assert not (tmp_path / "cache").exists()

@@ -6,11 +6,20 @@
 3. llama.cpp's converter permutes the rows of attn_q / attn_k per head (interleaved RoPE pairs);
    `unpermute_rope_rows` undoes it exactly as transformers' GGUF loader does, giving the
    rotate-half layout this model (and Hugging Face) uses.
+4. Conversion cache: parsing the GGUF (tens of thousands of tokenizer strings) and dequantizing
+   takes seconds, paid by every engine process at start. The converted result (metadata as JSON,
+   float32 Hugging Face tensors as safetensors) is kept under `cache_dir()/gguf/<sha256 of the
+   file>-v<format>/`, written atomically (temporary folder, then rename); an unreadable entry is
+   removed and rebuilt. `DUALPATH_CACHE_DIR` moves it; `DUALPATH_CACHE_DIR=off` disables it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -120,19 +129,84 @@ def _hf_tensors(reader: Any, config: LlamaConfig, source: str) -> Iterator[tuple
         yield name, weight if weight.flags.writeable else weight.copy()  # F32 tensors are read-only memmap views
 
 
+CACHE_FORMAT_VERSION = 1  # bump when the converted layout (names, unpermute, dtype) changes
+_TENSOR_NAMES_KEY = "_dualpath.gguf_tensor_names"
+# Models whose float32 weights exceed this are not cached (the cache would hold them all in memory
+# while converting, and on disk at 4 bytes per weight); 2 GiB covers the ~0.5B-parameter models
+# this CPU runtime is for.
+CACHE_MAX_FLOAT32_BYTES = 2 * 2**30
+
+
+def cache_dir() -> Path | None:
+    """Where converted models are kept: $DUALPATH_CACHE_DIR, else $XDG_CACHE_HOME/dualpath, else
+    ~/.cache/dualpath; None when DUALPATH_CACHE_DIR=off."""
+    env = os.environ.get("DUALPATH_CACHE_DIR")
+    if env == "off":
+        return None
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dualpath"
+
+
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"GGUF file not found: {path}")
+    weights_id = sha256_files([path])
+    root = cache_dir()
+    entry = None if root is None else root / "gguf" / f"{weights_id}-v{CACHE_FORMAT_VERSION}"
+    cached = None if entry is None else _read_cache(entry)
+    if cached is not None:
+        meta, tensors = cached
+        config = config_from_metadata(meta, set(meta[_TENSOR_NAMES_KEY]), weights_id, str(path))
+    else:
+        reader = _open(path)
+        meta = read_metadata(reader)
+        meta[_TENSOR_NAMES_KEY] = sorted(t.name for t in reader.tensors)
+        config = config_from_metadata(meta, set(meta[_TENSOR_NAMES_KEY]), weights_id, str(path))
+        tensors = _hf_tensors(reader, config, str(path))  # streamed: one tensor in memory at a time
+        float32_bytes = sum(4 * int(np.prod([int(d) for d in t.shape])) for t in reader.tensors)
+        if entry is not None and float32_bytes <= CACHE_MAX_FLOAT32_BYTES:
+            tensors = dict(tensors)
+            _write_cache(entry, meta, tensors)
+    model = Llama(config, device=device, dtype=dtype)
+    assign_hf_tensors(model, tensors.items() if isinstance(tensors, dict) else tensors, str(path))
+    return LoadedModel(model.eval(), tokenizer_from_gguf_metadata(meta), str(path))
+
+
+def _open(path: Path) -> Any:
     from gguf import GGUFReader
 
     try:
-        reader = GGUFReader(path)
+        return GGUFReader(path)
     except (ValueError, OSError) as exc:
         raise InputError(f"{path}: not a readable GGUF file ({exc})") from exc
-    meta = read_metadata(reader)
-    config = config_from_metadata(meta, {t.name for t in reader.tensors}, sha256_files([path]), str(path))
-    tokenizer = tokenizer_from_gguf_metadata(meta)
-    model = Llama(config, device=device, dtype=dtype)
-    assign_hf_tensors(model, _hf_tensors(reader, config, str(path)), str(path))
-    return LoadedModel(model.eval(), tokenizer, str(path))
+
+
+def _read_cache(entry: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    from safetensors.numpy import load_file
+
+    try:
+        meta = json.loads((entry / "metadata.json").read_text())
+        return meta, load_file(entry / "model.safetensors")
+    except Exception:  # noqa: BLE001 - any unreadable entry (missing, truncated, foreign) is a miss
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)  # rebuilt by this load
+        return None
+
+
+def _write_cache(entry: Path, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """Best effort: a read-only or full disk only costs the next start its conversion time."""
+    from safetensors.numpy import save_file
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp / "model.safetensors")
+        (tmp / "metadata.json").write_text(json.dumps(meta))
+        try:
+            tmp.rename(entry)
+        except OSError:  # another process finished first: keep its entry
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        return
