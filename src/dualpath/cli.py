@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode, parse_tokens
-from .errors import InputError
+from .errors import InputError, run_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -194,13 +194,8 @@ def _split_ints(text: str) -> list[int]:
 
 
 def main() -> None:
-    """Entry point. Usage errors exit 2 through typer; `InputError` from anywhere below is
-    printed as one line and exits 2; anything else is a bug and keeps its traceback."""
-    try:
-        app()
-    except InputError as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(2)
+    """Entry point (see `errors.run_cli` for how errors exit)."""
+    run_cli(app, console)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ runs it standalone. Bad input raises `InputError` (the main CLI prints it and ex
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import InputError
+from ..errors import InputError, run_cli
 from .common import Context
 from .registry import EXPERIMENTS
 from .suite import resolve_names, run_suite
@@ -88,11 +87,7 @@ app.command()(repro)
 
 
 def main() -> None:
-    try:
-        app()
-    except InputError as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(2)
+    run_cli(app, console)
 
 
 if __name__ == "__main__":

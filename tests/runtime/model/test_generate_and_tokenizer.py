@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
