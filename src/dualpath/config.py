@@ -307,10 +307,9 @@ def dataclass_has_field(obj: Any, name: str) -> bool:
     return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__
 
 
-
 # `dualpath demo` defaults (runtime/demo.py describes the workload). Sized so the whole demo
 # (startup + two replays) finishes within 3 minutes on a 2-core machine while loading dominates:
-# measured 166 s in all, JCT dualpath / basic = 0.56 (docs/experiments.md, runtime section).
+# measured 2 min 42 s in all, JCT dualpath / basic = 0.57 (docs/experiments.md, section 6).
 DEMO_AGENTS = 4
 DEMO_ROUNDS = 15
 DEMO_SNIC_BYTES_PER_S = 30e6  # per node and direction; CNIC = 8x (PAPER.md 1.2)

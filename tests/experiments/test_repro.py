@@ -248,3 +248,45 @@ def test_main_cli_repro_runs_table1_and_rejects_bad_names(tmp_path):
     assert (tmp_path / "table1.png").stat().st_size > 0 and "## Table 1" in (tmp_path / "report.md").read_text()
     bad = subprocess.run([*main, "--only", "fig99", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown experiment 'fig99'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_report_lists_every_calibration_knob_with_value_and_source(suite):
+    """The knob table is read from the config classes: every leaf field of ComputeKnobs,
+    SchedulerConfig and the node spec appears with the value the simulator runs and a written source."""
+    from dataclasses import fields
+
+    from dualpath.config import ComputeKnobs, SchedulerConfig
+    from dualpath.core.hardware import NodeSpec
+    from dualpath.experiments.knobs import NO_SOURCE
+
+    out, _, _ = suite
+    knobs = {k["knob"]: k for k in json.loads((out / "summary.json").read_text())["knobs"]}
+    expected = ({f"compute.{f.name}" for f in fields(ComputeKnobs)}
+                | {f"scheduler.{f.name}" for f in fields(SchedulerConfig) if f.name != "lane_weights"}
+                | {"scheduler.lane_weights.latency_critical", "scheduler.lane_weights.kv"}
+                | {f"cluster.node.{f.name}" for f in fields(NodeSpec)})
+    assert expected <= knobs.keys()
+    assert knobs["compute.prefill_mfu"]["value"] == ComputeKnobs().prefill_mfu
+    assert "HARDWARE.md 1.3" in knobs["compute.prefill_mfu"]["source"]
+    assert "t0 = 2.5 * t1" in knobs["compute.fig3_overhead_per_request_ratio"]["source"]  # a group comment
+    assert all(k["source"] and k["source"] != NO_SOURCE for k in knobs.values())
+    report = (out / "report.md").read_text()
+    assert "## Calibration knobs" in report and "| `scheduler.z_factor` | 1.05 | PAPER.md 3.3 |" in report
+
+
+def test_field_sources_reads_trailing_block_and_group_comments():
+    from dataclasses import dataclass
+
+    from dualpath.experiments.knobs import field_sources
+
+    @dataclass
+    class K:
+        a: int = 1  # trailing
+        # block for b
+        # and c
+        b: int = 2
+        c: int = 3
+
+        d: int = 4
+
+    assert field_sources(K) == {"a": "trailing", "b": "block for b and c", "c": "block for b and c", "d": ""}
