@@ -104,6 +104,6 @@ def knobs_markdown() -> str:
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, float) and (abs(value) >= 1e6 or (value and abs(value) < 1e-2)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (abs(value) >= 1e6 or (value and abs(value) < 1e-2)):
         return f"{value:.4g}"
     return str(value)
