@@ -90,6 +90,7 @@ def sim(
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
+    turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
 ) -> None:
     """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode."""
     from .sim.runner import plot_runs, run_modes, write_json
@@ -98,13 +99,17 @@ def sim(
     for m in modes:
         parse_mode(m)
     cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale), set_ or [])
+    if turns is not None:
+        turns.parent.mkdir(parents=True, exist_ok=True)
     if quiet:
-        result = run_modes(cfg, modes)
+        result = run_modes(cfg, modes, turns_csv=turns)
     else:
         progress, update = _progress_bar(len(modes))
         with progress:
-            result = run_modes(cfg, modes, update)
+            result = run_modes(cfg, modes, update, turns_csv=turns)
     print_runs(result)
+    if turns is not None:
+        console.print(f"wrote {turns}")
     if json_path:
         write_json(result, json_path)
         console.print(f"wrote {json_path}")

@@ -72,3 +72,19 @@ def test_no_de_is_assigned_past_its_hbm_and_order_is_a_prefix(frees, toks, reqs)
     assert all(v >= 0 for v in free.values())
     if len(out) < len(queue):
         assert max(free.values()) < queue[len(out)].hbm_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    totals=st.dictionaries(st.integers(0, 40), st.integers(0, 50), min_size=1, max_size=12),
+    sizes=st.lists(st.integers(0, 30), max_size=30),
+)
+def test_phase1_matches_its_definition_least_total_then_lowest_id(totals, sizes):
+    # small values force many ties; dict order is arbitrary (not sorted by id)
+    expect, running = [], dict(totals)
+    for s in sizes:
+        g = min(running, key=lambda k: (running[k], k))
+        running[g] += s
+        expect.append(g)
+    out = distribute_to_groups(totals, [req(i, s, 0) for i, s in enumerate(sizes)])
+    assert [a.group for a in out] == expect

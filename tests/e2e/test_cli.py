@@ -90,6 +90,31 @@ def test_sim_writes_json_with_the_documented_keys_and_a_plot(tmp_path):
     assert "JCT" in p.stdout
 
 
+def test_sim_turns_csv_has_one_consistent_row_per_turn_and_mode(tmp_path):
+    import csv
+
+    j, turns = tmp_path / "o.json", tmp_path / "t" / "turns.csv"
+    p = cli("sim", "--model", "ds-27b", "--pd", "2P1D", "--max-len", "32k", "--agents", "10",
+            "--mode", "basic", "--mode", "dualpath", "--seed", "3", "--json", str(j), "--turns", str(turns), "--quiet")
+    assert p.returncode == 0, p.stderr
+    runs = {r["mode"]: r for r in json.loads(j.read_text())["runs"]}
+    rows = list(csv.DictReader(turns.open()))
+    gpus = json.loads(j.read_text())["config"]["cluster"]["node"]["gpus_per_node"]
+    for mode, r in runs.items():
+        mine = [x for x in rows if x["mode"] == mode]
+        assert len(mine) == r["num_turns"]
+        assert len({(x["agent"], x["turn"]) for x in mine}) == len(mine)
+        assert max(float(x["finish_s"]) for x in mine) == pytest.approx(r["jct_s"])
+        for x in mine:
+            f = {k: float(v) for k, v in x.items() if k != "mode"}
+            parts = f["sched_s"] + f["alloc_s"] + f["read_s"] + f["prefill_s"]
+            assert parts == pytest.approx(f["first_s"] - f["arrival_s"], abs=1e-6)
+            assert 0 <= f["batch_wait_s"] <= f["prefill_s"] + 1e-9
+            assert f["pe_engine"] < 2 * gpus <= f["de_engine"]  # nodes 0-1 prefill, node 2 decode
+        if mode == "basic":
+            assert all(x["read_side"] == "0" for x in mine)
+
+
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
 def test_mooncake_trace_stats_from_the_cli():
     p = cli("trace", "stats", str(MOONCAKE), "--json")

@@ -63,3 +63,11 @@ def test_more_requests_per_forward_raise_throughput_until_attention_dominates():
     r = [m.fig3_relative_throughput(n) for n in (1, 2, 4, 8, 16)]
     assert r[0] == pytest.approx(1.0)
     assert all(b >= a for a, b in zip(r, r[1:]))
+
+
+def test_group_worst_attention_is_the_slowest_gpu_either_bound():
+    m = cm()
+    # hbm rate 5e11 B/s: GPU 0 compute-bound (3 us vs 2 us), GPU 1 memory-bound (1 us vs 6 us), GPU 2 idle
+    attn, kv = [3e-6, 1e-6, 0.0], [1e6, 3e6, 0.0]
+    assert m.max_gpu_attention_s(attn, kv) == max(m.gpu_attention_s(a, b) for a, b in zip(attn, kv))
+    assert m.max_gpu_attention_s(attn, kv) == pytest.approx(6e-6)

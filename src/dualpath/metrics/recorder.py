@@ -13,7 +13,14 @@ prefill = ready -> first token (batch wait + forwards).
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field
+from pathlib import Path
+
+TURN_CSV_COLUMNS = (
+    "mode", "agent", "turn", "arrival_s", "sched_s", "alloc_s", "read_s", "batch_wait_s", "prefill_s", "first_s",
+    "second_s", "finish_s", "input_tokens", "hit_tokens", "gen_tokens", "read_side", "pe_engine", "de_engine",
+)
 
 
 @dataclass(slots=True)
@@ -32,14 +39,19 @@ class TurnRecorder:
     alloc_s: list[float] = field(default_factory=list)
     read_s: list[float] = field(default_factory=list)
     prefill_s: list[float] = field(default_factory=list)
+    batch_wait_s: list[float] = field(default_factory=list)  # ready -> its first forward starts (part of prefill_s)
+    pe_engine: list[int] = field(default_factory=list)
+    de_engine: list[int] = field(default_factory=list)
 
     def record(
-        self, agent: int, turn: int, arrival_s: float, pe_assigned_s: float, assigned_s: float, read_end_s: float, first_s: float, second_s: float,
-        finish_s: float, gen_tokens: int, input_tokens: int, hit_tokens: int, read_side: int,
+        self, agent: int, turn: int, arrival_s: float, pe_assigned_s: float, assigned_s: float, read_end_s: float,
+        prefill_start_s: float, first_s: float, second_s: float, finish_s: float, gen_tokens: int, input_tokens: int,
+        hit_tokens: int, read_side: int, pe_engine: int, de_engine: int,
     ) -> None:
-        if not arrival_s <= pe_assigned_s <= assigned_s <= read_end_s <= first_s <= finish_s:
+        if not arrival_s <= pe_assigned_s <= assigned_s <= read_end_s <= prefill_start_s <= first_s <= finish_s:
             raise AssertionError(
-                f"timestamps out of order: arrival {arrival_s} assigned {assigned_s} read {read_end_s} first {first_s} finish {finish_s}"
+                f"timestamps out of order: arrival {arrival_s} assigned {assigned_s} read {read_end_s} "
+                f"prefill start {prefill_start_s} first {first_s} finish {finish_s}"
             )
         self.agent.append(agent)
         self.turn.append(turn)
@@ -55,6 +67,21 @@ class TurnRecorder:
         self.alloc_s.append(assigned_s - pe_assigned_s)
         self.read_s.append(read_end_s - assigned_s)
         self.prefill_s.append(first_s - read_end_s)
+        self.batch_wait_s.append(prefill_start_s - read_end_s)
+        self.pe_engine.append(pe_engine)
+        self.de_engine.append(de_engine)
+
+    def write_csv(self, path: str | Path, mode: str, append: bool = False) -> None:
+        """One row per finished turn, columns `TURN_CSV_COLUMNS` (durations in seconds, times since
+        the run's start); `append` adds rows of another mode below an existing file's header."""
+        with open(path, "a" if append else "w", newline="") as f:
+            w = csv.writer(f)
+            if not append:
+                w.writerow(TURN_CSV_COLUMNS)
+            cols = (self.agent, self.turn, self.arrival_s, self.sched_s, self.alloc_s, self.read_s, self.batch_wait_s,
+                    self.prefill_s, self.first_s, self.second_s, self.finish_s, self.input_tokens, self.hit_tokens,
+                    self.gen_tokens, self.read_side, self.pe_engine, self.de_engine)
+            w.writerows((mode, *row) for row in zip(*cols))
 
     def __len__(self) -> int:
         return len(self.arrival_s)

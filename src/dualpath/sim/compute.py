@@ -77,6 +77,12 @@ class ComputeModel:
         """A GPU's decode attention time: compute- or memory-bound, whichever is slower."""
         return max(attn_compute_s, kv_read_bytes / self._hbm_rate)
 
+    def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
+        """The slowest GPU of a group: `gpu_attention_s` per GPU, maximised (builtins only: this
+        runs at every decode join and finish)."""
+        rate = self._hbm_rate
+        return max(map(max, attn_compute_s, [b / rate for b in kv_read_bytes]))
+
     def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
         """Prompt tokens one GPU processes per second on a steady stream of such requests, every
         GPU of the group taking `batch_requests` per forward: the profile behind beta (PAPER.md 3.2)."""

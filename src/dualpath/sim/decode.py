@@ -57,7 +57,7 @@ class DecodeGroup:
         if not self.num_running:
             self.step_s = 0.0
             return
-        worst = max(cm.gpu_attention_s(a, b) for a, b in zip(self.attn_s, self.kv_bytes))
+        worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
         self.step_s = cm.decode_step_s(worst, self.num_running)
 
     def _reschedule(self) -> None:

@@ -23,6 +23,7 @@ from .events import EventLoop
 
 _EPS_BYTES = 1e-6
 _DONE_FRACTION = 1e-9  # a flow within this fraction of its size is done (float error of rate * dt)
+_INF = float("inf")
 
 
 class Link:
@@ -128,37 +129,45 @@ class Network:
         self._advance_link(link)
 
     def _advance_link(self, link: Link) -> None:
+        """`_advance` for every flow of the link (inlined: this and `_rerate_link` are the
+        network's hot loops)."""
+        now = self.loop.now_s
         for lane_flows in link.flows:
             for f in lane_flows.values():
-                self._advance(f)
+                dt = now - f.updated_s
+                if dt > 0.0 and f.rate > 0.0:
+                    moved = min(f.left_bytes, f.rate * dt)
+                    f.left_bytes -= moved
+                    for other in f.links:
+                        other.served_bytes[f.lane] += moved
+                f.updated_s = now
 
-    def _rerate(self, flow: Flow) -> None:
-        """Re-derive the rate of an already advanced flow.
+    def _rerate_link(self, link: Link) -> None:
+        """Re-derive the rate of every flow of the link: the smallest `Link.share` over the flow's
+        links (inlined). Callers advance the link's flows first (every mutation path does).
 
         Completion events are rescheduled lazily: a faster rate moves the event earlier (a new
         event, the old one goes stale by version); a slower one keeps the pending, now early, event,
         which on firing finds bytes left and re-arms itself. This halves the heap traffic, since
         every flow start slows its neighbours down and every finish speeds them up."""
-        links = flow.links
-        rate = links[0].share(flow.lane)
-        for link in links[1:]:
-            r = link.share(flow.lane)
-            if r < rate:
-                rate = r
-        if rate == flow.rate:
-            return
-        flow.rate = rate
-        eta = self.loop.now_s + flow.left_bytes / rate
-        if eta < flow.eta_s:
-            flow.version += 1
-            flow.eta_s = eta
-            self.loop.call_at(eta, self._finish, (flow, flow.version))
-
-    def _rerate_link(self, link: Link) -> None:
-        """Callers advance the link's flows first (every mutation path does)."""
-        for lane_flows in link.flows:
-            for f in list(lane_flows.values()):
-                self._rerate(f)
+        loop = self.loop
+        now = loop.now_s
+        for lane, lane_flows in enumerate(link.flows):
+            for f in lane_flows.values():  # only events are scheduled here; the dict is not mutated
+                rate = _INF
+                for other in f.links:
+                    n = len(other.flows[lane])
+                    r = other._lane_share[lane] / n if n else other.capacity_bytes_per_s
+                    if r < rate:
+                        rate = r
+                if rate == f.rate:
+                    continue
+                f.rate = rate
+                eta = now + f.left_bytes / rate
+                if eta < f.eta_s:
+                    f.version += 1
+                    f.eta_s = eta
+                    loop.call_at(eta, self._finish, (f, f.version))
 
     def _finish(self, arg: tuple[Flow, int]) -> None:
         flow, version = arg

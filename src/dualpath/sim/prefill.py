@@ -49,6 +49,7 @@ class PrefillGroup:
         self.sim = sim
         self.node = node
         self.busy = False
+        self.compute_end_s = -1.0  # when the running forward's compute ends (once it has started)
         self.busy_s = 0.0
         self.num_forwards = 0
         self.stream_bytes = 0.0  # cached KV streamed into PE HBM (all chunks)
@@ -70,10 +71,12 @@ class PrefillGroup:
         """FIFO over the GPU's ready requests. One whose DE buffer is full is passed over for this
         forward (and the group waits on that buffer): holding the line for it could deadlock with
         DE-path requests behind it that occupy the same buffer and only free it after prefill."""
-        sim = self.sim
+        io_free = self.sim.features.io_free
+        kvbpt = self.sim.kv_bytes_per_token
         tentative: dict[int, float] = {}
         for req in eng.batch_queue:
-            need = sim.de_buffer_need_at_prefill(req)
+            # inlined Simulator.de_buffer_need_at_prefill (this loop is hot at scale)
+            need = 0 if io_free or req.de_buffer_bytes else req.input_tokens * kvbpt
             if need:
                 dn = req.de.node
                 if dn.buffer_free_bytes - tentative.get(dn.nid, 0.0) < need:
@@ -186,7 +189,14 @@ class PrefillGroup:
     def _start_compute(self, fwd: Forward) -> None:
         fwd.pending += 1
         self.busy_s += fwd.compute_s
-        self.sim.loop.call_at(self.sim.loop.now_s + fwd.compute_s, self._compute_done, fwd, PRIO_COMPLETE)
+        self.compute_end_s = self.sim.loop.now_s + fwd.compute_s
+        self.sim.loop.call_at(self.compute_end_s, self._compute_done, fwd, PRIO_COMPLETE)
+
+    def busy_past_now(self) -> bool:
+        """True when the group cannot be idle again at the current instant: its forward's compute
+        is still running. A forward ends only after its compute (then streams or PD transfers), so
+        `try_start` would return at once at any later event of this instant."""
+        return self.busy and self.compute_end_s > self.sim.loop.now_s
 
     def _compute_done(self, fwd: Forward) -> None:
         fwd.pending -= 1

@@ -38,18 +38,23 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
     return trajs, arrivals
 
 
-def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None) -> dict[str, Any]:
+def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None,
+              turns_csv: str | Path | None = None) -> dict[str, Any]:
+    """One simulation per mode on the same workload; `turns_csv` also writes every finished turn
+    of every mode (TurnRecorder.write_csv)."""
     from ..workloads import trajectory_stats
 
     features = [(m, parse_mode(m)) for m in modes]
     trajs, arrivals = load_trajectories(cfg)
     runs = []
-    for name, feat in features:
+    for i, (name, feat) in enumerate(features):
         sim = Simulator(cfg, feat, trajs, arrivals)
         cb = None if progress is None else (lambda done, total, _n=name: progress(_n, done, total))
         result = sim.run(progress=cb)
         result["mode"] = name
         runs.append(result)
+        if turns_csv is not None:
+            sim.recorder.write_csv(turns_csv, name, append=i > 0)
     return {
         "config": cfg.to_dict(),
         "workload": trajectory_stats(trajs, cfg.cluster.block_tokens),

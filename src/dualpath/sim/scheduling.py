@@ -46,6 +46,10 @@ class PolicyDriver:
         self.de_queue: deque[SimRequest] = deque()
         self.private: dict[int, deque[SimRequest]] = {n.nid: deque() for n in sim.decode_nodes}
         self.dirty: set[int] = set()  # DE groups whose queue or HBM changed since their last fetch
+        self._de_pos = {n.nid: i for i, n in enumerate(sim.decode_nodes)}  # a DE group's place in the fetch rotation
+        self._pe_pos = {n.nid: i for i, n in enumerate(sim.prefill_nodes)}
+        self._de_totals = {n.nid: n.num_tokens for n in sim.decode_nodes}  # phase 1's sum of tok_e per DE group
+        self._pe_open = set(self._pe_pos)  # PE groups with an engine at or under beta (all, at start)
         self.by_rid: dict = {}
         self._pending = False
         self._pe_turn = 0
@@ -76,6 +80,17 @@ class PolicyDriver:
             self._fetch_decode()
         self.policy_cpu_s += time.perf_counter() - t0
 
+    def check_invariants(self) -> None:
+        """The PE open set matches the engines' tok_e (the ledgers behind it are checked by the
+        simulator)."""
+        for node in self.sim.prefill_nodes:
+            is_open = min(e.num_tokens for e in node.engines) <= self.thresholds.beta_tokens
+            if is_open != (node.nid in self._pe_open):
+                raise AssertionError(f"PE group {node.nid}: open set says {not is_open}, engines say {is_open}")
+        for node in self.sim.decode_nodes:
+            if self._de_totals[node.nid] != sum(e.num_tokens for e in node.engines):
+                raise AssertionError(f"DE group {node.nid}: phase-1 total {self._de_totals[node.nid]} is stale")
+
     # --- 1. PE selection --------------------------------------------------------------------
     def _fetch_prefill(self) -> None:
         sim = self.sim
@@ -83,19 +98,19 @@ class PolicyDriver:
         n = len(groups)
         start = self._pe_turn
         self._pe_turn = (self._pe_turn + 1) % n
-        read_q = {node.nid: node.read_queue_tokens for node in sim.nodes}
         engines_by_id = sim.engines_by_id
-        for k in range(n):
+        # Rotating walk from `start` over the groups that have an engine at or under beta: a group
+        # whose engines are all over beta would assign nothing, so skipping it is the same walk.
+        # Only the group being fetched changes during the walk, so the order can be fixed up front.
+        for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open):
             if not self.pe_queue:
                 break
             node = groups[(start + k) % n]
-            # equivalent shortcut: every engine over beta means the fetch assigns nothing
-            if all(e.num_tokens > self.thresholds.beta_tokens for e in node.engines):
-                continue
             loads = [e.load() for e in node.engines]
             views = (r.qview for r in self.pe_queue)
             if sim.features.dualpath_scheduler:
-                out = select_prefill(loads, read_q, views, self.thresholds)
+                # a PE group is one node, so its engines report one read queue
+                out = select_prefill(loads, {node.nid: node.read_queue_tokens}, views, self.thresholds)
             else:
                 out, self._rr_pe = round_robin_prefill(loads, views, self.thresholds.beta_tokens, self._rr_pe)
             for a in out:
@@ -103,12 +118,28 @@ class PolicyDriver:
                 assert req.rid == a.rid, "PE assignment must follow FIFO order"
                 eng = engines_by_id[a.engine]
                 req.pe = eng
-                eng.num_seqs += 1
-                eng.num_tokens += req.input_tokens
+                eng.take(req.input_tokens)
                 req.t_pe = sim.loop.now_s
                 req.to(Phase.PE_ASSIGNED)
                 self.de_queue.append(req)
                 self.num_decisions += 1
+            self._update_pe_open(node)
+
+    def de_released(self, node: Node) -> None:
+        """A DE of `node` finished a request: its tokens and HBM are back, so the group fetches."""
+        self._de_totals[node.nid] = node.num_tokens
+        self.dirty.add(node.nid)
+        self.kick()
+
+    def pe_released(self, node: Node) -> None:
+        """A PE of `node` finished a request (its tok_e dropped)."""
+        self._update_pe_open(node)
+
+    def _update_pe_open(self, node: Node) -> None:
+        if min(e.num_tokens for e in node.engines) <= self.thresholds.beta_tokens:
+            self._pe_open.add(node.nid)
+        else:
+            self._pe_open.discard(node.nid)
 
     # --- 2. DE selection --------------------------------------------------------------------
     def _fetch_decode(self) -> None:
@@ -122,8 +153,7 @@ class PolicyDriver:
         sim = self.sim
         groups = sim.decode_nodes
         if self.de_queue:
-            totals = {node.nid: sum(e.num_tokens for e in node.engines) for node in groups}
-            placed = distribute_to_groups(totals, (r.qview for r in self.de_queue))
+            placed = distribute_to_groups(self._de_totals, (r.qview for r in self.de_queue))
             for ga in placed:
                 req = self.de_queue.popleft()
                 assert req.rid == ga.rid
@@ -132,11 +162,18 @@ class PolicyDriver:
         n = len(groups)
         start = self._de_turn
         self._de_turn = (self._de_turn + 1) % n
-        for k in range(n):
+        # Visit groups in rotating order from `start`, fetching for those dirty when reached.
+        # Jumping straight to the next dirty position (rather than testing every group) is the
+        # same walk: a group made dirty during the pass is fetched iff its turn is still ahead.
+        k = 0
+        while self.dirty:
+            ahead = [p for p in ((self._de_pos[g] - start) % n for g in self.dirty) if p >= k]
+            if not ahead:
+                break
+            k = min(ahead)
             node = groups[(start + k) % n]
+            k += 1
             q = self.private[node.nid]
-            if node.nid not in self.dirty:
-                continue
             self.dirty.discard(node.nid)
             # equivalent shortcut: phase 2 assigns nothing if no DE fits the head request
             if not q or max(e.hbm_free_bytes for e in node.engines) < q[0].hbm_bytes:
@@ -163,9 +200,8 @@ class PolicyDriver:
     def _assign_de(self, req: SimRequest, eng: Engine) -> None:
         sim = self.sim
         req.de = eng
-        eng.num_seqs += 1
-        eng.num_tokens += req.de_len_tokens
-        eng.hbm_free_bytes -= req.hbm_bytes
+        eng.take(req.de_len_tokens, req.hbm_bytes)
+        self._de_totals[eng.node.nid] = eng.node.num_tokens
         req.t_de = sim.loop.now_s
         self.num_decisions += 1
         self._choose_side_and_read(req)

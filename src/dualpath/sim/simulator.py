@@ -27,7 +27,7 @@ from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds
 from ..core.request import usable_hit_tokens
-from ..core.snapshot import ReadSide
+from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
 from ..metrics import TurnRecorder
 from .compute import ComputeModel
@@ -171,9 +171,11 @@ class Simulator:
         self.kick_prefill(self.prefill_groups[req.pe.node.nid])
 
     def kick_prefill(self, group: PrefillGroup) -> None:
-        """Coalesce: all requests that become ready at one instant share the next forward."""
+        """Coalesce: all requests that become ready at one instant share the next forward. A group
+        whose compute runs past this instant gets no event (it would find the group busy); the
+        forward's end kicks it."""
         nid = group.node.nid
-        if nid not in self._kick_pending:
+        if nid not in self._kick_pending and not group.busy_past_now():
             self._kick_pending.add(nid)
             self.loop.call_at(self.loop.now_s, self._kicked, group, PRIO_SCHEDULE)
 
@@ -192,8 +194,8 @@ class Simulator:
         req.computed = True
         req.t_first = self.loop.now_s
         pe = req.pe
-        pe.num_seqs -= 1
-        pe.num_tokens -= req.input_tokens
+        pe.release(req.input_tokens)
+        self.driver.pe_released(pe.node)
         if req.pe_buffer_bytes:
             self.release_buffer(pe.node, req.pe_buffer_bytes)
             req.pe_buffer_bytes = 0
@@ -253,15 +255,12 @@ class Simulator:
         req.to(Phase.FINISHED)
         req.t_finish = now
         de = req.de
-        de.num_seqs -= 1
-        de.num_tokens -= req.de_len_tokens
-        de.hbm_free_bytes += req.hbm_bytes
-        self.driver.dirty.add(de.node.nid)
-        self.driver.kick()
+        de.release(req.de_len_tokens, req.hbm_bytes)
+        self.driver.de_released(de.node)
         del self.inflight[req.rid]
         self.recorder.record(
-            req.rid.agent, req.rid.turn, req.t_arrival, req.t_pe, req.t_de, req.t_read_end, req.t_first, req.t_second, now,
-            req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side),
+            req.rid.agent, req.rid.turn, req.t_arrival, req.t_pe, req.t_de, req.t_read_end, req.t_prefill_start, req.t_first,
+            req.t_second, now, req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side), req.pe.eid, de.eid,
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens
@@ -272,6 +271,8 @@ class Simulator:
         else:
             agent.finish_s = now
             self.num_agents_done += 1
+            if self.num_agents_done == len(self.agents):
+                self.loop.halt()
 
     def _persist(self, agent: Agent, node: Node) -> None:
         """Every new full block goes to storage through the DE node's SNIC (PAPER.md 1.4).
@@ -314,7 +315,10 @@ class Simulator:
         chunked = bool(every or progress is not None)
         while self.loop.pending and self.num_agents_done < total and self.loop.now_s < until:
             before = self.loop.num_events
-            self.loop.run(until_s=until, stop=_counter_stop(step) if chunked else self._all_done)
+            if chunked:
+                self.loop.run(until_s=until, stop=_counter_stop(step))
+            else:
+                self.loop.run(until_s=until, stop_when_halted=True)  # halted when the last agent finishes
             if every:
                 self.check_invariants()
             if progress is not None:
@@ -327,8 +331,6 @@ class Simulator:
         self.check_invariants()
         return build_result(self, time.perf_counter() - t0)
 
-    def _all_done(self) -> bool:
-        return self.num_agents_done >= len(self.agents)
 
     # --- ledgers -------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -358,14 +360,19 @@ class Simulator:
             used = n.buffer_total_bytes - n.buffer_free_bytes
             if abs(used - pe_buf[n.nid] - de_buf[n.nid]) > tol or n.buffer_free_bytes < -tol:
                 raise AssertionError(f"node {n.nid}: buffer used {used} != reservations {pe_buf[n.nid] + de_buf[n.nid]}")
+            if n.num_tokens != sum(tok[e.eid] for e in n.engines):
+                raise AssertionError(f"node {n.nid}: token total {n.num_tokens} != sum over its engines")
             if n.read_queue_tokens != readq[n.nid]:
                 raise AssertionError(f"node {n.nid}: read queue {n.read_queue_tokens} != {readq[n.nid]} tokens")
         for eid, e in self.engines_by_id.items():
+            if e.load() != EngineLoad(eid, e.node.nid, e.num_seqs, e.num_tokens, int(e.hbm_free_bytes)):
+                raise AssertionError(f"engine {eid}: cached load snapshot is stale")
             if e.num_tokens != tok[eid] or e.num_seqs != seq[eid]:
                 raise AssertionError(f"engine {eid}: tok/seq {e.num_tokens}/{e.num_seqs} != {tok[eid]}/{seq[eid]}")
             if not e.node.is_prefill:
                 if abs(e.hbm_total_bytes - e.hbm_free_bytes - hbm[eid]) > tol or e.hbm_free_bytes < -tol:
                     raise AssertionError(f"engine {eid}: HBM ledger off or overcommitted")
+        self.driver.check_invariants()
         self.net.check_invariants(self.links)
 
 

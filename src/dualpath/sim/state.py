@@ -72,7 +72,10 @@ class Engine:
     """One GPU: a PE or a DE. CNIC links are this GPU's paired NIC, one per direction:
     `cnic_out` carries bytes the NIC reads from host or GPU memory, `cnic_in` bytes it writes."""
 
-    __slots__ = ("eid", "node", "index", "num_seqs", "num_tokens", "hbm_total_bytes", "hbm_free_bytes", "cnic_out", "cnic_in", "batch_queue")
+    __slots__ = (
+        "eid", "node", "index", "num_seqs", "num_tokens", "hbm_total_bytes", "hbm_free_bytes", "cnic_out", "cnic_in",
+        "batch_queue", "_load",
+    )
 
     def __init__(self, eid: int, node: "Node", index: int, hbm_total_bytes: float, cnic_out: Link, cnic_in: Link) -> None:
         self.eid = eid
@@ -85,9 +88,28 @@ class Engine:
         self.cnic_out = cnic_out
         self.cnic_in = cnic_in
         self.batch_queue: deque[SimRequest] = deque()  # PE only: requests with KV ready, FIFO
+        self._load: EngineLoad | None = None  # snapshot of the counters below, rebuilt after a change
+
+    # seq_e, tok_e and free HBM change only through take/release, which keep the node's token
+    # total and the cached snapshot in step (check_invariants re-derives all three).
+    def take(self, tokens: int, hbm_bytes: int = 0) -> None:
+        self.num_seqs += 1
+        self.num_tokens += tokens
+        self.node.num_tokens += tokens
+        self.hbm_free_bytes -= hbm_bytes
+        self._load = None
+
+    def release(self, tokens: int, hbm_bytes: int = 0) -> None:
+        self.num_seqs -= 1
+        self.num_tokens -= tokens
+        self.node.num_tokens -= tokens
+        self.hbm_free_bytes += hbm_bytes
+        self._load = None
 
     def load(self) -> EngineLoad:
-        return EngineLoad(self.eid, self.node.nid, self.num_seqs, self.num_tokens, int(self.hbm_free_bytes))
+        if self._load is None:
+            self._load = EngineLoad(self.eid, self.node.nid, self.num_seqs, self.num_tokens, int(self.hbm_free_bytes))
+        return self._load
 
 
 class Node:
@@ -95,7 +117,7 @@ class Node:
 
     __slots__ = (
         "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
-        "read_queue", "read_queue_tokens", "reads_active", "waiters",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters", "num_tokens",
     )
 
     def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
@@ -110,6 +132,7 @@ class Node:
         self.read_queue_tokens = 0  # hit tokens queued or being read here (the policy's read_q)
         self.reads_active = 0
         self.waiters: dict[int, object] = {}  # things blocked on this node's buffer, by id
+        self.num_tokens = 0  # sum of tok_e over this node's engines (a group's total, kept incrementally)
 
     def reserve(self, nbytes: float) -> bool:
         if nbytes > self.buffer_free_bytes:

@@ -31,7 +31,10 @@ class Budget:
 
 
 def _fits(budgets: Sequence[Budget], used: list[float], cached: int, bsz: int) -> bool:
-    return all(u + b.cost(cached, bsz) <= b.limit for b, u in zip(budgets, used))
+    for b, u in zip(budgets, used):  # a plain loop: this is the batcher's innermost call
+        if u + b.cost(cached, bsz) > b.limit:
+            return False
+    return True
 
 
 def _largest_chunk(budgets: Sequence[Budget], used: list[float], cand: BatchCandidate) -> int:

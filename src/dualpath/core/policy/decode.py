@@ -28,12 +28,17 @@ def distribute_to_groups(group_tokens: Mapping[int, int], queue: Iterable[Queued
     the group's engines, given per group id)."""
     if not group_tokens:
         raise ValueError("no DE groups")
-    totals = dict(group_tokens)
+    groups = list(group_tokens)
+    totals = list(group_tokens.values())
     out: list[GroupAssignment] = []
     for req in queue:
-        g = min(totals, key=lambda k: (totals[k], k))
-        totals[g] += req.num_tokens
-        out.append(GroupAssignment(req.rid, g))
+        least = min(totals)
+        if totals.count(least) == 1:
+            i = totals.index(least)
+        else:  # ties: the lower group id
+            i = min((g, j) for j, g in enumerate(groups) if totals[j] == least)[1]
+        totals[i] += req.num_tokens
+        out.append(GroupAssignment(req.rid, groups[i]))
     return tuple(out)
 
 
