@@ -71,12 +71,10 @@ class PrefillGroup:
         """FIFO over the GPU's ready requests. One whose DE buffer is full is passed over for this
         forward (and the group waits on that buffer): holding the line for it could deadlock with
         DE-path requests behind it that occupy the same buffer and only free it after prefill."""
-        io_free = self.sim.features.io_free
-        kvbpt = self.sim.kv_bytes_per_token
+        need_of = self.sim.de_buffer_need_at_prefill
         tentative: dict[int, float] = {}
         for req in eng.batch_queue:
-            # inlined Simulator.de_buffer_need_at_prefill (this loop is hot at scale)
-            need = 0 if io_free or req.de_buffer_bytes else req.input_tokens * kvbpt
+            need = need_of(req)
             if need:
                 dn = req.de.node
                 if dn.buffer_free_bytes - tentative.get(dn.nid, 0.0) < need:

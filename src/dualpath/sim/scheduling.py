@@ -48,7 +48,7 @@ class PolicyDriver:
         self.dirty: set[int] = set()  # DE groups whose queue or HBM changed since their last fetch
         self._de_pos = {n.nid: i for i, n in enumerate(sim.decode_nodes)}  # a DE group's place in the fetch rotation
         self._pe_pos = {n.nid: i for i, n in enumerate(sim.prefill_nodes)}
-        self._de_totals = {n.nid: n.num_tokens for n in sim.decode_nodes}  # phase 1's sum of tok_e per DE group
+        self._de_totals = {n.nid: 0 for n in sim.decode_nodes}  # phase 1's sum of tok_e per DE group, kept current
         self._pe_open = set(self._pe_pos)  # PE groups with an engine at or under beta (all, at start)
         self.by_rid: dict = {}
         self._pending = False
@@ -127,7 +127,7 @@ class PolicyDriver:
 
     def de_released(self, node: Node) -> None:
         """A DE of `node` finished a request: its tokens and HBM are back, so the group fetches."""
-        self._de_totals[node.nid] = node.num_tokens
+        self._de_totals[node.nid] = sum(e.num_tokens for e in node.engines)
         self.dirty.add(node.nid)
         self.kick()
 
@@ -201,7 +201,7 @@ class PolicyDriver:
         sim = self.sim
         req.de = eng
         eng.take(req.de_len_tokens, req.hbm_bytes)
-        self._de_totals[eng.node.nid] = eng.node.num_tokens
+        self._de_totals[eng.node.nid] = sum(e.num_tokens for e in eng.node.engines)
         req.t_de = sim.loop.now_s
         self.num_decisions += 1
         self._choose_side_and_read(req)

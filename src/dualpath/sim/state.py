@@ -90,19 +90,17 @@ class Engine:
         self.batch_queue: deque[SimRequest] = deque()  # PE only: requests with KV ready, FIFO
         self._load: EngineLoad | None = None  # snapshot of the counters below, rebuilt after a change
 
-    # seq_e, tok_e and free HBM change only through take/release, which keep the node's token
-    # total and the cached snapshot in step (check_invariants re-derives all three).
+    # seq_e, tok_e and free HBM change only through take/release, which keep the cached snapshot
+    # in step (check_invariants compares it with the counters).
     def take(self, tokens: int, hbm_bytes: int = 0) -> None:
         self.num_seqs += 1
         self.num_tokens += tokens
-        self.node.num_tokens += tokens
         self.hbm_free_bytes -= hbm_bytes
         self._load = None
 
     def release(self, tokens: int, hbm_bytes: int = 0) -> None:
         self.num_seqs -= 1
         self.num_tokens -= tokens
-        self.node.num_tokens -= tokens
         self.hbm_free_bytes += hbm_bytes
         self._load = None
 
@@ -117,7 +115,7 @@ class Node:
 
     __slots__ = (
         "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
-        "read_queue", "read_queue_tokens", "reads_active", "waiters", "num_tokens",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters",
     )
 
     def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
@@ -132,7 +130,6 @@ class Node:
         self.read_queue_tokens = 0  # hit tokens queued or being read here (the policy's read_q)
         self.reads_active = 0
         self.waiters: dict[int, object] = {}  # things blocked on this node's buffer, by id
-        self.num_tokens = 0  # sum of tok_e over this node's engines (a group's total, kept incrementally)
 
     def reserve(self, nbytes: float) -> bool:
         if nbytes > self.buffer_free_bytes:
