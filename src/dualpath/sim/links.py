@@ -16,7 +16,7 @@ flow moved exactly its size. `check_invariants` verifies both.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..core.lanes import Lane, LaneWeights
 from .events import EventLoop
@@ -109,14 +109,20 @@ class Network:
         return flow
 
     def _advance(self, flow: Flow) -> None:
+        self._advance_flows((flow,))
+
+    def _advance_flows(self, flows: Iterable[Flow]) -> None:
+        """Move each flow's bytes at its current rate up to now (the loop runs here, not per
+        flow: this and `_rerate_link` are the network's hot loops)."""
         now = self.loop.now_s
-        dt = now - flow.updated_s
-        if dt > 0.0 and flow.rate > 0.0:
-            moved = min(flow.left_bytes, flow.rate * dt)
-            flow.left_bytes -= moved
-            for link in flow.links:
-                link.served_bytes[flow.lane] += moved
-        flow.updated_s = now
+        for f in flows:
+            dt = now - f.updated_s
+            if dt > 0.0 and f.rate > 0.0:
+                moved = min(f.left_bytes, f.rate * dt)
+                f.left_bytes -= moved
+                for link in f.links:
+                    link.served_bytes[f.lane] += moved
+            f.updated_s = now
 
     def book(self, link: Link, lane: Lane, nbytes: float) -> None:
         """Account bytes on a link whose timing is modelled elsewhere (or not at all): they count in
@@ -129,18 +135,8 @@ class Network:
         self._advance_link(link)
 
     def _advance_link(self, link: Link) -> None:
-        """`_advance` for every flow of the link (inlined: this and `_rerate_link` are the
-        network's hot loops)."""
-        now = self.loop.now_s
         for lane_flows in link.flows:
-            for f in lane_flows.values():
-                dt = now - f.updated_s
-                if dt > 0.0 and f.rate > 0.0:
-                    moved = min(f.left_bytes, f.rate * dt)
-                    f.left_bytes -= moved
-                    for other in f.links:
-                        other.served_bytes[f.lane] += moved
-                f.updated_s = now
+            self._advance_flows(lane_flows.values())
 
     def _rerate_link(self, link: Link) -> None:
         """Re-derive the rate of every flow of the link: the smallest `Link.share` over the flow's
