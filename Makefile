@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo sim-demo test test-slow bench-speed clean
+.PHONY: demo sim-demo test test-slow bench-speed compiled clean-compiled test-compiled clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,20 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# Optional: the simulator's hot path compiled with mypyc (same numbers, faster; see _build.py).
+compiled: $(STAMP)
+	$(BIN)/python tools/compile_sim.py
+
+clean-compiled:
+	$(BIN)/python tools/compile_sim.py --clean
+
+# The simulator and policy tests again on the compiled build, and its identity with pure Python.
+test-compiled: compiled
+	$(BIN)/python -m pytest -q tests/sim tests/core tests/e2e/test_cli.py
+
 bench-speed: $(STAMP)
 	$(BIN)/dualpath bench sim-speed --agents 512,1024,2048,4096 --json out/sim_speed.json --plot out/sim_speed.png
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
+	find src -name "*.so" -delete; rm -f src/dualpath/_compiled.json

@@ -168,12 +168,14 @@ def bench_sim_speed(
     plot: Annotated[Optional[Path], typer.Option()] = None,
 ) -> None:
     """Simulator speed: wall time and simulated turns per second by agent count."""
+    from ._build import build_kind
     from .sim.bench import run_speed_bench
 
     counts = [_positive(int(a), "--agents") for a in _split_ints(agents)]
     parse_mode(mode)
     rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
-    table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode}")
+    build = rows[0]["build"] if rows else build_kind()
+    table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode} ({build} build)")
     for col in ("agents", "turns", "events", "wall s", "turns/s", "JCT s"):
         table.add_column(col, justify="right")
     for r in rows:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._build import build_kind
 from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
 from .runner import load_trajectories, write_json
 from .simulator import Simulator
@@ -20,9 +21,9 @@ def run_speed_bench(model: str, pd: str, max_len: str, counts: list[int], mode: 
         trajs, arrivals = load_trajectories(cfg)
         r = Simulator(cfg, parse_mode(mode), trajs, arrivals).run()
         rows.append({"agents": n, "num_turns": r["num_turns"], "num_events": r["num_events"], "wall_s": r["wall_s"],
-                     "turns_per_wall_s": r["turns_per_wall_s"], "jct_s": r["jct_s"]})
+                     "turns_per_wall_s": r["turns_per_wall_s"], "jct_s": r["jct_s"], "build": r["build"]})
     if json_path:
-        write_json({"model": model, "pd": pd, "max_len": max_len, "mode": mode, "rows": rows}, json_path)
+        write_json({"model": model, "pd": pd, "max_len": max_len, "mode": mode, "build": build_kind(), "rows": rows}, json_path)
     if plot:
         import matplotlib
 
@@ -35,7 +36,7 @@ def run_speed_bench(model: str, pd: str, max_len: str, counts: list[int], mode: 
             ax.annotate(f"{r['agents']} agents", (r["num_turns"], r["wall_s"]), fontsize=8)
         ax.set_xlabel("simulated turns")
         ax.set_ylabel("wall time (s)")
-        ax.set_title(f"simulator speed ({model} {pd} {max_len} {mode})")
+        ax.set_title(f"simulator speed ({model} {pd} {max_len} {mode}, {build_kind()} build)")
         fig.tight_layout()
         Path(plot).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(plot, dpi=120)

@@ -16,7 +16,7 @@ flow moved exactly its size. `check_invariants` verifies both.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ..core.lanes import Lane, LaneWeights
 from .events import EventLoop
@@ -65,7 +65,7 @@ class Link:
 class Flow:
     __slots__ = ("fid", "size_bytes", "left_bytes", "lane", "links", "rate", "updated_s", "version", "eta_s", "on_done", "tag")
 
-    def __init__(self, fid: int, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[["Flow"], None], tag: object) -> None:
+    def __init__(self, fid: int, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[["Flow"], None], tag: Any) -> None:
         self.fid = fid
         self.size_bytes = size_bytes
         self.left_bytes = size_bytes
@@ -90,7 +90,7 @@ class Network:
         self.started_bytes = [0.0, 0.0]
         self.booked_bytes = [0.0, 0.0]
 
-    def start(self, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[[Flow], None], tag: object = None) -> Flow:
+    def start(self, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[[Flow], None], tag: Any = None) -> Flow:
         if not links:
             raise ValueError("a flow needs at least one link")
         if size_bytes < 0:

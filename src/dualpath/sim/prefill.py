@@ -76,6 +76,7 @@ class PrefillGroup:
         for req in eng.batch_queue:
             need = need_of(req)
             if need:
+                assert req.de is not None
                 dn = req.de.node
                 if dn.buffer_free_bytes - tentative.get(dn.nid, 0.0) < need:
                     dn.waiters[id(self)] = self
@@ -101,6 +102,7 @@ class PrefillGroup:
             for req, be in zip(picked, batch):
                 need = sim.de_buffer_need_at_prefill(req)
                 if need:
+                    assert req.de is not None
                     req.de.node.reserve(need)
                     req.de_buffer_bytes += need
                 entries.append((eng, req, be.compute_tokens))
@@ -149,6 +151,7 @@ class PrefillGroup:
             acc = per_gpu.setdefault(eng.eid, [eng, 0, 0, {}])
             nbytes = req.cached_tokens * kvbpt
             if req.side is ReadSide.DECODE:
+                assert req.de is not None
                 acc[2] += nbytes
                 src = acc[3].setdefault(req.de.eid, [req.de, 0])
                 src[1] += nbytes
@@ -182,7 +185,7 @@ class PrefillGroup:
         for eng, req, ntok in fwd.entries:
             if req.pe_buffer_bytes and ntok == req.remaining_tokens:
                 sim.release_buffer(eng.node, req.pe_buffer_bytes)
-                req.pe_buffer_bytes = 0
+                req.pe_buffer_bytes = 0.0
 
     def _start_compute(self, fwd: Forward) -> None:
         fwd.pending += 1

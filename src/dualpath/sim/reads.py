@@ -52,21 +52,24 @@ class ReadPath:
 
     def _reserve(self, req: SimRequest) -> bool:
         sim = self.sim
+        pe, de = req.pe, req.de
+        assert pe is not None and de is not None
         if req.side is ReadSide.PREFILL:
-            node, nbytes = req.pe.node, req.hit_tokens * sim.kv_bytes_per_token
+            node, nbytes = pe.node, req.hit_tokens * sim.kv_bytes_per_token
         else:
-            node, nbytes = req.de.node, req.input_tokens * sim.kv_bytes_per_token
+            node, nbytes = de.node, req.input_tokens * sim.kv_bytes_per_token
         if not node.reserve(nbytes):
-            reader = (req.pe.node if req.side is ReadSide.PREFILL else req.de.node)
-            node.waiters[id(reader)] = reader
+            node.waiters[id(node)] = node  # the reader is this node: a release here pumps it again
             return False
         if req.side is ReadSide.PREFILL:
-            req.pe_buffer_bytes = nbytes
+            req.pe_buffer_bytes = float(nbytes)
         else:
-            req.de_buffer_bytes = nbytes
+            req.de_buffer_bytes = float(nbytes)
         return True
 
     def _done(self, flow: Flow) -> None:
+        req: SimRequest
+        node: Node
         req, node = flow.tag
         sim = self.sim
         node.reads_active -= 1

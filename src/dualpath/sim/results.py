@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._build import build_kind
 from ..core.lanes import Lane
 from ..core.snapshot import ReadSide
 from ..metrics import distribution, snic_balance
@@ -112,4 +113,5 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
         "sim_duration_s": duration,
         "wall_s": wall_s,
         "turns_per_wall_s": len(rec) / wall_s if wall_s > 0 else float("nan"),
+        "build": build_kind(),  # 'pure' or 'compiled' (mypyc): changes wall times only
     }

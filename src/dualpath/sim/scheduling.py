@@ -210,6 +210,7 @@ class PolicyDriver:
     def _choose_side_and_read(self, req: SimRequest) -> None:
         sim = self.sim
         sim.resolve_hit(req)
+        assert req.pe is not None and req.de is not None
         pe_node: Node = req.pe.node
         de_node: Node = req.de.node
         f = sim.features

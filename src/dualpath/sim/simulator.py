@@ -167,8 +167,10 @@ class Simulator:
         req.to(Phase.PREFILL_READY)
         if req.t_read_end < 0:
             req.t_read_end = self.loop.now_s
-        req.pe.batch_queue.append(req)
-        self.kick_prefill(self.prefill_groups[req.pe.node.nid])
+        pe = req.pe
+        assert pe is not None
+        pe.batch_queue.append(req)
+        self.kick_prefill(self.prefill_groups[pe.node.nid])
 
     def kick_prefill(self, group: PrefillGroup) -> None:
         """Coalesce: all requests that become ready at one instant share the next forward. A group
@@ -194,11 +196,12 @@ class Simulator:
         req.computed = True
         req.t_first = self.loop.now_s
         pe = req.pe
+        assert pe is not None
         pe.release(req.input_tokens)
         self.driver.pe_released(pe.node)
         if req.pe_buffer_bytes:
             self.release_buffer(pe.node, req.pe_buffer_bytes)
-            req.pe_buffer_bytes = 0
+            req.pe_buffer_bytes = 0.0
         self.driver.kick()
         if req.pending_pd == 0:
             self.kv_landed(req)
@@ -218,6 +221,7 @@ class Simulator:
             self._join(req)
             return
         de = req.de
+        assert de is not None
         self._h2d_bytes += expect
         self.net.start(expect, Lane.KV, (de.cnic_out, de.cnic_in), self._h2d_done, req)
 
@@ -228,12 +232,15 @@ class Simulator:
 
     def _join(self, req: SimRequest) -> None:
         req.to(Phase.DECODING)
-        self.decode_groups[req.de.node.nid].join(req, req.de)
+        de = req.de
+        assert de is not None
+        self.decode_groups[de.node.nid].join(req, de)
 
     def _release_de_buffer(self, req: SimRequest) -> None:
         if req.de_buffer_bytes:
+            assert req.de is not None
             self.release_buffer(req.de.node, req.de_buffer_bytes)
-            req.de_buffer_bytes = 0
+            req.de_buffer_bytes = 0.0
 
     def release_buffer(self, node: Node, nbytes: float) -> None:
         node.buffer_free_bytes += nbytes
@@ -254,13 +261,14 @@ class Simulator:
         now = self.loop.now_s
         req.to(Phase.FINISHED)
         req.t_finish = now
-        de = req.de
+        pe, de = req.pe, req.de
+        assert pe is not None and de is not None
         de.release(req.de_len_tokens, req.hbm_bytes)
         self.driver.de_released(de.node)
         del self.inflight[req.rid]
         self.recorder.record(
             req.rid.agent, req.rid.turn, req.t_arrival, req.t_pe, req.t_de, req.t_read_end, req.t_prefill_start, req.t_first,
-            req.t_second, now, req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side), req.pe.eid, de.eid,
+            req.t_second, now, req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side), pe.eid, de.eid,
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens

@@ -7,11 +7,15 @@ built from them (`EngineLoad`, `QueuedRequest`, `BatchCandidate`).
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..core.phase import Phase, check_transition
 from ..core.request import RequestId
 from ..core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from .links import Link
+
+if TYPE_CHECKING:
+    from .prefill import PrefillGroup
 
 
 class Agent:
@@ -50,10 +54,10 @@ class SimRequest:
         self.hit_sent = False
         self.pending_pd = 0
         self.computed = False
-        self.pe_buffer_bytes = 0
-        self.de_buffer_bytes = 0
+        self.pe_buffer_bytes = 0.0
+        self.de_buffer_bytes = 0.0
         self.hbm_bytes = hbm_bytes
-        self.delivered_bytes = 0  # prompt KV bytes that reached the DE buffer (ledger)
+        self.delivered_bytes = 0.0  # prompt KV bytes that reached the DE buffer (ledger)
         # len(r) for PEs is the prompt length; for DEs the final length (prompt + generated)
         self.qview = QueuedRequest(self.rid, input_tokens, hbm_bytes, 0)
         self.t_arrival = now_s
@@ -129,7 +133,7 @@ class Node:
         self.read_queue: deque[SimRequest] = deque()
         self.read_queue_tokens = 0  # hit tokens queued or being read here (the policy's read_q)
         self.reads_active = 0
-        self.waiters: dict[int, object] = {}  # things blocked on this node's buffer, by id
+        self.waiters: dict[int, Node | PrefillGroup] = {}  # things blocked on this node's buffer, by id
 
     def reserve(self, nbytes: float) -> bool:
         if nbytes > self.buffer_free_bytes:
