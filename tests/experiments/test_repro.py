@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from dualpath._build import build_kind
 from dualpath.core.cost import cache_compute_ratio_gb_per_pflop
 from dualpath.core.models import get_model
 from dualpath.errors import InputError
@@ -92,6 +93,10 @@ def test_summary_lists_every_headline_with_its_fields(suite):
             assert h["met"] == (abs(h["rel_error"]) <= h["target"])
     for name in EXPERIMENTS:
         assert any(h["experiment"] == name for h in summary["headlines"]), f"{name} has no headline"
+    # which build ran each experiment's simulations: the one this process imported (table1 runs none)
+    builds = {name: e["sim_builds"] for name, e in summary["experiments"].items()}
+    assert builds.pop("table1") == []
+    assert all(b == [build_kind()] for b in builds.values()), builds
 
 
 def test_table1_matches_the_cost_model_and_reports_ds_v3_as_missed(suite):

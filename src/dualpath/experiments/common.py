@@ -62,6 +62,7 @@ class Context:
     # The current experiment's simulations (cache key -> wall seconds when first simulated);
     # the suite resets it per experiment, so a cached rerun still reports the simulation cost.
     sim_wall_s: dict[str, float] = field(default_factory=dict)
+    sim_build: dict[str, str] = field(default_factory=dict)  # cache key -> "pure" | "compiled" (that run's build)
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -132,11 +133,12 @@ class ExperimentOutput:
     wall_s: float = 0.0
     sim_wall_s: float = 0.0  # its simulations' wall time when first simulated (cached or not now)
     num_sims: int = 0
+    sim_builds: list[str] = field(default_factory=list)  # the builds that ran its simulations (wall times differ)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "title": self.title, "wall_s": self.wall_s, "sim_wall_s": self.sim_wall_s,
-            "num_sims": self.num_sims, "table": self.table,
+            "num_sims": self.num_sims, "sim_builds": self.sim_builds, "table": self.table,
             "headlines": [h.to_dict() for h in self.headlines], "figures": self.figures, **self.extra,
         }
 

@@ -139,6 +139,7 @@ def simulate(ctx: "Context", spec: SimSpec) -> dict[str, Any]:
         ctx.memo[key] = _load_or_run(ctx, spec, key)
     result = ctx.memo[key]
     ctx.sim_wall_s[key] = result["wall_s"]
+    ctx.sim_build[key] = result.get("build", "pure")  # results cached before builds were recorded were pure
     return result
 
 

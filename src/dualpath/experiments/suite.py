@@ -40,11 +40,13 @@ def run_suite(ctx: Context, names: Sequence[str]) -> list[ExperimentOutput]:
         module = EXPERIMENTS[name]
         ctx.progress.start_experiment(name)
         ctx.sim_wall_s = {}
+        ctx.sim_build = {}
         t0 = time.perf_counter()
         out = module.run(ctx)
         out.wall_s = time.perf_counter() - t0
         out.sim_wall_s = sum(ctx.sim_wall_s.values())
         out.num_sims = len(ctx.sim_wall_s)
+        out.sim_builds = sorted(set(ctx.sim_build.values()))
         ctx.progress.end_experiment(name, out.wall_s)
         write_json({**out.to_json(), "markdown": out.markdown, "scale": ctx.scale, "seed": ctx.seed}, ctx.out_dir / f"{name}.json")
         outputs.append(out)
@@ -72,6 +74,7 @@ def write_report(ctx: Context) -> None:
         "seed": ctx.seed,
         "simulator_code": code_fingerprint(),
         "experiments": {s["name"]: {"wall_s": s["wall_s"], "sim_wall_s": s.get("sim_wall_s"), "num_sims": s.get("num_sims"),
+                                    "sim_builds": s.get("sim_builds", []),
                                     "headlines": len(s["headlines"]),
                                     "met": sum(1 for h in s["headlines"] if h["met"])} for s in sections},
         "wall_s_total": sum(s["wall_s"] for s in sections),
@@ -97,15 +100,18 @@ def _report_markdown(ctx: Context, sections: list[dict[str, Any]], headlines: li
         "",
         "Wall times: `this run` is this invocation's (small when its simulations came from DIR/cache); "
         "`simulations` sums the wall time of the experiment's simulations when they were first run (a run "
-        "shared by several experiments counts in each). Both on the machine that ran them.",
+        "shared by several experiments counts in each). Both on the machine that ran them. `build` is the "
+        "simulator build that ran the simulations (`pure` Python or `compiled` with mypyc, `make compiled`): "
+        "it changes wall times only, never a simulated number.",
         "",
-        "| experiment | wall s (this run) | simulations | simulation wall s | headlines met |",
-        "|---|---|---|---|---|",
+        "| experiment | wall s (this run) | simulations | simulation wall s | build | headlines met |",
+        "|---|---|---|---|---|---|",
     ]
     for s in sections:
         n_met = sum(1 for h in s["headlines"] if h["met"])
         lines.append(f"| [{s['name']}](#{s['name']}) | {s['wall_s']:.0f} | {s.get('num_sims', 0)} | "
-                     f"{s.get('sim_wall_s', 0.0):.0f} | {n_met} / {len(s['headlines'])} |")
+                     f"{s.get('sim_wall_s', 0.0):.0f} | {', '.join(s.get('sim_builds', [])) or '-'} | "
+                     f"{n_met} / {len(s['headlines'])} |")
     lines += ["", "## All headlines", "", _headlines_md(headlines), ""]
     for s in sections:
         lines += [f"<a id=\"{s['name']}\"></a>", f"## {s['title']}", "",
