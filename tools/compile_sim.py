@@ -2,7 +2,7 @@
 
     python tools/compile_sim.py [--clean] [--src DIR]
 
-Needs mypy (the `compile` extra in pyproject.toml) and a C compiler. The module list and the
+Needs mypy (in the `test` extra of pyproject.toml, pinned) and a C compiler. The module list and the
 freshness check live in src/dualpath/_build.py; this script writes the stamp that check reads.
 It loads `_build.py` by path, so a stale build does not stop it.
 """
@@ -41,7 +41,7 @@ def build(b, src: Path) -> None:
         from mypyc.build import mypycify
         from setuptools import setup
     except ImportError as e:
-        sys.exit(f"compile_sim: {e.name} is missing; install the extra: pip install -e '.[compile]'")
+        sys.exit(f"compile_sim: {e.name} is missing; install the test extra: pip install -e '.[test]'")
     clean(b)
     os.chdir(src)  # build_ext --inplace puts dualpath/sim/x.so beside dualpath/sim/x.py
     build_dir = tempfile.mkdtemp(prefix="dualpath-mypyc-")
