@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo sim-demo test test-slow bench-speed compiled clean-compiled test-compiled clean
+.PHONY: demo sim-demo test test-slow bench-speed compiled clean-compiled test-compiled gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,9 +39,14 @@ clean-compiled:
 test-compiled: compiled
 	$(BIN)/python -m pytest -q tests/sim tests/core tests/e2e/test_cli.py
 
+# Wheels the GPU machine's image lacks, for tools/gpu_check.sh (carried there; it cannot download).
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m pip download --quiet --only-binary=:all: --no-deps --python-version 3.12 \
+		--platform manylinux_2_28_x86_64 -d .gpu_wheels 'pyzmq>=25'
+
 bench-speed: $(STAMP)
 	$(BIN)/dualpath bench sim-speed --agents 512,1024,2048,4096 --json out/sim_speed.json --plot out/sim_speed.png
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .hypothesis
+	rm -rf $(VENV) out .pytest_cache .hypothesis .gpu_wheels
 	find src -name "*.so" -delete; rm -f src/dualpath/_compiled.json

@@ -46,6 +46,17 @@ def plot_runtime(result: dict, path: Path, title: str) -> None:
     plot_runs(result, path, title, bytes_scale=1e6, bytes_unit="MB")
 
 
+DeviceOption = Annotated[str, typer.Option(
+    help="cpu, cuda (engine e on GPU e mod #GPUs) or cuda:N; checked before anything starts")]
+
+
+def _device(spec: str) -> str:
+    from .runtime.device import require_device
+
+    require_device(spec)
+    return spec
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
     @app.command()
     def demo(
@@ -56,6 +67,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         agents: Annotated[int, typer.Option(help="agents, all starting at t=0")] = DEMO_AGENTS,
         rounds: Annotated[int, typer.Option(help="rounds per agent (first prompt 574 tokens, then 61 appended, 3 generated)")] = DEMO_ROUNDS,
         seed: Annotated[int, typer.Option()] = 0,
+        device: DeviceOption = "cpu",
     ) -> None:
         """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
         from .runtime.demo import run_demo
@@ -65,6 +77,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
             raise InputError("--snic-mb-s must be positive")
         if agents < 1 or rounds < 1:
             raise InputError("--agents and --rounds must be at least 1")
+        _device(device)
         progress = _progress(console)
         tasks: dict[str, int] = {}
 
@@ -75,8 +88,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
 
         with progress:
             result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6, model=model, seed=seed, on_turn=on_turn,
-                                          num_agents=agents, rounds=rounds))
-        print_runtime_runs(out, result, f"local 1P1D, {model}, SNIC {snic_mb_s:.0f} MB/s per node")
+                                          num_agents=agents, rounds=rounds, device=device))
+        print_runtime_runs(out, result, f"local 1P1D, {model} on {device}, SNIC {snic_mb_s:.0f} MB/s per node")
         runs = {r["mode"]: r for r in result["runs"]}
         if "basic" in runs and "dualpath" in runs:
             out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
@@ -97,6 +110,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         top_p: Annotated[float, typer.Option()] = 1.0,
         seed: Annotated[Optional[int], typer.Option()] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print prompt_ids, generated_ids and text as JSON")] = False,
+        device: DeviceOption = "cpu",
     ) -> None:
         """One-shot generation (prefill + paged decode) for scripts and checks."""
         from .runtime.model import generate_text
@@ -114,7 +128,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
             if not ids:
                 raise InputError("--prompt-ids is empty")
         res = generate_text(model, prompt=prompt, prompt_ids=ids, max_tokens=max_tokens, temperature=temperature,
-                            top_p=top_p, seed=seed)
+                            top_p=top_p, seed=seed, device=_device(device))
         if as_json:
             out.print_json(json.dumps({"prompt_ids": list(res.prompt_ids), "generated_ids": list(res.generated_ids), "text": res.text}))
         else:
@@ -130,6 +144,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         api_key: Annotated[Optional[str], typer.Option(help="require this Bearer key on /v1")] = None,
         store_dir: Annotated[Optional[Path], typer.Option(help="KV store directory (default: temporary)")] = None,
         snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
+        device: DeviceOption = "cpu",
     ) -> None:
         """OpenAI-compatible server on a local PD-disaggregated cluster."""
         from .config import RuntimeConfig, parse_pd
@@ -138,7 +153,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         p, d = parse_pd(pd)
         cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                             store_dir=str(store_dir) if store_dir else None,
-                            snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6)
+                            snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device)
+        _device(device)
         serve_cluster(cfg, host=host, port=port, api_key=api_key)
 
     @app.command()
@@ -152,16 +168,18 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps")] = 1.0,
         snic_mb_s: Annotated[Optional[float], typer.Option()] = None,
         json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+        device: DeviceOption = "cpu",
     ) -> None:
         """Replay a trajectory file or a Mooncake trace against the local cluster."""
         from .runtime.run_trace import run_trace
         from .sim.runner import write_json
 
+        _device(device)
         if not trace.is_file():
             raise InputError(f"file not found: {trace}")
         if limit <= 0 or max_len <= 0 or time_scale < 0:
             raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
-        result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s))
+        result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device))
         print_runtime_runs(out, result, f"replay of {trace.name}")
         if json_path:
             write_json(result, json_path)

@@ -50,6 +50,18 @@ def parse_mode(text: str) -> Features:
 _PD_RE = re.compile(r"^\s*(\d+)\s*[pP]\s*(\d+)\s*[dD]\s*$")
 
 
+_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+def parse_device(text: str) -> tuple[str, int | None]:
+    """'cpu' -> ('cpu', None); 'cuda' -> ('cuda', None); 'cuda:1' -> ('cuda', 1). Spelling only:
+    whether the GPU exists is `runtime.device.require_device`'s question."""
+    m = _DEVICE_RE.match(text.strip().lower()) if isinstance(text, str) else None
+    if not m or (m.group(1) == "cpu" and m.group(2) is not None):
+        raise InputError(f"unknown device {text!r}: expected cpu, cuda or cuda:N")
+    return m.group(1), None if m.group(2) is None else int(m.group(2))
+
+
 def parse_pd(text: str) -> tuple[int, int]:
     """'2P4D' -> (2, 4): prefill and decode node counts."""
     m = _PD_RE.match(text)
@@ -348,7 +360,7 @@ class RuntimeConfig:
     beta_compute_s: float = 5.0  # PAPER.md 3.2
     z_factor: float = 1.05  # PAPER.md 3.3
     torch_threads: int = 1  # per engine process (2 engines share 2 cores by default)
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/device.py)
     seed: int = 0
     # Tests and experiments: read every hit on this side ("prefill" or "decode") instead of the
     # policy's choice (the DE side needs a mode with the DE read path).
@@ -370,6 +382,7 @@ class RuntimeConfig:
             raise InputError(f"force_read_side must be prefill, decode or None, got {self.force_read_side!r}")
         if self.force_read_side == "decode" and not parse_mode(self.mode).de_read_path:
             raise InputError(f"force_read_side=decode needs the DE read path, which mode {self.mode!r} lacks")
+        parse_device(self.device)
         if self.kv_dtype not in ("float32", "bfloat16", "float16"):
             raise InputError(f"kv_dtype must be float32, bfloat16 or float16, got {self.kv_dtype!r}")
 

@@ -37,6 +37,9 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["demo", "--snic-mb-s", "0"], "--snic-mb-s must be positive"),
     (["run", "/nonexistent.jsonl"], "not found"),
     (["serve", "--pd", "1X"], "malformed P/D"),
+    (["demo", "--model", "tiny", "--device", "gpu0"], "unknown device 'gpu0'"),
+    (["run", "/nonexistent.jsonl", "--device", "cuda:x"], "unknown device"),
+    (["serve", "--device", "tpu"], "unknown device 'tpu'"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):
     p = cli(*args)
@@ -69,3 +72,18 @@ def test_run_replays_a_trajectory_file(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     run = json.loads(j.read_text())["runs"][0]
     assert run["num_turns"] == 5 and run["cached_tokens"] > 0
+
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("cmd", ["generate", "demo", "serve", "run"])
+def test_cuda_without_a_gpu_is_one_clear_error_before_anything_starts(cmd, tmp_path):
+    out = tmp_path / "out.json"
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"agent": 0, "rounds": [[150, 3]]}\n')
+    args = {"generate": ["--prompt-ids", "1,2"], "demo": ["--json", str(out), "--plot", str(tmp_path / "p.png")],
+            "serve": ["--port", "0"], "run": [str(trace), "--json", str(out)]}[cmd]
+    p = cli(cmd, "--model", "tiny", *args, "--device", "cuda", timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "device 'cuda': no CUDA GPU is visible" in p.stderr and "Traceback" not in p.stderr
+    assert not out.exists()

@@ -1,7 +1,7 @@
 """A local PD-disaggregated cluster: one process per engine, the router in this process.
 
 Start-up:
-  1. a private temporary directory for the control sockets (and the KV store unless configured;
+  1. the device is checked (runtime/device.py); a private temporary directory for the control sockets (and the KV store unless configured;
      the oracle keeps its store in /dev/shm: "KV kept in memory");
   2. the model's tokenizer, shape and fingerprint (the store refuses blocks of another model);
   3. one host buffer per node (shared memory, Full Block slots, owned by the router) and one
@@ -23,6 +23,7 @@ from typing import Any
 from ..config import RuntimeConfig
 from ..core.blocks import BlockLayout
 from .clock import MonotonicClock
+from .device import require_device
 from .engine_common import EngineSpec, engine_main, kv_dtype
 from .model import load_model
 from .router import Router
@@ -54,6 +55,7 @@ class LocalCluster:
 
     async def start(self) -> None:
         cfg = self.cfg
+        require_device(cfg.device)  # one clear error here, not a traceback in every engine
         self._tmp = tempfile.mkdtemp(prefix="dp-")
         if cfg.store_dir:
             store_root = cfg.store_dir

@@ -58,7 +58,7 @@ class DecodeEngine(EngineBase):
         self.node = spec.engine
         bt = self.cfg.block_tokens
         self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt), block_tokens=bt,
-                                  dtype=self.dtype, device=self.cfg.device)
+                                  dtype=self.dtype, device=self.device)
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
         self.reqs: dict[int, DReq] = {}
         self.eos = set(self.mcfg.eos_token_ids)

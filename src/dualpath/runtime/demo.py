@@ -71,13 +71,13 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
 
 async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_per_s: float | None = DEMO_SNIC_BYTES_PER_S,
                    model: str = "smollm2-135m", seed: int = 0, on_turn: Callable[[str, int, int], None] | None = None,
-                   num_agents: int = DEMO_AGENTS, rounds: int = DEMO_ROUNDS) -> dict:
+                   num_agents: int = DEMO_AGENTS, rounds: int = DEMO_ROUNDS, device: str = "cpu") -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between)."""
     trajectories = demo_workload(num_agents, rounds)
     total = sum(len(t.turns) for t in trajectories)
     runs = []
     t0 = time.perf_counter()
-    async with LocalCluster(replace(demo_config(modes[0], snic_bytes_per_s, model), seed=seed)) as cluster:
+    async with LocalCluster(replace(demo_config(modes[0], snic_bytes_per_s, model), seed=seed, device=device)) as cluster:
         startup_s = time.perf_counter() - t0
         for i, mode in enumerate(modes):
             if i:
@@ -87,7 +87,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
     return {
         "config": {"model": model, "pd": "1P1D", "snic_bytes_per_s": snic_bytes_per_s,
                    "cnic_bytes_per_s": None if snic_bytes_per_s is None else CNIC_PER_SNIC * snic_bytes_per_s,
-                   "kv_dtype": "float32", "seed": seed},
+                   "kv_dtype": "float32", "seed": seed, "device": device},
         "workload": {"num_agents": len(trajectories), "num_turns": total, "rounds": len(trajectories[0].turns),
                      "first_prompt_tokens": trajectories[0].turns[0].append_tokens,
                      "append_tokens": trajectories[0].turns[1].append_tokens, "gen_tokens": trajectories[0].turns[1].gen_tokens},

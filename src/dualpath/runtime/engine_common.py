@@ -22,6 +22,7 @@ from ..config import RuntimeConfig
 from ..core.blocks import BlockLayout
 from ..core.lanes import Lane
 from .clock import MonotonicClock
+from .device import engine_device, visible_gpus
 from .kv_region import SpanCopy
 from .model import load_model
 from .protocol import Counters, Reconfigure, Reconfigured
@@ -78,7 +79,10 @@ class EngineBase:
         self.cfg = cfg
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
-        self.loaded = load_model(cfg.model, device=cfg.device, seed=cfg.seed)
+        self.device = engine_device(cfg.device, spec.engine, visible_gpus())
+        if self.device != "cpu":
+            torch.cuda.set_device(self.device)  # this process's default stream and allocations
+        self.loaded = load_model(cfg.model, device=self.device, seed=cfg.seed)
         self.model = self.loaded.model
         self.mcfg = self.model.config
         self.dtype = kv_dtype(cfg)

@@ -41,7 +41,11 @@ def contiguous(offset_bytes: int, nbytes: int) -> list[tuple[int, int]]:
 
 
 def _copy(dst: Any, src: Any) -> None:
-    """dst[:] = src for uint8 numpy arrays or torch tensors on any device (both release the GIL)."""
+    """dst[:] = src for uint8 numpy arrays or torch tensors on any device (both release the GIL).
+
+    A host <-> GPU copy is asynchronous only when its host side is pinned; from or into pageable
+    memory (numpy arrays, shared memory) it completes before returning, so the caller may reuse
+    or read the host bytes at once."""
     if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
         np.copyto(dst, src)
         return
@@ -49,7 +53,8 @@ def _copy(dst: Any, src: Any) -> None:
 
     d = torch.from_numpy(dst) if isinstance(dst, np.ndarray) else dst
     s = torch.from_numpy(src) if isinstance(src, np.ndarray) else src
-    d.copy_(s, non_blocking=d.device.type != "cpu" or s.device.type != "cpu")
+    host = s if d.is_cuda else d
+    d.copy_(s, non_blocking=(d.is_cuda != s.is_cuda) and host.is_pinned())
 
 
 class SpanCopy:

@@ -29,7 +29,7 @@ from ..core.snapshot import BatchCandidate, ReadSide
 from ..core.request import RequestId
 from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
 from .kv_region import contiguous, layer_spans
-from .model import LayerKV
+from .model import LayerKV, layer_kv_to_bytes
 from .model.generate import SamplingParams as ModelSampling
 from .model.generate import TokenSampler
 from .protocol import (Cancel, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
@@ -276,7 +276,7 @@ class PrefillEngine(EngineBase):
         for (r, n), kv in zip(batch, new):
             a = r.a
             de_buf = self.buffers[a.de_engine]
-            data = kv.kv.to(self.dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
+            data = np.frombuffer(layer_kv_to_bytes(kv, self.dtype), dtype=np.uint8)  # D2H on a GPU
             self._pd(r, l, data, contiguous(0, data.nbytes), de_buf, layer_spans(self.layout, a.de_offsets, l, r.cached, r.cached + n))
             if r.pe_path and not r.hit_sent and r.hit_tokens:
                 own = self.buffers[self.node]

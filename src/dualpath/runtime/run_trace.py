@@ -14,14 +14,14 @@ from .replay import replay_mooncake, replay_trajectories, summarise
 
 
 async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
-                    snic_mb_s: float | None) -> dict:
+                    snic_mb_s: float | None, device: str = "cpu") -> dict:
     p, d = parse_pd(pd)
     fmt = detect_format(path)
     runs = []
     for mode in modes:
         cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                             snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6,
-                            de_kv_tokens=max(32768, 2 * max_len))
+                            de_kv_tokens=max(32768, 2 * max_len), device=device)
         clock = MonotonicClock()
         async with LocalCluster(cfg) as cluster:
             router = cluster.router
@@ -40,4 +40,4 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
             result = summarise(records, router.metrics.summary(), wall, n)
         result["mode"] = mode
         runs.append(result)
-    return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len}, "runs": runs}
+    return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device}, "runs": runs}

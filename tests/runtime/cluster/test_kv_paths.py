@@ -3,6 +3,7 @@ oracle) and the same as recomputing from scratch, over a multi-turn conversation
 real engine processes, a real store)."""
 
 import asyncio
+import os
 
 import pytest
 
@@ -11,6 +12,8 @@ from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
 
+# The engines' device; the reference always recomputes on the CPU. tools/gpu_check.sh sets `cuda`.
+DEVICE = os.environ.get("DUALPATH_TEST_DEVICE", "cpu")
 TURNS = [list(range(5, 205)), list(range(20, 60)), list(range(100, 170)), list(range(1, 90))]
 GEN = 12
 
@@ -61,7 +64,7 @@ def reference():
 @pytest.mark.parametrize("mode,side", [("dualpath", "prefill"), ("dualpath", "decode"), ("basic", None), ("oracle", None)])
 def test_tokens_identical_on_every_path_and_to_recompute(reference, mode, side):
     cfg = RuntimeConfig(model="tiny", mode=mode, force_read_side=side, host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE)
     outs, cached, summary = asyncio.run(cluster_conversation(cfg))
     assert outs == reference
     # turn 0 has nothing stored; later turns hit every full block of the previous context
