@@ -1,8 +1,9 @@
 """A local PD-disaggregated cluster: one process per engine, the router in this process.
 
 Start-up:
-  1. the device is checked (runtime/device.py); a private temporary directory for the control sockets (and the KV store unless configured;
-     the oracle keeps its store in /dev/shm: "KV kept in memory");
+  1. the device is checked (runtime/device.py); a private temporary directory for the control
+     sockets (and the KV store unless configured; the oracle keeps its store in /dev/shm: "KV
+     kept in memory");
   2. the model's tokenizer, shape and fingerprint (the store refuses blocks of another model);
   3. one host buffer per node (shared memory, Full Block slots, owned by the router) and one
      landing zone per prefill engine (its "HBM" for the batch's cached KV);
