@@ -43,9 +43,10 @@ def contiguous(offset_bytes: int, nbytes: int) -> list[tuple[int, int]]:
 def _copy(dst: Any, src: Any) -> None:
     """dst[:] = src for uint8 numpy arrays or torch tensors on any device (both release the GIL).
 
-    A host <-> GPU copy is asynchronous only when its host side is pinned; from or into pageable
-    memory (numpy arrays, shared memory) it completes before returning, so the caller may reuse
-    or read the host bytes at once."""
+    Every copy, host <-> GPU included, has completed when this returns: the arbiter reports a
+    transfer done right after its last chunk, and the bytes are then read (a persisted block) or
+    their host region reused (a freed DE buffer region). Pinned host memory makes such a copy
+    faster, not asynchronous."""
     if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
         np.copyto(dst, src)
         return
@@ -53,8 +54,7 @@ def _copy(dst: Any, src: Any) -> None:
 
     d = torch.from_numpy(dst) if isinstance(dst, np.ndarray) else dst
     s = torch.from_numpy(src) if isinstance(src, np.ndarray) else src
-    host = s if d.is_cuda else d
-    d.copy_(s, non_blocking=(d.is_cuda != s.is_cuda) and host.is_pinned())
+    d.copy_(s, non_blocking=False)
 
 
 class SpanCopy:
