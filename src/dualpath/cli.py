@@ -42,8 +42,15 @@ def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, s
         arrival_aps=aps, append_scale=append_scale, gen_scale=gen_scale,
         trajectory_file=str(trajectories) if trajectories else None,
     )
-    if trajectories is not None and not trajectories.is_file():
-        raise InputError(f"trajectory file not found: {trajectories}")
+    if trajectories is not None:
+        if not trajectories.is_file():
+            raise InputError(f"trajectory file not found: {trajectories}")
+        from .workloads import WorkloadFormat, detect_format
+
+        if detect_format(trajectories) is WorkloadFormat.MOONCAKE:
+            raise InputError(f"{trajectories} is a Mooncake trace (open-loop requests with timestamps); "
+                             "`sim --trajectories` takes agent trajectory JSONL (docs/structure.md); "
+                             "`dualpath run` replays Mooncake traces on the local cluster")
     return SimConfig(cluster=cluster, workload=workload)
 
 
