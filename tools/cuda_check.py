@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from dualpath.errors import InputError
+from dualpath.runtime.device import require_device
 from dualpath.runtime.model import generate, layer_kv_from_bytes, layer_kv_to_bytes, load_model
 from dualpath.runtime.model.kv_layout import host_kv_buffer
 
@@ -32,12 +34,14 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda; or cpu to dry-run the script itself (no pinning)")
     args = ap.parse_args()
     dev = args.device
-    if dev == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device")
+    try:
+        require_device(dev)
+    except InputError as e:
+        print(e)
         return 2
-    pin = dev == "cuda"
+    pin = dev != "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False  # compare fp32 with fp32
-    name = torch.cuda.get_device_name(0) if pin else "cpu (dry run)"
+    name = torch.cuda.get_device_name(dev) if pin else "cpu (dry run)"
     out: dict = {"device": name, "torch": torch.__version__, "checks": {}}
     cpu = load_model("tiny", device="cpu").model
     gpu = load_model("tiny", device=dev).model
