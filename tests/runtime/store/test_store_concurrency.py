@@ -17,6 +17,9 @@ def test_threads_reading_and_writing_see_only_whole_correct_blocks(tmp_path):
     errors: list[BaseException] = []
     hits: list[int] = []
     store = open_store(tmp_path, capacity_bytes=20 * FILE_BYTES, num_threads=4)
+    writers_done = threading.Barrier(3 + 1)  # three writers and the main thread
+    writing = threading.Event()
+    writing.set()
 
     def writer(seed: int) -> None:
         rng = random.Random(seed)
@@ -28,8 +31,12 @@ def test_threads_reading_and_writing_see_only_whole_correct_blocks(tmp_path):
             assert set(report.outcomes) <= {PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT, PutOutcome.NO_SPACE}
 
     def reader(seed: int) -> None:
+        # A miss returns at once while a write touches files, so a fixed number of reads could all
+        # land before the first write: read for as long as any writer runs (and at least 30 times).
         rng = random.Random(seed)
-        for _ in range(30):
+        reads = 0
+        while reads < 30 or writing.is_set():
+            reads += 1
             c = rng.randrange(3)
             lo = rng.randrange(12)
             out = bytearray((12 - lo) * FB)
@@ -42,10 +49,15 @@ def test_threads_reading_and_writing_see_only_whole_correct_blocks(tmp_path):
             fn(seed)
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
+        finally:
+            if fn is writer:
+                writers_done.wait(60)
 
     threads = [threading.Thread(target=guarded, args=(fn, s)) for s in range(3) for fn in (writer, reader)]
     for t in threads:
         t.start()
+    writers_done.wait(60)
+    writing.clear()
     for t in threads:
         t.join(60)
     assert errors == []
