@@ -11,6 +11,7 @@ from dualpath.config import RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
+from persist_wait import wait_chain_stored
 
 # The engines' device; the reference always recomputes on the CPU. tools/gpu_check.sh sets `cuda`.
 DEVICE = os.environ.get("DUALPATH_TEST_DEVICE", "cpu")
@@ -50,7 +51,8 @@ async def cluster_conversation(cfg: RuntimeConfig) -> tuple[list[list[int]], lis
             outs.append(out)
             cached.append(hit)
             context = list(prompt) + out
-            await asyncio.sleep(0.3)  # let the DE persist the turn's blocks before the next lookup
+            # the DE persists the turn's full blocks (the last token's KV is not computed yet)
+            await wait_chain_stored(c.router.store, context[:-1], cfg.block_tokens)
         c.router.check_invariants()
         summary = c.router.metrics.summary()
     return outs, cached, summary

@@ -11,6 +11,7 @@ import uvicorn
 
 from dualpath.config import RuntimeConfig
 from dualpath.runtime.serve import make_app
+from persist_wait import wait_block_files
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def server():
 
 
 def test_multi_turn_chat_with_streaming_and_cached_tokens(server):
-    url, _ = server
+    url, cluster = server
     client = openai.OpenAI(base_url=url, api_key="unused")
     user1 = "Tell me about the storage network of a prefill node, in detail please. " * 2
     stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": user1}],
@@ -46,7 +47,8 @@ def test_multi_turn_chat_with_streaming_and_cached_tokens(server):
             usage1 = chunk.usage
     answer = "".join(pieces)
     assert usage1 is not None and usage1.completion_tokens >= 1
-    time.sleep(0.5)  # the decode engine persists the first turn's blocks
+    # the decode engine persists the first turn's full blocks (at least the prompt's)
+    wait_block_files(cluster.store.root, usage1.prompt_tokens // 64)
     messages = [{"role": "user", "content": user1}, {"role": "assistant", "content": answer},
                 {"role": "user", "content": "And the decode node?"}]
     r2 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
