@@ -77,7 +77,7 @@ def start_server() -> Iterator[Callable[..., RunningServer]]:
         server.stop()
 
 
-def _wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
+def _wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -88,5 +88,5 @@ def _wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
 
 @pytest.fixture
 def wait_until() -> Callable[..., bool]:
-    """wait_until(predicate, timeout_s=3.0) -> whether it became true in time (polled every 10 ms)."""
+    """wait_until(predicate, timeout_s=10.0) -> whether it became true in time (polled every 10 ms)."""
     return _wait_until

@@ -157,9 +157,8 @@ def test_on_done_runs_after_completion_with_the_result():
     with LinkArbiter("cb", None, LaneWeights(), MonotonicClock(), CHUNK) as arb:
         h = arb.submit(LC, 10, noop, on_done=seen.append)
         r = h.wait(10.0)
-        for _ in range(1000):
-            if seen:
-                break
+        deadline_s = MonotonicClock().now_s() + 10.0  # the callback runs on the link thread
+        while not seen and MonotonicClock().now_s() < deadline_s:
             threading.Event().wait(0.001)
     assert seen == [r]
 
