@@ -58,7 +58,7 @@ def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     # the same workload loads (nearly) the same hits whichever path reads them: a turn's lookup can
     # precede the persist of the previous turn's last blocks, which then are recomputed instead. How
     # often depends on the machine's load: the gap was under 3% on an idle 2-core machine and 3.3%
-    # (27 of 60 turns short by one 64 KiB block) with two CPU hogs beside the suite.
+    # (27 fewer 64 KiB blocks loaded, over 60 turns) with two CPU hogs beside the suite.
     total = {m: r["bytes"]["storage_to_prefill"] + r["bytes"]["storage_via_decode"] for m, r in runs.items()}
     assert abs(total["basic"] - total["dualpath"]) <= 0.10 * total["basic"]
     assert runs["basic"]["num_turns"] == runs["dualpath"]["num_turns"] == DEMO_AGENTS * DEMO_ROUNDS
