@@ -359,7 +359,12 @@ class RuntimeConfig:
     alpha_read_s: float = 3.0  # PAPER.md 3.2
     beta_compute_s: float = 5.0  # PAPER.md 3.2
     z_factor: float = 1.05  # PAPER.md 3.3
-    torch_threads: int = 1  # per engine process (2 engines share 2 cores by default)
+    # A lookup that meets a block still being persisted waits for the write (PAPER.md A.4: a turn
+    # hits its whole earlier context) at most this long, then treats it as a miss. A block takes
+    # full_block_bytes / SNIC rate to write (~0.1 s for SmolLM2 at the demo's rates).
+    persist_wait_s: float = 10.0
+    # per engine process; None: the size of the engine's CPU set (runtime/cpus.py: one set per engine)
+    torch_threads: int | None = None
     device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/device.py)
     seed: int = 0
     # Tests and experiments: read every hit on this side ("prefill" or "decode") instead of the
@@ -370,11 +375,13 @@ class RuntimeConfig:
         parse_mode(self.mode)
         if self.num_prefill <= 0 or self.num_decode <= 0:
             raise InputError("need at least one prefill and one decode engine")
+        if self.persist_wait_s < 0:
+            raise InputError("persist_wait_s must be >= 0")
         for name in ("block_tokens", "chunk_bytes", "host_buffer_bytes", "pe_hbm_bytes", "de_kv_tokens",
-                     "max_decode_batch", "basic_tokens_per_forward", "torch_threads"):
+                     "max_decode_batch", "basic_tokens_per_forward"):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name} must be positive")
-        for name in ("snic_bytes_per_s", "cnic_bytes_per_s", "store_capacity_bytes"):
+        for name in ("snic_bytes_per_s", "cnic_bytes_per_s", "store_capacity_bytes", "torch_threads"):
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise InputError(f"{name} must be positive or None")

@@ -7,8 +7,9 @@ Start-up:
   2. the model's tokenizer, shape and fingerprint (the store refuses blocks of another model);
   3. one host buffer per node (shared memory, Full Block slots, owned by the router) and one
      landing zone per prefill engine (its "HBM" for the batch's cached KV);
-  4. the router, then the engine processes (spawned; each loads the model), then wait for every
-     engine's `Hello`.
+  4. the router, then the engine processes (spawned, each pinned to its own CPU set where the
+     machine has the cores: runtime/cpus.py; each loads the model), then wait for every engine's
+     `Hello`.
 Shutdown sends `Stop`, joins the processes and unlinks every segment.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 from ..config import RuntimeConfig
 from ..core.blocks import BlockLayout
 from .clock import MonotonicClock
+from .cpus import available_cpus, plan_cpus
 from .device import require_device
 from .engine_common import EngineSpec, engine_main, kv_dtype
 from .model import load_model
@@ -46,6 +48,8 @@ class LocalCluster:
         self._store_tmp: str | None = None
         self._extra_stores: list[str] = []
         self.store: BlockStore | None = None
+        engines = range(config.num_prefill + config.num_decode)
+        self.cpu_plan = plan_cpus(engines, available_cpus(), config.torch_threads)
 
     async def __aenter__(self) -> "LocalCluster":
         await self.start()
@@ -67,6 +71,10 @@ class LocalCluster:
         loaded = load_model(cfg.model, device="cpu", seed=cfg.seed)
         mcfg, tokenizer = loaded.model.config, loaded.tokenizer
         del loaded
+        if tokenizer is None:  # the router encodes prompts and decodes replies
+            from ..errors import InputError
+
+            raise InputError(f"no tokenizer in {cfg.model} (no tokenizer.json): the cluster needs one")
         dtype = kv_dtype(cfg)
         tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
         layout = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl)
@@ -89,9 +97,11 @@ class LocalCluster:
                              clock=MonotonicClock())
         self.router.start(asyncio.get_running_loop())
         ctx = mp.get_context("spawn")
+        plan = self.cpu_plan
         for e, role in engines:
             landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == "prefill" else ()
-            spec = EngineSpec(e, role, ipc_endpoint(self._tmp, f"e{e}"), router_ep, cfg, segments, landing, store_root, fingerprint)
+            spec = EngineSpec(e, role, ipc_endpoint(self._tmp, f"e{e}"), router_ep, cfg, segments, landing, store_root, fingerprint,
+                              plan.cpus_by_engine[e], plan.threads_by_engine[e])
             p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)
             p.start()
             self._procs.append(p)

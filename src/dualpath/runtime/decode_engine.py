@@ -29,8 +29,8 @@ from .kv_region import contiguous, layer_spans
 from .model import PagedKVCache
 from .model.generate import SamplingParams as ModelSampling
 from .model.generate import TokenSampler
-from .protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PromptLoaded,
-                       PromptReady, ReadDone, Token)
+from .protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+                       PromptLoaded, PromptReady, ReadDone, Token)
 from .transport import ShmRegion
 from .transport.messages import Stop
 
@@ -152,11 +152,12 @@ class DecodeEngine(EngineBase):
             return
         r.pending_copies -= 1
         if m.kind == "h2d":
+            if not r.cancelled:
+                self._persist_full_blocks(r)  # announced before PromptLoaded (a 1-token request ends there)
             self.to_router(PromptLoaded(m.rid))
             if r.cancelled:
                 self._finish(r)
                 return
-            self._persist_full_blocks(r)
             if self._done(r, r.tokens[-1]):
                 self._finish(r)
             else:
@@ -181,8 +182,8 @@ class DecodeEngine(EngineBase):
             r.generated += 1
             done = self._done(r, tok)
             reason = ("length" if r.generated >= r.a.max_tokens else "stop") if done else ""
+            self._persist_full_blocks(r)  # announced before the token (PersistQueued)
             self.to_router(Token(r.a.rid, tok, idx, done, reason))
-            self._persist_full_blocks(r)
             if done:
                 self._finish(r)
 
@@ -203,6 +204,9 @@ class DecodeEngine(EngineBase):
             r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
         table = self.cache.block_table(r.a.rid)
         fbb = self.layout.full_block_bytes
+        queued = [d for d in r.digests[max(r.persisted_blocks, r.hit_blocks):have]]
+        if queued:
+            self.to_router(PersistQueued(self.spec.engine, queued))
         while r.persisted_blocks < have:
             b = r.persisted_blocks
             r.persisted_blocks += 1

@@ -22,11 +22,14 @@ from ..config import RuntimeConfig
 from ..core.blocks import BlockLayout
 from ..core.lanes import Lane
 from .clock import MonotonicClock
+from .cpus import apply_affinity
 from .device import engine_device, visible_gpus
 from .kv_region import SpanCopy
 from .model import load_model
-from .protocol import Counters, Reconfigure, Reconfigured
-from .store import BlockStore
+from .protocol import Counters, Persisted, Reconfigure, Reconfigured
+from .store import BlockStore, PutOutcome
+
+STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 from .transport import LinkArbiter, ShmRegion, TokenBucket
 from .transport.channel import Inbox, Outbox
 from .transport.messages import message
@@ -46,6 +49,8 @@ class EngineSpec:
     landing: tuple  # (segment name, size): this PE's landing zone ("HBM"), or () for a DE
     store_root: str
     fingerprint: str
+    cpus: tuple = ()  # this process's CPU set (runtime/cpus.py); () = no affinity
+    threads: int = 1  # torch threads
 
 
 @message
@@ -77,7 +82,7 @@ class EngineBase:
         self.spec = spec
         cfg = spec.config
         self.cfg = cfg
-        torch.set_num_threads(cfg.torch_threads)
+        torch.set_num_threads(spec.threads)
         torch.manual_seed(cfg.seed)
         self.device = engine_device(cfg.device, spec.engine, visible_gpus())
         if self.device != "cpu":
@@ -225,8 +230,12 @@ class EngineBase:
                 return
             digest, payload = job
             self.snic_write.consume(len(payload))
-            self.store.put(digest, payload)
+            try:
+                stored = self.store.put(digest, payload) in STORED_OUTCOMES
+            except OSError:
+                stored = False  # e.g. ENOSPC: the block is not persisted, serving goes on
             self.counters["storage_write_bytes"] += len(payload)
+            self.to_router(Persisted(self.spec.engine, bytes(digest), stored))
             self._writes.task_done()
 
     # --- copies over the CNIC ------------------------------------------------------------------
@@ -282,7 +291,8 @@ def as_tensor(buf: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> to
 
 def engine_main(spec: EngineSpec) -> None:
     """Entry point of an engine process (multiprocessing spawn target)."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(spec.config.torch_threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
+    apply_affinity(spec.cpus)
     if spec.role == "prefill":
         from .prefill_engine import PrefillEngine
 

@@ -15,7 +15,9 @@ Numbered path of one request (router R, prefill engine P, decode engine D):
      new KV (plus, on the PE path, the hit) is written into D's region.
   4. P -> R `FirstToken`; P -> D `PromptReady` once every PD byte has landed.
   5. D copies the prompt into its KV cache (H2D), D -> R `PromptLoaded` (the region is freed),
-     decodes; D -> R `Token` per token, the last one `finished`; D persists every full block.
+     decodes; D -> R `Token` per token, the last one `finished`; D persists every full block,
+     announcing each (`PersistQueued`) before the token that follows it and reporting the write
+     (`Persisted`), so the next turn's lookup never misses a block still being written.
   6. R -> P/D `Cancel` frees a request early (client gone).
 Engines report loads with every state change they own (`EngineReport`).
 """
@@ -173,6 +175,28 @@ class DecodeDone:
 
     rid: int
     engine: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class PersistQueued:
+    """D -> R: these Full Blocks are on their way to storage. Sent before the token that makes them
+    visible to the client (so before the client can send its next turn): a lookup that meets one of
+    them waits for its `Persisted` instead of recomputing it."""
+
+    engine: int
+    digests: list  # bytes, chained block digests
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """D -> R: the write of one queued block ended; `stored` False if it failed (e.g. no space):
+    the waiting lookup then counts it as a miss."""
+
+    engine: int
+    digest: bytes
+    stored: bool
 
 
 @message

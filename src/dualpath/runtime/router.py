@@ -35,8 +35,8 @@ from ..core.snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
 from ..errors import InputError
 from .api import GenerationRequest, TokenEvent
 from .metrics_runtime import RouterMetrics
-from .protocol import (Cancel, Counters, Reconfigure, Reconfigured, DecodeAssign, DecodeDone, FirstToken, Hello, PrefillAssign, PrefillDone,
-                       PromptLoaded, ReadDone, Token)
+from .protocol import (Cancel, Counters, Reconfigure, Reconfigured, DecodeAssign, DecodeDone, FirstToken, Hello, PersistQueued,
+                       Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Token)
 from .transport.channel import Inbox, Outbox
 from .transport.shm import BufferFull, HostBuffer, ShmRegion
 
@@ -75,6 +75,9 @@ class RouterRequest:
     pe_done: bool = False
     de_done: bool = False
     qview: QueuedRequest | None = None
+    prompt_loaded: bool = False  # the DE has the prompt (and has announced its prompt blocks' persists)
+    final_first_token: FirstToken | None = None  # a 1-token answer, held until prompt_loaded
+    persist_wait_since_s: float | None = None  # placement waits for a block still being written
 
     total_tokens: int = 0  # prompt + max_tokens, rounded up to whole KV-cache blocks (DE HBM)
 
@@ -113,6 +116,7 @@ class Router:
         self._receiver = threading.Thread(target=self._receive, name="router-inbox", daemon=True)
         self._expected_engines = config.num_prefill + config.num_decode
         self._reconfigured: set[int] = set()
+        self.persisting: dict[bytes, int] = {}  # digest -> writes queued on a DE and not yet ended
 
     # --- life cycle ------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -304,6 +308,8 @@ class Router:
         bt = self.cfg.block_tokens
         digests = chain_digests(prompt, bt)
         stored = self.store.lookup(digests)
+        if self._wait_for_persist(rr, digests, stored):
+            return False
         hit = usable_hit_tokens(stored * bt, len(prompt), bt)
         pe_node, de_node = rr.pe.engine, rr.de.engine
         if self.cfg.force_read_side is not None:
@@ -343,6 +349,19 @@ class Router:
         self.metrics.placed(rr.rid, hit, side)
         return True
 
+    def _wait_for_persist(self, rr: RouterRequest, digests: list[bytes], stored: int) -> bool:
+        """True while the block after the stored prefix is still being written by a DE (PAPER.md
+        A.4: a turn hits the client's whole earlier context). `Persisted` kicks the next pass; after
+        `persist_wait_s` the request goes on with what is stored (a write that never reports)."""
+        usable = (len(rr.req.prompt_ids) - 1) // self.cfg.block_tokens  # the hit leaves a token to compute
+        if stored >= min(usable, len(digests)) or digests[stored] not in self.persisting:
+            return False
+        now = self.clock.now_s()
+        if rr.persist_wait_since_s is None:
+            rr.persist_wait_since_s = now
+            self._loop.call_later(self.cfg.persist_wait_s, self._kick)
+        return now - rr.persist_wait_since_s < self.cfg.persist_wait_s
+
     def _allocate(self, node: int, nblocks: int) -> list[ShmRegion]:
         buf = self.buffers[node]
         if buf.num_free_slots < nblocks:
@@ -366,6 +385,16 @@ class Router:
         if isinstance(msg, Reconfigured):
             self._reconfigured.add(msg.engine)
             return
+        if isinstance(msg, PersistQueued):
+            for d in msg.digests:
+                self.persisting[d] = self.persisting.get(d, 0) + 1
+            return
+        if isinstance(msg, Persisted):
+            left = self.persisting.pop(msg.digest, 0) - 1
+            if left > 0:
+                self.persisting[msg.digest] = left
+            self._kick()
+            return
         rr = self.requests.get(msg.rid)
         if rr is None:
             return
@@ -384,6 +413,9 @@ class Router:
         elif isinstance(msg, PromptLoaded):
             self._free(rr.de.engine, rr.de_regions)
             rr.de_regions = []
+            rr.prompt_loaded = True
+            if rr.final_first_token is not None:
+                self._first_token(rr, rr.final_first_token)
         elif isinstance(msg, DecodeDone):
             if rr.de_regions:  # never loaded (cancelled early)
                 self._free(rr.de.engine, rr.de_regions)
@@ -422,6 +454,9 @@ class Router:
         p = rr.req.params
         eos_ends = m.token in self.eos_token_ids and not p.ignore_eos and p.min_tokens <= 1
         done = p.max_tokens == 1 or eos_ends
+        if done and not rr.prompt_loaded:  # the answer ends here: once the DE has announced its persists
+            rr.final_first_token = m
+            return
         self._emit(rr, m.token, 0, done, "length" if p.max_tokens == 1 else "stop")
 
     def _token(self, rr: RouterRequest, m: Token) -> None:
