@@ -1,12 +1,12 @@
 """The model layer of the runtime: a Llama-family decoder with layerwise prefill and paged decode,
-weights from GGUF or safetensors, a byte-level BPE tokenizer with chat templates, and generation.
+weights from GGUF or safetensors, a tokenizer (the `tokenizers` library: tokenizer.json of any kind, or GGUF BPE) with chat templates, and generation.
 
 Module map:
   config.py              LlamaConfig (shape, KV bytes per token, fingerprint)
   llama.py               the model: forward / layerwise prefill / paged decode
   kv_layout.py           LayerKV and the Layer Block / Full Block byte conversions
   paged_cache.py         PagedKVCache (block tables, conservation law)
-  tokenizer.py           byte-level BPE + chat template
+  tokenizer.py           `tokenizers` wrapper + chat template
   weights.py             Hugging Face tensor names <-> parameters
   gguf_loader.py         GGUF files (dequantized to float32)
   safetensors_loader.py  Hugging Face folders (read and write)

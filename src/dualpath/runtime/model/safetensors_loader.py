@@ -1,6 +1,7 @@
 """Llama-family models in a local Hugging Face folder: config.json + *.safetensors (LlamaForCausalLM
-names) + tokenizer.json (+ tokenizer_config.json). `save_hf_folder` writes the same layout, which
-transformers can load too."""
+names) + tokenizer.json (+ tokenizer_config.json). Without tokenizer.json the model loads with no
+tokenizer (token ids in and out). `save_hf_folder` writes the same layout, which transformers can
+load too."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from dualpath.errors import InputError
 from dualpath.runtime.model.config import LlamaConfig, RopeScaling
 from dualpath.runtime.model.llama import Llama
-from dualpath.runtime.model.tokenizer import GPT2_SPLIT, Tokenizer, tokenizer_from_hf_folder
+from dualpath.runtime.model.tokenizer import tokenizer_from_hf_folder
 from dualpath.runtime.model.weights import LoadedModel, assign_hf_tensors, hf_tensors, sha256_files
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -84,7 +85,7 @@ def load_hf_folder(
         raise InputError(f"{folder}: not a Hugging Face model folder (needs config.json and *.safetensors)")
     cfg = json.loads(config_path.read_text())
     config = config_from_hf(cfg, sha256_files(files), config_path)
-    tokenizer = tokenizer_from_hf_folder(folder, cfg)
+    tokenizer = tokenizer_from_hf_folder(folder, cfg) if (folder / "tokenizer.json").is_file() else None
     model = Llama(config, device=device, dtype=dtype)
     assign_hf_tensors(model, _tensors(files), str(folder))
     return LoadedModel(model.eval(), tokenizer, str(folder))
@@ -125,30 +126,9 @@ def hf_config_dict(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def tokenizer_json(tokenizer: Tokenizer) -> dict[str, Any]:
-    """A Hugging Face tokenizer.json for a byte-level BPE tokenizer."""
-    if tuple(tokenizer.split_patterns) == (GPT2_SPLIT,):
-        pre: dict[str, Any] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    else:
-        splits = [{"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": False}
-                  for p in tokenizer.split_patterns]
-        pre = {"type": "Sequence", "pretokenizers": [
-            *splits, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
-    added = [{"id": t.id, "content": t.content, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": t.special} for t in tokenizer.added_tokens]
-    return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-        "pre_tokenizer": pre, "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {tok: i for i, tok in enumerate(tokenizer.vocab)},
-                  "merges": [list(m) for m in tokenizer.merges]},
-    }
-
-
 def save_hf_folder(loaded: LoadedModel, folder: str | Path) -> Path:
-    """Write config.json, model.safetensors, tokenizer.json and tokenizer_config.json."""
+    """Write config.json, model.safetensors, and (when the model has a tokenizer) tokenizer.json and
+    tokenizer_config.json."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -156,7 +136,9 @@ def save_hf_folder(loaded: LoadedModel, folder: str | Path) -> Path:
     model, tok = loaded.model, loaded.tokenizer
     (folder / "config.json").write_text(json.dumps(hf_config_dict(model.config, model.dtype), indent=2))
     save_file(hf_tensors(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(tok), ensure_ascii=False))
+    if tok is None:
+        return folder
+    (folder / "tokenizer.json").write_text(tok.to_json())
     names = {"bos_token": tok.bos_token_id, "eos_token": tok.eos_token_id, "pad_token": tok.pad_token_id,
              "unk_token": tok.unk_token_id}
     tok_config = {k: tok.token_text(v) for k, v in names.items() if v is not None}

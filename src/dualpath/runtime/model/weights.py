@@ -39,7 +39,7 @@ _IGNORED_RE = re.compile(r".*rotary_emb\.inv_freq$")
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     model: Llama
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: a folder without tokenizer.json (token ids in and out)
     source: str  # the built-in name or the path it was loaded from
 
 
