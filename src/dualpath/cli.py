@@ -13,18 +13,18 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode, parse_tokens
 from .errors import InputError, run_cli
+from .progress import reporter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks that print and save their figures.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # status lines ("wrote PATH") never hard-wrap a path
 out = Console(width=None if sys.stdout.isatty() else 160)
 
 
@@ -52,18 +52,6 @@ def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, s
                              "`sim --trajectories` takes agent trajectory JSONL (docs/structure.md); "
                              "`dualpath run` replays Mooncake traces on the local cluster")
     return SimConfig(cluster=cluster, workload=workload)
-
-
-def _progress_bar(total_modes: int):
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
-    tasks: dict[str, int] = {}
-
-    def update(mode: str, done: int, total: int) -> None:
-        if mode not in tasks:
-            tasks[mode] = progress.add_task(f"sim {mode} (agents done)", total=total)
-        progress.update(tasks[mode], completed=done)
-
-    return progress, update
 
 
 def print_runs(result: dict) -> None:
@@ -95,7 +83,7 @@ def sim(
     gen_scale: Annotated[float, typer.Option(help="multiply every round's generation (Fig. 9)")] = 1.0,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = None,
-    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress (a bar on a terminal, a line every 5 s otherwise)")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
     turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
 ) -> None:
@@ -111,9 +99,8 @@ def sim(
     if quiet:
         result = run_modes(cfg, modes, turns_csv=turns)
     else:
-        progress, update = _progress_bar(len(modes))
-        with progress:
-            result = run_modes(cfg, modes, update, turns_csv=turns)
+        with reporter("sim", "agents", console) as progress:
+            result = run_modes(cfg, modes, progress.update, turns_csv=turns)
     print_runs(result)
     if turns is not None:
         console.print(f"wrote {turns}")
@@ -191,9 +178,11 @@ def bench_sim_speed(
     out.print(table)
 
 
+from .cli_demo import register as _register_demo  # noqa: E402
 from .cli_runtime import register as _register_runtime  # noqa: E402
 
 _register_runtime(app, bench_app, console, out)
+_register_demo(app, bench_app, console, out)
 
 from .experiments.cli import repro as _repro  # noqa: E402
 
@@ -209,7 +198,7 @@ def _split_ints(text: str) -> list[int]:
 
 def main() -> None:
     """Entry point (see `errors.run_cli` for how errors exit)."""
-    run_cli(app, console)
+    run_cli(app)
 
 
 if __name__ == "__main__":

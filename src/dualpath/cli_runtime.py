@@ -1,4 +1,5 @@
-"""Runtime commands of the CLI: demo, run, serve, generate, and the runtime benchmarks."""
+"""Runtime commands of the CLI: run, serve, generate, and the transport and store benchmarks
+(the demo and its benchmarks are in cli_demo.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .config import DEMO_AGENTS, DEMO_ROUNDS, DEMO_SNIC_BYTES_PER_S
 from .errors import InputError
-
-DEMO_SNIC_MB_S = DEMO_SNIC_BYTES_PER_S / 1e6
-
-
-def _progress(console):
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)
+from .progress import reporter
 
 
 def _mb(x: float | None) -> str:
@@ -59,48 +52,6 @@ def _device(spec: str) -> str:
 
 def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
     @app.command()
-    def demo(
-        json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = Path("out/demo.json"),
-        plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/demo.png"),
-        model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
-        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node and direction, MB/s")] = DEMO_SNIC_MB_S,
-        agents: Annotated[int, typer.Option(help="agents, all starting at t=0")] = DEMO_AGENTS,
-        rounds: Annotated[int, typer.Option(help="rounds per agent (first prompt 574 tokens, then 61 appended, 3 generated)")] = DEMO_ROUNDS,
-        seed: Annotated[int, typer.Option()] = 0,
-        device: DeviceOption = "cpu",
-    ) -> None:
-        """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
-        from .runtime.demo import run_demo
-        from .sim.runner import write_json
-
-        if snic_mb_s <= 0:
-            raise InputError("--snic-mb-s must be positive")
-        if agents < 1 or rounds < 1:
-            raise InputError("--agents and --rounds must be at least 1")
-        _device(device)
-        progress = _progress(console)
-        tasks: dict[str, int] = {}
-
-        def on_turn(mode: str, done: int, total: int) -> None:
-            if mode not in tasks:
-                tasks[mode] = progress.add_task(f"{mode} (turns)", total=total)
-            progress.update(tasks[mode], completed=done)
-
-        with progress:
-            result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6, model=model, seed=seed, on_turn=on_turn,
-                                          num_agents=agents, rounds=rounds, device=device))
-        print_runtime_runs(out, result, f"local 1P1D, {model} on {device}, SNIC {snic_mb_s:.0f} MB/s per node")
-        runs = {r["mode"]: r for r in result["runs"]}
-        if "basic" in runs and "dualpath" in runs:
-            out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
-        if json_path:
-            write_json(result, json_path)
-            console.print(f"wrote {json_path}")
-        if plot:
-            plot_runtime(result, plot, f"dualpath demo: local 1P1D, {model}")
-            console.print(f"wrote {plot}")
-
-    @app.command()
     def generate(
         model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
         prompt: Annotated[Optional[str], typer.Option(help="text (goes through the chat template)")] = None,
@@ -129,8 +80,12 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
                 raise InputError("--prompt-ids is empty")
         res = generate_text(model, prompt=prompt, prompt_ids=ids, max_tokens=max_tokens, temperature=temperature,
                             top_p=top_p, seed=seed, device=_device(device))
+        if res.text is None:  # a folder without tokenizer: ids only (stderr keeps stdout parseable)
+            typer.echo(f"no tokenizer in {model}: text not decoded", err=True)
         if as_json:
             out.print_json(json.dumps({"prompt_ids": list(res.prompt_ids), "generated_ids": list(res.generated_ids), "text": res.text}))
+        elif res.text is None:
+            out.print(",".join(map(str, res.generated_ids)))
         else:
             out.print(res.text)
 
@@ -179,38 +134,13 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
             raise InputError(f"file not found: {trace}")
         if limit <= 0 or max_len <= 0 or time_scale < 0:
             raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
-        result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device))
+        with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
+            progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
+            result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
+                                           on_turn=progress.update))
         print_runtime_runs(out, result, f"replay of {trace.name}")
         if json_path:
             write_json(result, json_path)
-
-    @bench_app.command("storage-bound")
-    def bench_storage_bound(
-        json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/storage_bound.json"),
-        plot: Annotated[Optional[Path], typer.Option()] = Path("out/storage_bound.png"),
-        snic_mb_s: Annotated[float, typer.Option(help="SNIC cap per node, MB/s (equal on both nodes)")] = DEMO_SNIC_MB_S,
-    ) -> None:
-        """The demo workload, basic vs dualpath with two equal SNIC caps, plus our model's prefill and
-        decode tokens/s against transformers on this machine, in one run."""
-        from .runtime.bench_speed import model_speed
-        from .runtime.demo import run_demo
-        from .sim.runner import write_json
-
-        result = asyncio.run(run_demo(snic_bytes_per_s=snic_mb_s * 1e6))
-        runs = {r["mode"]: r for r in result["runs"]}
-        result["jct_dualpath_over_basic"] = runs["dualpath"]["jct_s"] / runs["basic"]["jct_s"]
-        d = runs["dualpath"]["snic"]
-        busy = [v["utilisation_while_reading"] for v in d.values() if v["utilisation_while_reading"] is not None]
-        result["dualpath_snic_utilisation_while_reading"] = busy
-        result["model_speed"] = model_speed()
-        print_runtime_runs(out, result, f"storage-bound: SNIC {snic_mb_s:.0f} MB/s per node")
-        out.print(f"JCT dualpath / basic = {result['jct_dualpath_over_basic']:.2f}; dualpath SNIC utilisation while reading: "
-                  + ", ".join(f"{u:.2f}" for u in busy))
-        out.print_json(json.dumps(result["model_speed"]))
-        if json_path:
-            write_json(result, json_path)
-        if plot:
-            plot_runtime(result, plot, "storage-bound: basic vs dualpath")
 
     @bench_app.command("lanes")
     def bench_lanes(

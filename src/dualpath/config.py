@@ -323,17 +323,17 @@ def dataclass_has_field(obj: Any, name: str) -> bool:
 # (startup + two replays) finishes within 3 minutes on a 2-core machine while loading dominates:
 # measured 2 min 42 s in all, JCT dualpath / basic = 0.57 (docs/experiments.md, section 6).
 DEMO_AGENTS = 4
-DEMO_ROUNDS = 15
-DEMO_SNIC_BYTES_PER_S = 30e6  # per node and direction; CNIC = 8x (PAPER.md 1.2)
+CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node (one per GPU), 1 x 400 Gbps SNIC
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
     """The real runtime on one host: engine processes, emulated NICs, the KV store.
 
-    A node is one engine here (gpus_per_node = 1): its SNIC and its host buffer belong to that
-    engine. Rates are bytes per second per direction; None = no emulation (real speed). The paper's
-    ratio is CNIC per GPU = SNIC per node (PAPER.md 1.2: 8 x 400 Gbps CNIC, 1 x 400 Gbps SNIC per
-    8-GPU node), so with one engine per node the default CNIC rate equals the SNIC rate.
+    A node is one engine here, standing for a whole paper node: its SNIC and its host buffer belong
+    to that engine. Rates are bytes per second per direction; None = no emulation (real speed). A
+    paper node has 8 CNICs, each as fast as its one SNIC (PAPER.md 1.2), so the default CNIC rate
+    of a one-engine node is CNIC_PER_SNIC = 8 times its SNIC rate (runtime/emulation.py says why
+    CNIC = SNIC would break the paper's bottleneck-free condition).
     """
 
     model: str = "smollm2-135m"
@@ -345,7 +345,7 @@ class RuntimeConfig:
     kv_dtype: str = "float32"
     block_tokens: int = 64  # PAPER.md 1.5
     snic_bytes_per_s: float | None = None
-    cnic_bytes_per_s: float | None = None  # None with a SNIC cap: the paper's ratio (= SNIC rate)
+    cnic_bytes_per_s: float | None = None  # None with a SNIC cap: CNIC_PER_SNIC x the SNIC rate
     lane_weights: LaneWeights = field(default_factory=LaneWeights)
     # Arbiter chunk: a latency-critical message waits at most one chunk; 8 KiB keeps a 64 KiB burst
     # within (64 + 8) / 64 = 1.125x of its unloaded time (`dualpath bench lanes`).
@@ -354,7 +354,14 @@ class RuntimeConfig:
     pe_hbm_bytes: int = 256 * 2**20  # a PE's room for the batch's cached KV (the "HBM" landing zone)
     de_kv_tokens: int = 65536  # a DE's KV cache (HBM) capacity in tokens
     max_decode_batch: int = 64
-    compute_quota_s: float = 0.3  # PAPER.md 3.5, predicted attention time per forward
+    # The compute quota (PAPER.md 3.5: 300 ms of predicted attention per PE forward) is a time on
+    # the paper's GPUs; the runtime keeps the same attention work per forward, converted with the
+    # paper PE's attention rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS on an H800-class
+    # GPU). Taken as 300 ms of this machine's own attention, a CPU ~2000x slower chunked a cold
+    # 3.8K-token prompt into ~12 forwards, each reloading its earlier chunks' KV over the CNIC
+    # (`dualpath run` on a cold Mooncake window: dualpath 1.26x basic's JCT, 5x its CNIC bytes).
+    compute_quota_s: float = 0.3
+    quota_attention_flops_per_s: float = 640e12
     basic_tokens_per_forward: int = 4096  # basic engine: tokens per prefill forward
     alpha_read_s: float = 3.0  # PAPER.md 3.2
     beta_compute_s: float = 5.0  # PAPER.md 3.2
@@ -377,6 +384,8 @@ class RuntimeConfig:
             raise InputError("need at least one prefill and one decode engine")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
+        if self.compute_quota_s <= 0 or self.quota_attention_flops_per_s <= 0:
+            raise InputError("compute_quota_s and quota_attention_flops_per_s must be positive")
         for name in ("block_tokens", "chunk_bytes", "host_buffer_bytes", "pe_hbm_bytes", "de_kv_tokens",
                      "max_decode_batch", "basic_tokens_per_forward"):
             if getattr(self, name) <= 0:
@@ -401,4 +410,4 @@ class RuntimeConfig:
     def cnic_rate(self) -> float | None:
         if self.cnic_bytes_per_s is not None:
             return self.cnic_bytes_per_s
-        return self.snic_bytes_per_s
+        return None if self.snic_bytes_per_s is None else CNIC_PER_SNIC * self.snic_bytes_per_s

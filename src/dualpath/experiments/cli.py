@@ -7,6 +7,7 @@ runs it standalone. Bad input raises `InputError` (the main CLI prints it and ex
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -17,11 +18,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..errors import InputError, run_cli
+from ..progress import PlainProgress
 from .common import Context
 from .registry import EXPERIMENTS
 from .suite import resolve_names, run_suite
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # status lines ("wrote PATH") never hard-wrap a path
 app = typer.Typer(add_completion=False, help="Regenerate the paper's experiments in the simulator.")
 
 
@@ -55,6 +57,38 @@ class RichProgress:
         self.num_cached += 1
 
 
+class PlainLinesProgress:
+    """Without a terminal: a line per experiment and `PlainProgress` lines per simulation."""
+
+    def __init__(self, lines: PlainProgress, num_experiments: int) -> None:
+        self.lines = lines
+        self.num_experiments = num_experiments
+        self.num_started = 0
+        self.num_sims = 0
+        self.num_cached = 0
+
+    def start_experiment(self, name: str) -> None:
+        self.num_started += 1
+        self.lines.log(f"experiment {name} ({self.num_started}/{self.num_experiments})")
+
+    def end_experiment(self, name: str, wall_s: float) -> None:
+        self.lines.log(f"{name}: done in {wall_s:.0f} s")
+
+    def start_sim(self, label: str, total: int) -> Any:
+        self.num_sims += 1
+        self.lines.update(label, 0, total)
+        return label
+
+    def update_sim(self, task: Any, done: int, total: int) -> None:
+        self.lines.update(task, done, total)
+
+    def end_sim(self, task: Any) -> None:
+        self.lines.end_mode(task)
+
+    def cached(self, label: str) -> None:
+        self.num_cached += 1
+
+
 def repro(
     out: Annotated[Path, typer.Option("--out", help="output directory: report.md, summary.json, <name>.json, PNGs")],
     quick: Annotated[bool, typer.Option("--quick", help="reduced scale: the whole suite in minutes")] = False,
@@ -67,12 +101,18 @@ def repro(
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a directory")
     t0 = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        sink = RichProgress(progress, len(names))
-        ctx = Context(out, scale="quick" if quick else "full", seed=seed, progress=sink, use_disk_cache=cache)
-        outputs = run_suite(ctx, names)
-    table = Table(title=f"dualpath repro ({ctx.scale}) -> {out}")
+    scale = "quick" if quick else "full"
+    sink: RichProgress | PlainLinesProgress
+    if sys.stdout.isatty():
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            sink = RichProgress(progress, len(names))
+            outputs = run_suite(Context(out, scale=scale, seed=seed, progress=sink, use_disk_cache=cache), names)
+    else:  # a log or a pipe: plain lines on stdout (at most one per 5 s, and one per finished simulation)
+        with PlainProgress("repro", "agents", sys.stdout) as lines:
+            sink = PlainLinesProgress(lines, len(names))
+            outputs = run_suite(Context(out, scale=scale, seed=seed, progress=sink, use_disk_cache=cache), names)
+    table = Table(title=f"dualpath repro ({scale}) -> {out}")
     for col in ("experiment", "wall s", "simulations", "simulation wall s", "headlines met"):
         table.add_column(col, justify="right")
     for o in outputs:
@@ -87,7 +127,7 @@ app.command()(repro)
 
 
 def main() -> None:
-    run_cli(app, console)
+    run_cli(app)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ Numbered path of one request through a PE (protocol.py has the whole picture):
      reader thread paces them through the node's emulated SNIC); DE path -> wait for `HitReady`.
      A block that fails its checksum ends the hit there; the rest is recomputed.
   2. Ready requests join the batch queue (FIFO). When idle, the engine forms a batch with
-     `core.policy.form_prefill_batch` (DualPath: 300 ms of predicted attention; basic: a token
-     budget), chunking the last request; the cached KV of the batch must fit the landing zone.
+     `core.policy.form_prefill_batch` (DualPath: the attention work of the paper's 300 ms quota,
+     see RuntimeConfig; basic: a token budget), chunking the last request; the cached KV of the
+     batch must fit the landing zone.
   3. Per layer l: the cached KV of every item lands in the landing zone ("HBM") - PE path: copied
      from this node's buffer by this engine's CNIC arbiter; DE path: pulled from the DE, whose
      arbiter writes it here - while layer l-1 computes (layerwise; otherwise all layers load first).
@@ -79,7 +80,8 @@ class PrefillEngine(EngineBase):
         """Batch budgets and load depth follow the mode (PAPER.md 3.5; layerwise or not)."""
         cfg = self.cfg
         if self.features.dualpath_scheduler:
-            budgets = [Budget("compute_quota_s", self.predicted_attention_s, cfg.compute_quota_s)]
+            # the quota's attention work (config: the paper PE's 300 ms), in this model's FLOPs
+            budgets = [Budget("attention_flops", self.attention_flops, cfg.compute_quota_s * cfg.quota_attention_flops_per_s)]
         else:
             budgets = [Budget("tokens", lambda c, n: n, cfg.basic_tokens_per_forward)]
         depth = 2 if self.features.layerwise_prefill else self.mcfg.num_layers
@@ -95,9 +97,6 @@ class PrefillEngine(EngineBase):
         m = self.mcfg
         keys = n * (cached + 1) + n * (n - 1) / 2  # causal: token i sees cached + i + 1 keys
         return 4.0 * m.num_heads * m.head_dim * m.num_layers * keys
-
-    def predicted_attention_s(self, cached: int, n: int) -> float:
-        return self.attention_flops(cached, n) / self.attn_flops_per_s
 
     def _profile(self) -> tuple[float, float]:
         m = self.model

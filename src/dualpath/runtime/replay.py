@@ -60,7 +60,9 @@ async def _one_request(router: Any, clock: Clock, name: str, prompt: list[int], 
 
 
 async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals_s: Sequence[float], vocab_size: int,
-                              clock: Clock, seed: int = 0, on_turn: Callable[[int], None] | None = None) -> list[TurnRecord]:
+                              clock: Clock, seed: int = 0, on_turn: Callable[[int], None] | None = None,
+                              cold: bool = False) -> list[TurnRecord]:
+    """`cold`: every turn is a fresh prompt (nothing earlier is resent, so nothing hits the store)."""
     lo, hi = _ordinary_ids(vocab_size)
     records: list[TurnRecord] = []
     start = clock.now_s()
@@ -72,7 +74,7 @@ async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals
         for i, t in enumerate(traj.turns):
             prompt = context + rng.integers(lo, hi, size=t.append_tokens).tolist()
             out = await _one_request(router, clock, f"a{k}t{i}", prompt, t.gen_tokens, k, i, records)
-            context = prompt + out
+            context = [] if cold else prompt + out
             if on_turn is not None:
                 on_turn(len(records))
 
@@ -81,7 +83,7 @@ async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals
 
 
 async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: int, clock: Clock, time_scale: float = 1.0,
-                          block_tokens: int = 512) -> list[TurnRecord]:
+                          block_tokens: int = 512, on_turn: Callable[[int], None] | None = None) -> list[TurnRecord]:
     lo, hi = _ordinary_ids(vocab_size)
     cache: dict[int, list[int]] = {}
 
@@ -98,9 +100,18 @@ async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: in
         await asyncio.sleep(max(0.0, start + (rec.timestamp_s - t_first) * time_scale - clock.now_s()))
         prompt = [t for bid in rec.block_ids for t in block(bid)][: rec.input_tokens]
         await _one_request(router, clock, f"m{i}", prompt, max(1, rec.output_tokens), i, 0, records)
+        if on_turn is not None:
+            on_turn(len(records))
 
     await asyncio.gather(*(one(i, r) for i, r in enumerate(records_in)))
     return records
+
+
+def storage_read_bytes(router: Any) -> dict[str, int]:
+    """Storage (SNIC) bytes read so far in this mode, per node ("PE0", "DE1": one engine per
+    node), as the engines last reported them (every ~0.5 s); for progress lines."""
+    roles = {e: ("PE" if st.role == "prefill" else "DE") for e, st in router.engines.items()}
+    return {f"{roles.get(e, 'E')}{e}": c.storage_read_bytes for e, c in sorted(router.metrics.engine_counters.items())}
 
 
 def summarise(records: list[TurnRecord], router_summary: dict, wall_s: float, num_agents: int) -> dict:

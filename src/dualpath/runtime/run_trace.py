@@ -5,16 +5,26 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from ..config import RuntimeConfig, parse_pd
 from ..workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
 from .clock import MonotonicClock
 from .cluster import LocalCluster
-from .replay import replay_mooncake, replay_trajectories, summarise
+from .replay import replay_mooncake, replay_trajectories, storage_read_bytes, summarise
+
+OnTurn = Callable[[str, int, int, Mapping[str, int]], None]  # mode, turns done, total, storage bytes read per node
+
+
+def _per_turn(on_turn: OnTurn | None, mode: str, total: int, router: Any) -> Callable[[int], None] | None:
+    return None if on_turn is None else (lambda n: on_turn(mode, n, total, storage_read_bytes(router)))
 
 
 async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
-                    snic_mb_s: float | None, device: str = "cpu") -> dict:
+                    snic_mb_s: float | None, device: str = "cpu",
+                    on_turn: OnTurn | None = None) -> dict:
+    """One fresh cluster per mode; `on_turn(mode, turns done, total, storage bytes read per node)`
+    after every finished turn."""
     p, d = parse_pd(pd)
     fmt = detect_format(path)
     runs = []
@@ -29,11 +39,12 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
             t0 = time.perf_counter()
             if fmt is WorkloadFormat.TRAJECTORY:
                 trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
-                records = await replay_trajectories(router, trajs, [t.arrival_s or 0.0 for t in trajs], vocab, clock)
+                records = await replay_trajectories(router, trajs, [t.arrival_s or 0.0 for t in trajs], vocab, clock,
+                                                    on_turn=_per_turn(on_turn, mode, sum(len(t.turns) for t in trajs), router))
                 n = len(trajs)
             else:
                 recs = [r for r in read_mooncake(path) if r.input_tokens + r.output_tokens <= max_len][:limit]
-                records = await replay_mooncake(router, recs, vocab, clock, time_scale)
+                records = await replay_mooncake(router, recs, vocab, clock, time_scale, on_turn=_per_turn(on_turn, mode, len(recs), router))
                 n = len(recs)
             wall = time.perf_counter() - t0
             await asyncio.sleep(0.6)

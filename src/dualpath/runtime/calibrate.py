@@ -1,0 +1,255 @@
+"""This machine's compute profile for a model: measured once, cached, read by the demo and `calibrate`.
+
+The profile is the runtime's "profiled curve" (PAPER.md 3.2, 3.5) written down: prefill step times
+by (new tokens, cached tokens) and decode step times by (batch, context), measured with the model,
+device and torch thread count an engine really uses, in a process pinned to a prefill engine's CPU
+set. A least-squares fit over the grid gives
+
+    prefill_s(n, c) = fixed_s + per_token_s * n + per_token_key_s * (n * c + n * (n + 1) / 2)
+    decode_s(b, c)  = fixed_s + per_seq_s * b + per_seq_key_s * b * c
+
+(the attention term counts the keys each new token sees, causal). The file is JSON:
+
+    {"schema": "dualpath.profile/1",
+     "key": {"machine": ..., "model": <model fingerprint>, "device": ..., "threads": ...},
+     "prefill": [{"tokens": n, "context_tokens": c, "seconds": t}, ...],
+     "decode":  [{"tokens": batch, "context_tokens": c, "seconds": t}, ...],
+     "prefill_fit": {...}, "decode_fit": {...}, "measured_at": ISO time, "wall_s": ...}
+
+kept at `cache_dir()/profiles/<sha256 of the key>.json`. A file whose key differs (another model,
+device or thread count) or that does not parse is measured again and replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+PROFILE_SCHEMA = "dualpath.profile/1"
+# (new tokens, cached tokens): the demo's turns compute ~64 new tokens over 0.2-2K cached ones and a
+# first prompt of ~200; the corners bound the fit on both axes.
+PREFILL_GRID = ((32, 0), (192, 0), (64, 512), (32, 1536), (128, 1536))
+DECODE_GRID = ((1, 256), (4, 256), (1, 1536), (4, 1536))  # (batch, context tokens)
+DECODE_STEPS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileKey:
+    """What a profile is valid for: the same CPU (model name, count), model, device, threads."""
+
+    machine: str
+    model: str  # model fingerprint (architecture + weights identity)
+    device: str
+    threads: int
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    tokens: int  # prefill: new tokens of the step; decode: sequences in the batch
+    context_tokens: int  # prefill: cached tokens each new token attends to; decode: context per sequence
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepFit:
+    """t = fixed_s + per_item_s * n + per_key_s * keys(n, c); units: s, s per token (or sequence),
+    s per (query, key) pair."""
+
+    fixed_s: float
+    per_item_s: float
+    per_key_s: float
+
+
+def prefill_keys(n: int, c: int) -> float:
+    """(query, key) pairs of n new tokens over c cached ones, causal: token i sees c + i + 1 keys."""
+    return n * c + n * (n + 1) / 2
+
+
+def decode_keys(b: int, c: int) -> float:
+    return b * c
+
+
+def fit_steps(points: Sequence[StepTime], keys) -> StepFit:
+    """Least squares over the three terms; a term whose coefficient comes out negative (noise on
+    a small grid) is dropped and the rest refitted, so every prediction grows with n and c."""
+    x = np.array([[1.0, p.tokens, keys(p.tokens, p.context_tokens)] for p in points])
+    y = np.array([p.seconds for p in points])
+    active = [0, 1, 2]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        negative = [a for a, v in zip(active, coef) if v < 0]
+        if not negative or len(active) == 1:
+            break
+        active.remove(negative[-1])
+    full = [0.0, 0.0, 0.0]
+    for a, v in zip(active, coef):
+        full[a] = max(0.0, float(v))
+    return StepFit(*full)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeProfile:
+    key: ProfileKey
+    prefill: tuple[StepTime, ...]
+    decode: tuple[StepTime, ...]
+    prefill_fit: StepFit
+    decode_fit: StepFit
+    measured_at: str
+    wall_s: float
+
+    def prefill_s(self, new_tokens: int, cached_tokens: int) -> float:
+        f = self.prefill_fit
+        return f.fixed_s + f.per_item_s * new_tokens + f.per_key_s * prefill_keys(new_tokens, cached_tokens)
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        f = self.decode_fit
+        return f.fixed_s + f.per_item_s * batch + f.per_key_s * decode_keys(batch, context_tokens)
+
+    def to_json(self) -> dict:
+        return {"schema": PROFILE_SCHEMA, "key": asdict(self.key),
+                "prefill": [asdict(p) for p in self.prefill], "decode": [asdict(p) for p in self.decode],
+                "prefill_fit": asdict(self.prefill_fit), "decode_fit": asdict(self.decode_fit),
+                "measured_at": self.measured_at, "wall_s": self.wall_s}
+
+    @staticmethod
+    def from_json(d: dict) -> "ComputeProfile":
+        """Raises ValueError (or KeyError / TypeError) on anything but a well-formed profile."""
+        if d.get("schema") != PROFILE_SCHEMA:
+            raise ValueError(f"not a {PROFILE_SCHEMA} file")
+        steps = lambda rows: tuple(StepTime(int(r["tokens"]), int(r["context_tokens"]), float(r["seconds"])) for r in rows)
+        prefill, decode = steps(d["prefill"]), steps(d["decode"])
+        if not prefill or not decode or any(p.seconds <= 0 for p in prefill + decode):
+            raise ValueError("a profile needs positive step times")
+        return ComputeProfile(ProfileKey(**d["key"]), prefill, decode, StepFit(**d["prefill_fit"]),
+                              StepFit(**d["decode_fit"]), str(d["measured_at"]), float(d["wall_s"]))
+
+
+def machine_id() -> str:
+    """The CPU model and the number of CPUs this process may use (not the hostname: containers
+    of one kind share a profile)."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} x{len(os.sched_getaffinity(0))} ({platform.machine()})"
+
+
+def profile_path(key: ProfileKey) -> Path | None:
+    from .model.gguf_loader import cache_dir
+
+    root = cache_dir()
+    return None if root is None else root / "profiles" / f"{key.digest()}.json"
+
+
+def read_cached(key: ProfileKey) -> ComputeProfile | None:
+    path = profile_path(key)
+    if path is None or not path.is_file():
+        return None
+    try:
+        profile = ComputeProfile.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError):
+        return None  # corrupt or of another schema: measured again
+    return profile if profile.key == key else None
+
+
+def write_cached(profile: ComputeProfile) -> Path | None:
+    path = profile_path(profile.key)
+    if path is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(profile.to_json(), indent=1))
+    os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    profile: ComputeProfile
+    path: Path | None
+    reused: bool  # read from the cache, not measured in this call
+
+
+def load_or_measure(model: str, fingerprint: str, device: str, threads: int, cpus: Sequence[int] | None = None,
+                    force: bool = False) -> Calibration:
+    """The cached profile for (this machine, the model with `fingerprint`, device, threads), or a
+    fresh measurement in a process pinned to `cpus` (a prefill engine's CPU set)."""
+    key = ProfileKey(machine_id(), fingerprint, device, threads)
+    if not force and (cached := read_cached(key)) is not None:
+        return Calibration(cached, profile_path(key), True)
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        profile = pool.submit(measure_profile, model, device, threads, tuple(cpus or ()), key).result()
+    return Calibration(profile, write_cached(profile), False)
+
+
+def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...], key: ProfileKey) -> ComputeProfile:
+    """Time the grid (best of two after a warm-up); runs in its own process."""
+    import torch
+
+    from .model import LayerKV, PagedKVCache, load_model
+
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(threads)
+    t_start = time.perf_counter()
+    m = load_model(model, device=device).model
+    cfg = m.config
+    g = torch.Generator().manual_seed(0)
+    shape = (cfg.num_kv_heads, cfg.head_dim)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
+
+    def prefill(n: int, c: int) -> float:
+        # cached K,V values do not change the time: random ones stand in for a real prefix
+        kv = None if c == 0 else [[LayerKV(torch.randn(c, 2, *shape, generator=g).to(m.device, m.dtype))]
+                                  for _ in range(cfg.num_layers)]
+        tokens = ids(n)
+        return _best(lambda: m.prefill([(c, tokens)], kv))
+
+    def decode(b: int, c: int) -> float:
+        cache = PagedKVCache(cfg, num_blocks=b * (-(-(c + DECODE_STEPS + 2) // 64) + 1), block_tokens=64, device=m.device)
+        for s in range(b):
+            cache.add_sequence(s, c)
+        last = ids(b)
+
+        def steps() -> None:
+            for _ in range(DECODE_STEPS):
+                m.decode_step(cache, list(range(b)), last)
+
+        return _best(steps, repeats=1) / DECODE_STEPS
+
+    with torch.no_grad():
+        prefill(16, 0)  # warm-up
+        pre = tuple(StepTime(n, c, prefill(n, c)) for n, c in PREFILL_GRID)
+        dec = tuple(StepTime(b, c, decode(b, c)) for b, c in DECODE_GRID)
+    return ComputeProfile(key, pre, dec, fit_steps(pre, prefill_keys), fit_steps(dec, decode_keys),
+                          datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter() - t_start)
+
+
+def _best(fn, repeats: int = 2) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
