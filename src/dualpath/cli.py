@@ -7,12 +7,10 @@ with code 2, never a traceback.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode, parse_tokens
@@ -24,8 +22,7 @@ trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Genera
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks that print and save their figures.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
-console = Console(stderr=True, soft_wrap=True)  # status lines ("wrote PATH") never hard-wrap a path
-out = Console(width=None if sys.stdout.isatty() else 160)
+from .cli_io import console, out  # noqa: E402
 
 
 def _positive(value: int, option: str) -> int:
@@ -182,7 +179,7 @@ from .cli_demo import register as _register_demo  # noqa: E402
 from .cli_runtime import register as _register_runtime  # noqa: E402
 
 _register_runtime(app, bench_app, console, out)
-_register_demo(app, bench_app, console, out)
+_register_demo(app, bench_app)
 
 from .experiments.cli import repro as _repro  # noqa: E402
 

@@ -9,13 +9,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from .cli_io import console, out
 from .cli_runtime import DeviceOption, _device, plot_runtime, print_runtime_runs
 from .config import DEMO_AGENTS
 from .errors import InputError
 from .progress import reporter
 
 
-def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float], console):
+def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float]):
     """Calibrate (or reuse the cached profile) and size the demo; one line says what was chosen."""
     from .runtime.demo import calibrate_for, plan_demo
 
@@ -43,139 +44,141 @@ def _title(result: dict, model: str, device: str) -> str:
             f"({r['source']}, load {r['load_over_compute']:.1f}x compute)")
 
 
-def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
-    @app.command()
-    def demo(
-        json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = Path("out/demo.json"),
-        plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/demo.png"),
-        model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
-        snic_mb_s: Annotated[Optional[float], typer.Option(help="SNIC cap per node and direction, MB/s (default: derived from this machine's profile)")] = None,
-        agents: Annotated[int, typer.Option(help="agents, all starting at t=0")] = DEMO_AGENTS,
-        rounds: Annotated[Optional[int], typer.Option(help="rounds per agent (first prompt 190 tokens, then 61 appended, 3 generated; default: sized to this machine)")] = None,
-        seed: Annotated[int, typer.Option()] = 0,
-        device: DeviceOption = "cpu",
-    ) -> None:
-        """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
-        from .runtime.demo import run_demo
-        from .sim.runner import write_json
+def demo(
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = Path("out/demo.json"),
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/demo.png"),
+    model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
+    snic_mb_s: Annotated[Optional[float], typer.Option(help="SNIC cap per node and direction, MB/s (default: derived from this machine's profile)")] = None,
+    agents: Annotated[int, typer.Option(help="agents, all starting at t=0")] = DEMO_AGENTS,
+    rounds: Annotated[Optional[int], typer.Option(help="rounds per agent (first prompt 190 tokens, then 61 appended, 3 generated; default: sized to this machine)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    device: DeviceOption = "cpu",
+) -> None:
+    """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
+    from .runtime.demo import run_demo
+    from .sim.runner import write_json
 
-        plan = _plan(model, device, agents, rounds, snic_mb_s, console)
-        with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
-            progress.log(f"starting a local 1P1D cluster ({model} on {device})")
-            result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan))
-        console.print(f"demo: {result['config']['cpus']}")
-        print_runtime_runs(out, result, _title(result, model, device))
-        runs = {r["mode"]: r for r in result["runs"]}
-        if "basic" in runs and "dualpath" in runs:
-            b, d = runs["basic"], runs["dualpath"]
-            out.print(f"PE busy s per turn: basic {b['pe_busy_s_per_turn']:.3f}, dualpath {d['pe_busy_s_per_turn']:.3f}")
-            out.print(f"JCT dualpath / basic = {d['jct_s'] / b['jct_s']:.2f}")
-        if json_path:
-            write_json(result, json_path)
-            console.print(f"wrote {json_path}")
-        if plot:
-            plot_runtime(result, plot, f"dualpath demo: {_title(result, model, device)}")
-            console.print(f"wrote {plot}")
+    plan = _plan(model, device, agents, rounds, snic_mb_s)
+    with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
+        progress.log(f"starting a local 1P1D cluster ({model} on {device})")
+        result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan))
+    console.print(f"demo: {result['config']['cpus']}")
+    print_runtime_runs(out, result, _title(result, model, device))
+    runs = {r["mode"]: r for r in result["runs"]}
+    if "basic" in runs and "dualpath" in runs:
+        b, d = runs["basic"], runs["dualpath"]
+        out.print(f"PE busy s per turn: basic {b['pe_busy_s_per_turn']:.3f}, dualpath {d['pe_busy_s_per_turn']:.3f}")
+        out.print(f"JCT dualpath / basic = {d['jct_s'] / b['jct_s']:.2f}")
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        plot_runtime(result, plot, f"dualpath demo: {_title(result, model, device)}")
+        console.print(f"wrote {plot}")
 
-    @app.command()
-    def calibrate(
-        model: Annotated[str, typer.Option()] = "smollm2-135m",
-        device: DeviceOption = "cpu",
-        force: Annotated[bool, typer.Option(help="measure again even if a cached profile exists")] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
-    ) -> None:
-        """Measure (once; then cached) this machine's prefill and decode step times for a model, as a
-        prefill engine of the local 1P1D cluster runs it (its CPU set and thread count)."""
-        from .runtime.demo import calibrate_for
+def calibrate(
+    model: Annotated[str, typer.Option()] = "smollm2-135m",
+    device: DeviceOption = "cpu",
+    force: Annotated[bool, typer.Option(help="measure again even if a cached profile exists")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+) -> None:
+    """Measure (once; then cached) this machine's prefill and decode step times for a model, as a
+    prefill engine of the local 1P1D cluster runs it (its CPU set and thread count)."""
+    from .runtime.demo import calibrate_for
 
-        _device(device)
-        cal, _, _ = calibrate_for(model, device, force=force)
-        p = cal.profile
-        if as_json:
-            out.print_json(json.dumps({**p.to_json(), "path": None if cal.path is None else str(cal.path), "reused": cal.reused}))
-            return
-        out.print(f"profile {'reused' if cal.reused else 'measured'}: {cal.path}")
-        out.print(f"  machine {p.key.machine}, {p.key.threads} thread(s), {p.key.device}")
-        for s in p.prefill:
-            out.print(f"  prefill {s.tokens:5d} new over {s.context_tokens:5d} cached: {s.seconds * 1e3:8.1f} ms "
-                      f"(fit {p.prefill_s(s.tokens, s.context_tokens) * 1e3:8.1f})")
-        for s in p.decode:
-            out.print(f"  decode batch {s.tokens:2d} at context {s.context_tokens:5d}: {s.seconds * 1e3:8.1f} ms "
-                      f"(fit {p.decode_step_s(s.tokens, s.context_tokens) * 1e3:8.1f})")
+    _device(device)
+    cal, _, _ = calibrate_for(model, device, force=force)
+    p = cal.profile
+    if as_json:
+        out.print_json(json.dumps({**p.to_json(), "path": None if cal.path is None else str(cal.path), "reused": cal.reused}))
+        return
+    out.print(f"profile {'reused' if cal.reused else 'measured'}: {cal.path}")
+    out.print(f"  machine {p.key.machine}, {p.key.threads} thread(s), {p.key.device}")
+    for s in p.prefill:
+        out.print(f"  prefill {s.tokens:5d} new over {s.context_tokens:5d} cached: {s.seconds * 1e3:8.1f} ms "
+                  f"(fit {p.prefill_s(s.tokens, s.context_tokens) * 1e3:8.1f})")
+    for s in p.decode:
+        out.print(f"  decode batch {s.tokens:2d} at context {s.context_tokens:5d}: {s.seconds * 1e3:8.1f} ms "
+                  f"(fit {p.decode_step_s(s.tokens, s.context_tokens) * 1e3:8.1f})")
 
-    @bench_app.command("demo-robustness")
-    def bench_demo_robustness(
-        hogs: Annotated[str, typer.Option(help="comma-separated numbers of CPU hogs, one demo each")] = "0,1,2",
-        model: Annotated[str, typer.Option()] = "smollm2-135m",
-        json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/demo_robustness.json"),
-        plot: Annotated[Optional[Path], typer.Option()] = Path("out/demo_robustness.png"),
-        device: DeviceOption = "cpu",
-    ) -> None:
-        """The demo quiet and beside 1 and 2 CPU hogs (`yes > /dev/null`), the same derived rates for
-        all: JCT ratio, SNIC utilisation while reading, PE busy seconds per turn."""
-        from .runtime.demo_bench import plot_robustness, run_robustness
-        from .sim.runner import write_json
+def bench_demo_robustness(
+    hogs: Annotated[str, typer.Option(help="comma-separated numbers of CPU hogs, one demo each")] = "0,1,2",
+    model: Annotated[str, typer.Option()] = "smollm2-135m",
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/demo_robustness.json"),
+    plot: Annotated[Optional[Path], typer.Option()] = Path("out/demo_robustness.png"),
+    device: DeviceOption = "cpu",
+) -> None:
+    """The demo quiet and beside 1 and 2 CPU hogs (`yes > /dev/null`), the same derived rates for
+    all: JCT ratio, SNIC utilisation while reading, PE busy seconds per turn."""
+    from .runtime.demo_bench import plot_robustness, run_robustness
+    from .sim.runner import write_json
 
-        try:
-            counts = [int(x) for x in hogs.split(",") if x.strip()]
-        except ValueError:
-            raise InputError(f"--hogs: expected comma-separated integers, got {hogs!r}") from None
-        if not counts or min(counts) < 0:
-            raise InputError("--hogs needs at least one count >= 0")
-        plan = _plan(model, device, DEMO_AGENTS, None, None, console)
-        with reporter("demo-robustness", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
-            report = run_robustness(plan, counts, model, device, on_turn=progress.update)
-        out.print(f"rates: {rates_line(plan.rates)}; {report['workload']['num_agents']} agents x {report['workload']['rounds']} rounds")
-        out.print("hogs  JCT basic s  JCT dualpath s  ratio  SNIC util while reading (dualpath)  PE busy s/turn basic, dualpath")
-        for r in report["runs"]:
-            util = ", ".join(f"{v:.2f}" if v is not None else "-" for v in r["snic_util_while_reading_dualpath"].values())
-            busy = r["pe_busy_s_per_turn"]
-            out.print(f"{r['hogs']:4d}  {r['jct_basic_s']:11.1f}  {r['jct_dualpath_s']:14.1f}  {r['ratio']:5.2f}  {util:>35}  "
-                      f"{busy['basic']:.3f}, {busy['dualpath']:.3f}")
-        if json_path:
-            write_json(report, json_path)
-            console.print(f"wrote {json_path}")
-        if plot:
-            plot_robustness(report, plot)
-            console.print(f"wrote {plot}")
+    try:
+        counts = [int(x) for x in hogs.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--hogs: expected comma-separated integers, got {hogs!r}") from None
+    if not counts or min(counts) < 0:
+        raise InputError("--hogs needs at least one count >= 0")
+    plan = _plan(model, device, DEMO_AGENTS, None, None)
+    with reporter("demo-robustness", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
+        report = run_robustness(plan, counts, model, device, on_turn=progress.update)
+    out.print(f"rates: {rates_line(plan.rates)}; {report['workload']['num_agents']} agents x {report['workload']['rounds']} rounds")
+    out.print("hogs  JCT basic s  JCT dualpath s  ratio  SNIC util while reading (dualpath)  PE busy s/turn basic, dualpath")
+    for r in report["runs"]:
+        util = ", ".join(f"{v:.2f}" if v is not None else "-" for v in r["snic_util_while_reading_dualpath"].values())
+        busy = r["pe_busy_s_per_turn"]
+        out.print(f"{r['hogs']:4d}  {r['jct_basic_s']:11.1f}  {r['jct_dualpath_s']:14.1f}  {r['ratio']:5.2f}  {util:>35}  "
+                  f"{busy['basic']:.3f}, {busy['dualpath']:.3f}")
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        plot_robustness(report, plot)
+        console.print(f"wrote {plot}")
 
-    @bench_app.command("cold")
-    def bench_cold(
-        rounds: Annotated[int, typer.Option(help="fresh 254-token prompts per agent (nothing hits the store)")] = 8,
-        model: Annotated[str, typer.Option()] = "smollm2-135m",
-        json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/demo_cold.json"),
-        device: DeviceOption = "cpu",
-    ) -> None:
-        """The demo's cluster and rates on a workload with nothing to load: what layerwise prefill
-        and quota batching cost when there is no KV to move."""
-        from .runtime.demo import run_demo
-        from .sim.runner import write_json
+def bench_cold(
+    rounds: Annotated[int, typer.Option(help="fresh 254-token prompts per agent (nothing hits the store)")] = 8,
+    model: Annotated[str, typer.Option()] = "smollm2-135m",
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/demo_cold.json"),
+    device: DeviceOption = "cpu",
+) -> None:
+    """The demo's cluster and rates on a workload with nothing to load: what layerwise prefill
+    and quota batching cost when there is no KV to move."""
+    from .runtime.demo import run_demo
+    from .sim.runner import write_json
 
-        if rounds < 1:
-            raise InputError("--rounds must be at least 1")
-        plan = _plan(model, device, DEMO_AGENTS, None, None, console)
-        with reporter("cold", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
-            result = asyncio.run(run_demo(model=model, device=device, plan=plan, cold_rounds=rounds, on_turn=progress.update))
-        print_runtime_runs(out, result, f"cold workload (nothing to load), {_title(result, model, device)}")
-        runs = {r["mode"]: r for r in result["runs"]}
-        out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
-        if json_path:
-            write_json(result, json_path)
-            console.print(f"wrote {json_path}")
+    if rounds < 1:
+        raise InputError("--rounds must be at least 1")
+    plan = _plan(model, device, DEMO_AGENTS, None, None)
+    with reporter("cold", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
+        result = asyncio.run(run_demo(model=model, device=device, plan=plan, cold_rounds=rounds, on_turn=progress.update))
+    print_runtime_runs(out, result, f"cold workload (nothing to load), {_title(result, model, device)}")
+    runs = {r["mode"]: r for r in result["runs"]}
+    out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"wrote {json_path}")
 
-    @bench_app.command("model-speed")
-    def bench_model_speed(
-        threads: Annotated[int, typer.Option(help="torch threads")] = 1,
-        json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
-    ) -> None:
-        """Our SmolLM2 prefill and decode tokens/s against transformers' on the same weights, same
-        machine and threads, measured side by side."""
-        from .runtime.bench_speed import model_speed
-        from .sim.runner import write_json
+def bench_model_speed(
+    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """Our SmolLM2 prefill and decode tokens/s against transformers' on the same weights, same
+    machine and threads, measured side by side."""
+    from .runtime.bench_speed import model_speed
+    from .sim.runner import write_json
 
-        if threads < 1:
-            raise InputError("--threads must be at least 1")
-        r = model_speed(threads=threads)
-        out.print_json(json.dumps(r))
-        if json_path:
-            write_json(r, json_path)
+    if threads < 1:
+        raise InputError("--threads must be at least 1")
+    r = model_speed(threads=threads)
+    out.print_json(json.dumps(r))
+    if json_path:
+        write_json(r, json_path)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    app.command()(demo)
+    app.command()(calibrate)
+    bench_app.command("demo-robustness")(bench_demo_robustness)
+    bench_app.command("cold")(bench_cold)
+    bench_app.command("model-speed")(bench_model_speed)

@@ -319,22 +319,16 @@ def dataclass_has_field(obj: Any, name: str) -> bool:
     return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__
 
 
-# `dualpath demo` defaults (runtime/demo.py describes the workload). Sized so the whole demo
-# (startup + two replays) finishes within 3 minutes on a 2-core machine while loading dominates:
-# measured 2 min 42 s in all, JCT dualpath / basic = 0.57 (docs/experiments.md, section 6).
-DEMO_AGENTS = 4
+DEMO_AGENTS = 4  # `dualpath demo` (runtime/demo.py sizes the rest of the workload to the machine)
 CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node (one per GPU), 1 x 400 Gbps SNIC
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
-    """The real runtime on one host: engine processes, emulated NICs, the KV store.
-
-    A node is one engine here, standing for a whole paper node: its SNIC and its host buffer belong
-    to that engine. Rates are bytes per second per direction; None = no emulation (real speed). A
-    paper node has 8 CNICs, each as fast as its one SNIC (PAPER.md 1.2), so the default CNIC rate
-    of a one-engine node is CNIC_PER_SNIC = 8 times its SNIC rate (runtime/emulation.py says why
-    CNIC = SNIC would break the paper's bottleneck-free condition).
-    """
+    """The real runtime on one host: engine processes, emulated NICs, the KV store. A node is one
+    engine, standing for a whole paper node, with its SNIC and host buffer. Rates are bytes/s per
+    direction; None = real speed. A paper node's 8 CNICs are each as fast as its SNIC (PAPER.md
+    1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/emulation.py)."""
 
     model: str = "smollm2-135m"
     num_prefill: int = 1
@@ -354,22 +348,16 @@ class RuntimeConfig:
     pe_hbm_bytes: int = 256 * 2**20  # a PE's room for the batch's cached KV (the "HBM" landing zone)
     de_kv_tokens: int = 65536  # a DE's KV cache (HBM) capacity in tokens
     max_decode_batch: int = 64
-    # The compute quota (PAPER.md 3.5: 300 ms of predicted attention per PE forward) is a time on
-    # the paper's GPUs; the runtime keeps the same attention work per forward, converted with the
-    # paper PE's attention rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS on an H800-class
-    # GPU). Taken as 300 ms of this machine's own attention, a CPU ~2000x slower chunked a cold
-    # 3.8K-token prompt into ~12 forwards, each reloading its earlier chunks' KV over the CNIC
-    # (`dualpath run` on a cold Mooncake window: dualpath 1.26x basic's JCT, 5x its CNIC bytes).
+    # Compute quota: 300 ms of attention on the paper's PE (PAPER.md 3.5) kept as attention work,
+    # at its rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
+    # attention it chunked cold 3.8K-token prompts ~12 ways (docs/experiments.md, cold workload).
     compute_quota_s: float = 0.3
     quota_attention_flops_per_s: float = 640e12
     basic_tokens_per_forward: int = 4096  # basic engine: tokens per prefill forward
     alpha_read_s: float = 3.0  # PAPER.md 3.2
     beta_compute_s: float = 5.0  # PAPER.md 3.2
     z_factor: float = 1.05  # PAPER.md 3.3
-    # A lookup that meets a block still being persisted waits for the write (PAPER.md A.4: a turn
-    # hits its whole earlier context) at most this long, then treats it as a miss. A block takes
-    # full_block_bytes / SNIC rate to write (~0.1 s for SmolLM2 at the demo's rates).
-    persist_wait_s: float = 10.0
+    persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/cpus.py: one set per engine)
     torch_threads: int | None = None
     device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/device.py)
@@ -384,10 +372,8 @@ class RuntimeConfig:
             raise InputError("need at least one prefill and one decode engine")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
-        if self.compute_quota_s <= 0 or self.quota_attention_flops_per_s <= 0:
-            raise InputError("compute_quota_s and quota_attention_flops_per_s must be positive")
-        for name in ("block_tokens", "chunk_bytes", "host_buffer_bytes", "pe_hbm_bytes", "de_kv_tokens",
-                     "max_decode_batch", "basic_tokens_per_forward"):
+        for name in ("compute_quota_s", "quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
+                     "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch", "basic_tokens_per_forward"):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name} must be positive")
         for name in ("snic_bytes_per_s", "cnic_bytes_per_s", "store_capacity_bytes", "torch_threads"):
@@ -408,6 +394,5 @@ class RuntimeConfig:
 
     @property
     def cnic_rate(self) -> float | None:
-        if self.cnic_bytes_per_s is not None:
-            return self.cnic_bytes_per_s
-        return None if self.snic_bytes_per_s is None else CNIC_PER_SNIC * self.snic_bytes_per_s
+        default = None if self.snic_bytes_per_s is None else CNIC_PER_SNIC * self.snic_bytes_per_s
+        return default if self.cnic_bytes_per_s is None else self.cnic_bytes_per_s

@@ -65,7 +65,7 @@ class _GenerationBody(_Strict):
     max_tokens: int | None = Field(None, gt=0)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # the engines' messages carry a signed 64-bit int
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: Annotated[list[str] | None, BeforeValidator(_stop_list)] = None

@@ -96,6 +96,15 @@ class Job:
     include_usage: bool
 
 
+def _utf8_text(text: str, param: str) -> str:
+    """JSON can carry a lone UTF-16 surrogate ("\\ud800") that no tokenizer can encode: a 400."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{param}: not valid Unicode text (a lone surrogate at character {exc.start})", param) from None
+    return text
+
+
 async def close_quietly(agen: Any) -> None:
     """Close an async generator even inside a cancelled scope: a router frees the request there."""
     aclose = getattr(agen, "aclose", None)
@@ -266,9 +275,9 @@ class _Server:
                 text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
             except Exception as exc:  # e.g. a template's raise_exception("roles must alternate")
                 raise RequestError(f"messages: the chat template rejected them: {exc}", "messages") from exc
-            return tokenizer.encode(text, allow_added_tokens=True)
+            return tokenizer.encode(_utf8_text(text, "messages"), allow_added_tokens=True)
         if isinstance(body.prompt, str):
-            return tokenizer.encode(body.prompt, allow_added_tokens=True)
+            return tokenizer.encode(_utf8_text(body.prompt, "prompt"), allow_added_tokens=True)
         vocab_size = getattr(tokenizer, "vocab_size", None)
         if vocab_size is not None and any(t >= vocab_size for t in body.prompt):
             raise RequestError(f"prompt: token ids must be below the vocabulary size {vocab_size}", "prompt")

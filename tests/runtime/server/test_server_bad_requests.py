@@ -38,6 +38,10 @@ CASES = [
     (CHAT, {"messages": USER, "top_p": 0}, "top_p"),
     (CHAT, {"messages": USER, "top_p": 1.5}, "top_p"),
     (CHAT, {"messages": USER, "seed": "x"}, "seed"),
+    (CHAT, {"messages": USER, "seed": 2**64}, "seed"),  # beyond the engines' signed 64 bits (it used to hang)
+    (CHAT, {"messages": USER, "seed": -(2**63) - 1}, "seed"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages"),  # a lone surrogate (was a 500)
+    (COMPLETIONS, b'{"prompt": "\\udc00"}', "prompt"),
     (CHAT, {"messages": USER, "stream": "yes"}, "stream"),
     (CHAT, {"messages": USER, "stop": [""]}, "stop"),
     (CHAT, {"messages": USER, "stop": [3]}, "stop.[0]"),

@@ -47,9 +47,11 @@ def test_disconnect_before_first_token_cancels_the_request(start_server, wait_un
 def test_disconnect_while_blocked_on_a_full_socket(start_server, wait_until):
     """No token delay: the server outruns the client and waits in `send` (flow control), with its
     generators suspended at a `yield`; only an explicit close frees the request then."""
-    server = start_server(FakeRouter(max_context_tokens=60_000))
+    # 500K tokens of SSE (~75 MB) cannot all fit in loopback socket buffers (several MB each way),
+    # so the stream is still running when the client closes, however fast the server is
+    server = start_server(FakeRouter(max_context_tokens=600_000))
     router = server.router
-    body = {"prompt": "go", "max_tokens": 50_000, "min_tokens": 50_000, "stream": True}
+    body = {"prompt": "go", "max_tokens": 500_000, "min_tokens": 500_000, "stream": True}
     with httpx.Client(base_url=server.url, timeout=5) as client:
         with client.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()  # kept: dropping the iterator would close the connection
@@ -60,7 +62,7 @@ def test_disconnect_while_blocked_on_a_full_socket(start_server, wait_until):
             num_generated_tokens = router.num_generated_tokens
     assert wait_until(lambda: not router.active_request_ids)
     assert router.cancelled_request_ids == [router.received[0].request_id]
-    assert router.num_generated_tokens < 50_000 and router.num_generated_tokens < num_generated_tokens + 1000
+    assert router.num_generated_tokens < 500_000 and router.num_generated_tokens < num_generated_tokens + 1000
 
 
 def test_event_stream_closes_its_generator_when_send_fails():
