@@ -76,6 +76,7 @@ def demo(
         plot_runtime(result, plot, f"dualpath demo: {_title(result, model, device)}")
         console.print(f"wrote {plot}")
 
+
 def calibrate(
     model: Annotated[str, typer.Option()] = "smollm2-135m",
     device: DeviceOption = "cpu",
@@ -100,6 +101,7 @@ def calibrate(
     for s in p.decode:
         out.print(f"  decode batch {s.tokens:2d} at context {s.context_tokens:5d}: {s.seconds * 1e3:8.1f} ms "
                   f"(fit {p.decode_step_s(s.tokens, s.context_tokens) * 1e3:8.1f})")
+
 
 def bench_demo_robustness(
     hogs: Annotated[str, typer.Option(help="comma-separated numbers of CPU hogs, one demo each")] = "0,1,2",
@@ -136,6 +138,7 @@ def bench_demo_robustness(
         plot_robustness(report, plot)
         console.print(f"wrote {plot}")
 
+
 def bench_cold(
     rounds: Annotated[int, typer.Option(help="fresh 254-token prompts per agent (nothing hits the store)")] = 8,
     model: Annotated[str, typer.Option()] = "smollm2-135m",
@@ -158,6 +161,7 @@ def bench_cold(
     if json_path:
         write_json(result, json_path)
         console.print(f"wrote {json_path}")
+
 
 def bench_model_speed(
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,

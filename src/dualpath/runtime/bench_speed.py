@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 
-def _timed(fn, repeats: int = 2) -> float:
+def best_time_s(fn, repeats: int = 2) -> float:
+    """The best of `repeats` timed calls of `fn`, after one untimed warm-up call."""
     fn()  # warm-up
     best = float("inf")
     for _ in range(repeats):
@@ -29,7 +30,7 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
     m = loaded.model
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(16, m.config.vocab_size, (prompt_tokens,), generator=g).tolist()
-    ours_prefill = prompt_tokens / _timed(lambda: m.prefill([(0, ids)]))
+    ours_prefill = prompt_tokens / best_time_s(lambda: m.prefill([(0, ids)]))
 
     def decode() -> None:
         cache = PagedKVCache(m.config, num_blocks=batch * (-(-(prompt_tokens + decode_tokens) // 64) + 1), block_tokens=64)
@@ -64,7 +65,7 @@ def _transformers_speed(model_name: str, ids: list[int], decode_tokens: int, bat
     path = smollm2_gguf_path()
     hf = LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
     x = torch.tensor([ids])
-    prefill = len(ids) / _timed(lambda: hf(x, use_cache=True))
+    prefill = len(ids) / best_time_s(lambda: hf(x, use_cache=True))
 
     def decode() -> float:
         xb = x.repeat(batch, 1)

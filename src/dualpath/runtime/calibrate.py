@@ -204,6 +204,7 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
     """Time the grid (best of two after a warm-up); runs in its own process."""
     import torch
 
+    from .bench_speed import best_time_s
     from .model import LayerKV, PagedKVCache, load_model
 
     if cpus:
@@ -223,7 +224,7 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
         kv = None if c == 0 else [[LayerKV(torch.randn(c, 2, *shape, generator=g).to(m.device, m.dtype))]
                                   for _ in range(cfg.num_layers)]
         tokens = ids(n)
-        return _best(lambda: m.prefill([(c, tokens)], kv))
+        return best_time_s(lambda: m.prefill([(c, tokens)], kv))
 
     def decode(b: int, c: int) -> float:
         cache = PagedKVCache(cfg, num_blocks=b * (-(-(c + DECODE_STEPS + 2) // 64) + 1), block_tokens=64, device=m.device)
@@ -235,7 +236,7 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
             for _ in range(DECODE_STEPS):
                 m.decode_step(cache, list(range(b)), last)
 
-        return _best(steps, repeats=1) / DECODE_STEPS
+        return best_time_s(steps, repeats=1) / DECODE_STEPS
 
     with torch.no_grad():
         prefill(16, 0)  # warm-up
@@ -243,13 +244,3 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
         dec = tuple(StepTime(b, c, decode(b, c)) for b, c in DECODE_GRID)
     return ComputeProfile(key, pre, dec, fit_steps(pre, prefill_keys), fit_steps(dec, decode_keys),
                           datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter() - t_start)
-
-
-def _best(fn, repeats: int = 2) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best

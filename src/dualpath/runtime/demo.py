@@ -142,11 +142,9 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
     `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates."""
-    t0 = time.perf_counter()
     if plan is None:
         cal, kv_bytes, bt = calibrate_for(model, device)
         plan = plan_demo(cal, kv_bytes, bt, num_agents, rounds, snic_bytes_per_s)
-    calibrate_s = time.perf_counter() - t0
     trajectories, rates = plan.trajectories, plan.rates
     if cold_rounds:
         trajectories = cold_workload(num_agents, cold_rounds)
@@ -171,13 +169,13 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    "kv_dtype": "float32", "seed": seed, "device": device, "cpus": cpu_note},
         "profile": {"path": None if cal.path is None else str(cal.path), "reused": cal.reused,
                     "machine": cal.profile.key.machine, "threads": cal.profile.key.threads,
+                    "measure_wall_s": cal.profile.wall_s,
                     "prefill_s_64_over_1024": cal.profile.prefill_s(64, 1024)},
         "workload": {"cold": bool(cold_rounds), "num_agents": len(trajectories), "num_turns": total,
                      "rounds": len(trajectories[0].turns),
                      "first_prompt_tokens": trajectories[0].turns[0].append_tokens,
                      "append_tokens": trajectories[0].turns[1].append_tokens if len(trajectories[0].turns) > 1 else 0,
                      "gen_tokens": trajectories[0].turns[0].gen_tokens},
-        "calibrate_s": calibrate_s,
         "startup_s": startup_s,
         "runs": runs,
     }
