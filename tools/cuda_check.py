@@ -21,7 +21,7 @@ import time
 import torch
 
 from dualpath.errors import InputError
-from dualpath.runtime.device import require_device
+from dualpath.runtime.engine.device import require_device
 from dualpath.runtime.model import generate, layer_kv_from_bytes, layer_kv_to_bytes, load_model
 from dualpath.runtime.model.kv_layout import host_kv_buffer
 

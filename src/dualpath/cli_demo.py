@@ -18,7 +18,7 @@ from .progress import reporter
 
 def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float]):
     """Calibrate (or reuse the cached profile) and size the demo; one line says what was chosen."""
-    from .runtime.demo import calibrate_for, plan_demo
+    from .runtime.apps.demo import calibrate_for, plan_demo
 
     if snic_mb_s is not None and snic_mb_s <= 0:
         raise InputError("--snic-mb-s must be positive")
@@ -55,7 +55,7 @@ def demo(
     device: DeviceOption = "cpu",
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
-    from .runtime.demo import run_demo
+    from .runtime.apps.demo import run_demo
     from .sim.runner import write_json
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
@@ -85,7 +85,7 @@ def calibrate(
 ) -> None:
     """Measure (once; then cached) this machine's prefill and decode step times for a model, as a
     prefill engine of the local 1P1D cluster runs it (its CPU set and thread count)."""
-    from .runtime.demo import calibrate_for
+    from .runtime.apps.demo import calibrate_for
 
     _device(device)
     cal, _, _ = calibrate_for(model, device, force=force)
@@ -112,7 +112,7 @@ def bench_demo_robustness(
 ) -> None:
     """The demo quiet and beside 1 and 2 CPU hogs (`yes > /dev/null`), the same derived rates for
     all: JCT ratio, SNIC utilisation while reading, PE busy seconds per turn."""
-    from .runtime.demo_bench import plot_robustness, run_robustness
+    from .runtime.apps.demo_bench import plot_robustness, run_robustness
     from .sim.runner import write_json
 
     try:
@@ -147,7 +147,7 @@ def bench_cold(
 ) -> None:
     """The demo's cluster and rates on a workload with nothing to load: what layerwise prefill
     and quota batching cost when there is no KV to move."""
-    from .runtime.demo import run_demo
+    from .runtime.apps.demo import run_demo
     from .sim.runner import write_json
 
     if rounds < 1:
@@ -169,7 +169,7 @@ def bench_model_speed(
 ) -> None:
     """Our SmolLM2 prefill and decode tokens/s against transformers' on the same weights, same
     machine and threads, measured side by side."""
-    from .runtime.bench_speed import model_speed
+    from .bench.model_speed import model_speed
     from .sim.runner import write_json
 
     if threads < 1:

@@ -51,7 +51,7 @@ DeviceOption = Annotated[str, typer.Option(
 
 
 def _device(spec: str) -> str:
-    from .runtime.device import require_device
+    from .runtime.engine.device import require_device
 
     require_device(spec)
     return spec
@@ -110,7 +110,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
     ) -> None:
         """OpenAI-compatible server on a local PD-disaggregated cluster."""
         from .config import RuntimeConfig, parse_pd
-        from .runtime.serve import serve_cluster
+        from .runtime.apps.serve import serve_cluster
 
         p, d = parse_pd(pd)
         cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
@@ -133,7 +133,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, console, out) -> None:
         device: DeviceOption = "cpu",
     ) -> None:
         """Replay a trajectory file or a Mooncake trace against the local cluster."""
-        from .runtime.run_trace import run_trace
+        from .runtime.apps.run import run_trace
         from .sim.runner import write_json
 
         _device(device)

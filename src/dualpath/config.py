@@ -319,7 +319,7 @@ def dataclass_has_field(obj: Any, name: str) -> bool:
     return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__
 
 
-DEMO_AGENTS = 4  # `dualpath demo` (runtime/demo.py sizes the rest of the workload to the machine)
+DEMO_AGENTS = 4  # `dualpath demo` (runtime/apps/demo.py sizes the rest of the workload to the machine)
 CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node (one per GPU), 1 x 400 Gbps SNIC
 
 
@@ -328,7 +328,7 @@ class RuntimeConfig:
     """The real runtime on one host: engine processes, emulated NICs, the KV store. A node is one
     engine, standing for a whole paper node, with its SNIC and host buffer. Rates are bytes/s per
     direction; None = real speed. A paper node's 8 CNICs are each as fast as its SNIC (PAPER.md
-    1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/emulation.py)."""
+    1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/apps/emulation.py)."""
 
     model: str = "smollm2-135m"
     num_prefill: int = 1
@@ -358,9 +358,9 @@ class RuntimeConfig:
     beta_compute_s: float = 5.0  # PAPER.md 3.2
     z_factor: float = 1.05  # PAPER.md 3.3
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
-    # per engine process; None: the size of the engine's CPU set (runtime/cpus.py: one set per engine)
+    # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None
-    device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/device.py)
+    device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/engine/device.py)
     seed: int = 0
     # Tests and experiments: read every hit on this side ("prefill" or "decode") instead of the
     # policy's choice (the DE side needs a mode with the DE read path).

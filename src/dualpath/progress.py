@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 DEFAULT_INTERVAL_S = 5.0
-# Engines report their counters every 0.5 s (engine_common.maybe_report_counters): a shorter window
+# Engines report their counters every 0.5 s (engine/base.py maybe_report_counters): a shorter window
 # would measure the reports, not the SNIC, so a line that comes sooner widens its window back.
 MIN_SNIC_WINDOW_S = 1.0
 

@@ -1,8 +1,8 @@
 """The seam between the HTTP server and the cluster: what a router offers a front end.
 
-The server (`runtime/server.py`) knows nothing about engines, lanes or storage; it turns HTTP
+The server (`runtime/server/app.py`) knows nothing about engines, lanes or storage; it turns HTTP
 requests into `GenerationRequest`s and streams back `TokenEvent`s. The real implementation is
-`runtime/router.py`; tests use an in-process fake.
+`runtime/router/router.py`; tests use an in-process fake.
 
 Contract of `Router.generate`:
   1. it validates nothing the server can validate (lengths, types); it may still raise

@@ -1,14 +1,14 @@
 """A local PD-disaggregated cluster: one process per engine, the router in this process.
 
 Start-up:
-  1. the device is checked (runtime/device.py); a private temporary directory for the control
+  1. the device is checked (runtime/engine/device.py); a private temporary directory for the control
      sockets (and the KV store unless configured; the oracle keeps its store in /dev/shm: "KV
      kept in memory");
   2. the model's tokenizer, shape and fingerprint (the store refuses blocks of another model);
   3. one host buffer per node (shared memory, Full Block slots, owned by the router) and one
      landing zone per prefill engine (its "HBM" for the batch's cached KV);
   4. the router, then the engine processes (spawned, each pinned to its own CPU set where the
-     machine has the cores: runtime/cpus.py; each loads the model), then wait for every engine's
+     machine has the cores: runtime/engine/cpus.py; each loads the model), then wait for every engine's
      `Hello`.
 Shutdown sends `Stop`, joins the processes and unlinks every segment.
 """
@@ -25,11 +25,12 @@ from typing import Any
 from ..config import RuntimeConfig
 from ..core.blocks import BlockLayout
 from .clock import MonotonicClock
-from .cpus import available_cpus, plan_cpus
-from .device import require_device
-from .engine_common import EngineSpec, engine_main, kv_dtype
+from .engine.cpus import available_cpus, plan_cpus
+from .engine.device import require_device
+from .engine.base import EngineSpec, kv_dtype
+from .engine.main import engine_main
 from .model import load_model
-from .router import Router
+from .router.router import Router
 from .store import BlockStore
 from .transport.channel import ipc_endpoint
 from .transport.messages import Stop

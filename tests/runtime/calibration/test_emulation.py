@@ -3,9 +3,9 @@ the CPU plan."""
 
 import pytest
 
-from dualpath.runtime.calibrate import ComputeProfile, ProfileKey, StepFit, StepTime, fit_steps, prefill_keys
-from dualpath.runtime.cpus import plan_cpus
-from dualpath.runtime.emulation import TurnCost, derive_rates, given_rates, predicted_basic_jct_s, trajectory_turns
+from dualpath.runtime.apps.calibrate import ComputeProfile, ProfileKey, StepFit, StepTime, fit_steps, prefill_keys
+from dualpath.runtime.engine.cpus import plan_cpus
+from dualpath.runtime.apps.emulation import TurnCost, derive_rates, given_rates, predicted_basic_jct_s, trajectory_turns
 
 
 def profile(fixed_s=0.1, per_token_s=0.01, per_key_s=0.0) -> ComputeProfile:

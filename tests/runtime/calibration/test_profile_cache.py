@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dualpath.config import RuntimeConfig
-from dualpath.runtime.calibrate import ProfileKey, load_or_measure, machine_id, profile_path, read_cached
+from dualpath.runtime.apps.calibrate import ProfileKey, load_or_measure, machine_id, profile_path, read_cached
 from dualpath.runtime.model import load_model
 
 

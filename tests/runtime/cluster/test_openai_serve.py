@@ -10,7 +10,7 @@ import pytest
 import uvicorn
 
 from dualpath.config import RuntimeConfig
-from dualpath.runtime.serve import make_app
+from dualpath.runtime.apps.serve import make_app
 from persist_wait import wait_block_files
 
 

@@ -9,9 +9,9 @@ from typing import Callable, Iterator
 import pytest
 import uvicorn
 
-from dualpath.runtime.fake_router import FakeRouter
+from dualpath.runtime.server.fake_router import FakeRouter
 from dualpath.runtime.model.loader import tiny_tokenizer
-from dualpath.runtime.server import create_app
+from dualpath.runtime.server.app import create_app
 
 WALL_TIME_S = 1_700_000_000.0
 

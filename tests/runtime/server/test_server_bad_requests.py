@@ -7,7 +7,7 @@ import contextlib
 import httpx
 import pytest
 
-from dualpath.runtime.fake_router import FakeRouter
+from dualpath.runtime.server.fake_router import FakeRouter
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -8,8 +8,8 @@ import anyio
 import httpx
 import pytest
 
-from dualpath.runtime.fake_router import FakeRouter
-from dualpath.runtime.server import EventStream
+from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.app import EventStream
 
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "min_tokens": 2000}
 

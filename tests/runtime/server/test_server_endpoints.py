@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from dualpath.runtime.fake_router import FakeRouter
+from dualpath.runtime.server.fake_router import FakeRouter
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -61,7 +61,7 @@ def test_api_key(start_server):
 
 
 def test_prometheus_text_escaping():
-    from dualpath.runtime.metrics_text import Sample, join_families, render_family
+    from dualpath.metrics.prometheus import Sample, join_families, render_family
 
     text = render_family("x_total", "counter", "help with \\ and\nnewline",
                          [Sample(3, {"path": 'a"b\\c\nd', "code": "200"}), Sample(0.5), Sample(float("inf"))])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from dualpath.runtime.fake_router import DEFAULT_REPLY_TEXT, FakeRouter
+from dualpath.runtime.server.fake_router import DEFAULT_REPLY_TEXT, FakeRouter
 
 MODEL = "dualpath-fake"
 

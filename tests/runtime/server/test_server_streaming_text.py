@@ -8,8 +8,8 @@ import random
 import httpx
 import pytest
 
-from dualpath.runtime.fake_router import FakeRouter
-from dualpath.runtime.detokenize import IncrementalDetokenizer, StopStrings
+from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
 
 MULTIBYTE_TEXT = "naïve café — 日本語 🙂👍🏽 done"
 

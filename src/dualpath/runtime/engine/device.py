@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import parse_device
-from ..errors import InputError
+from ...config import parse_device
+from ...errors import InputError
 
 
 def visible_gpus() -> int:

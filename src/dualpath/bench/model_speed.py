@@ -23,7 +23,7 @@ def best_time_s(fn, repeats: int = 2) -> float:
 @torch.no_grad()
 def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, decode_tokens: int = 32,
                 batch: int = 8, threads: int = 1) -> dict[str, Any]:
-    from .model import PagedKVCache, load_model
+    from ..runtime.model import PagedKVCache, load_model
 
     torch.set_num_threads(threads)
     loaded = load_model(model_name)
@@ -58,7 +58,7 @@ def _transformers_speed(model_name: str, ids: list[int], decode_tokens: int, bat
         from transformers import LlamaForCausalLM
     except ImportError:
         return {"transformers": "not installed"}
-    from .model.loader import smollm2_gguf_path
+    from ..runtime.model.loader import smollm2_gguf_path
 
     if model_name != "smollm2-135m":
         return {"transformers": "compared only for smollm2-135m"}

@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..core.blocks import ROOT_DIGEST, block_digest
-from ..core.snapshot import ReadSide
-from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished
+from ...core.blocks import ROOT_DIGEST, block_digest
+from ...core.snapshot import ReadSide
+from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
-from .model import PagedKVCache
-from .model.generate import SamplingParams as ModelSampling
-from .model.generate import TokenSampler
-from .protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+from ..model import PagedKVCache
+from ..model.generate import SamplingParams as ModelSampling
+from ..model.generate import TokenSampler
+from ..protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
-from .transport import ShmRegion
-from .transport.messages import Stop
+from ..transport import ShmRegion
+from ..transport.messages import Stop
 
 _SEED_STRIDE = 0x9E3779B1  # decode tokens use a seed derived from the request's, distinct from the PE's
 

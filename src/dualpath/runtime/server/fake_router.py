@@ -23,7 +23,7 @@ import asyncio
 from typing import AsyncIterator, Callable, Sequence
 
 from dualpath.runtime.api import GenerationRequest, TokenEvent, TokenizerLike
-from dualpath.runtime.metrics_text import Sample, join_families, render_family
+from dualpath.metrics.prometheus import Sample, join_families, render_family
 
 DEFAULT_REPLY_TEXT = "Hello from the fake router: naïve café, 日本語, 🙂!"
 

@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..core.policy import Budget, form_prefill_batch
-from ..core.snapshot import BatchCandidate, ReadSide
-from ..core.request import RequestId
-from .engine_common import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
+from ...core.policy import Budget, form_prefill_batch
+from ...core.snapshot import BatchCandidate, ReadSide
+from ...core.request import RequestId
+from .base import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
 from .kv_region import contiguous, layer_spans
-from .model import LayerKV, layer_kv_to_bytes
-from .model.generate import SamplingParams as ModelSampling
-from .model.generate import TokenSampler
-from .protocol import (Cancel, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
+from ..model import LayerKV, layer_kv_to_bytes
+from ..model.generate import SamplingParams as ModelSampling
+from ..model.generate import TokenSampler
+from ..protocol import (Cancel, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
                        PromptReady, ReadDone)
-from .transport.messages import Stop
+from ..transport.messages import Stop
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ class PrefillEngine(EngineBase):
     def __init__(self, spec: EngineSpec) -> None:
         super().__init__(spec)
         name, size = spec.landing
-        from .transport import ShmRegion
+        from ..transport import ShmRegion
 
         self.landing = self._attached.view(ShmRegion(name, 0, size))
         self.landing_bytes = size

@@ -20,9 +20,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..metrics import distribution
-from .api import GenerationRequest, SamplingParams
-from .clock import Clock
+from ...metrics import distribution
+from ..api import GenerationRequest, SamplingParams
+from ..clock import Clock
 
 
 @dataclass(slots=True)

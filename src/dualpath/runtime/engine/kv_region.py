@@ -15,7 +15,7 @@ import bisect
 from typing import Any
 import numpy as np
 
-from ..core.blocks import BlockLayout
+from ...core.blocks import BlockLayout
 
 
 def layer_spans(layout: BlockLayout, offsets: list[int], layer: int, start: int, stop: int) -> list[tuple[int, int]]:

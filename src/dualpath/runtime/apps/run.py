@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..config import RuntimeConfig, parse_pd
-from ..workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
-from .clock import MonotonicClock
-from .cluster import LocalCluster
+from ...config import RuntimeConfig, parse_pd
+from ...workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
+from ..clock import MonotonicClock
+from ..cluster import LocalCluster
 from .replay import replay_mooncake, replay_trajectories, storage_read_bytes, summarise
 
 OnTurn = Callable[[str, int, int, Mapping[str, int]], None]  # mode, turns done, total, storage bytes read per node

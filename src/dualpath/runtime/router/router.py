@@ -25,20 +25,20 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
-from ..config import RuntimeConfig
-from ..core.blocks import chain_digests
-from ..core.policy import (PrefillThresholds, RoundRobinCursor, choose_read_side, distribute_to_groups,
+from ...config import RuntimeConfig
+from ...core.blocks import chain_digests
+from ...core.policy import (PrefillThresholds, RoundRobinCursor, choose_read_side, distribute_to_groups,
                            round_robin_decode, round_robin_prefill, round_robin_read_side, select_decode,
                            select_prefill)
-from ..core.request import RequestId, usable_hit_tokens
-from ..core.snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
-from ..errors import InputError
-from .api import GenerationRequest, TokenEvent
-from .metrics_runtime import RouterMetrics
-from .protocol import (Cancel, Counters, Reconfigure, Reconfigured, DecodeAssign, DecodeDone, FirstToken, Hello, PersistQueued,
+from ...core.request import RequestId, usable_hit_tokens
+from ...core.snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
+from ...errors import InputError
+from ..api import GenerationRequest, TokenEvent
+from .metrics import RouterMetrics
+from ..protocol import (Cancel, Counters, Reconfigure, Reconfigured, DecodeAssign, DecodeDone, FirstToken, Hello, PersistQueued,
                        Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Token)
-from .transport.channel import Inbox, Outbox
-from .transport.shm import BufferFull, HostBuffer, ShmRegion
+from ..transport.channel import Inbox, Outbox
+from ..transport.shm import BufferFull, HostBuffer, ShmRegion
 
 
 @dataclass(slots=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, AsyncIterator
 
-from ..config import RuntimeConfig
-from .cluster import LocalCluster
+from ...config import RuntimeConfig
+from ..cluster import LocalCluster
 
 
 class ClusterRouter:
@@ -34,7 +34,7 @@ class ClusterRouter:
 
 
 def make_app(cfg: RuntimeConfig, api_key: str | None = None):
-    from .server import create_app
+    from ..server.app import create_app
 
     cluster = LocalCluster(cfg)
     proxy = ClusterRouter(cluster, cfg.model)

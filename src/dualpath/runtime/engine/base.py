@@ -18,22 +18,21 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..config import RuntimeConfig
-from ..core.blocks import BlockLayout
-from ..core.lanes import Lane
-from .clock import MonotonicClock
-from .cpus import apply_affinity
+from ...config import RuntimeConfig
+from ...core.blocks import BlockLayout
+from ...core.lanes import Lane
+from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
 from .kv_region import SpanCopy
-from .model import load_model
-from .protocol import Counters, Persisted, Reconfigure, Reconfigured
-from .store import BlockStore, PutOutcome
+from ..model import load_model
+from ..protocol import Counters, Persisted, Reconfigure, Reconfigured
+from ..store import BlockStore, PutOutcome
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
-from .transport import LinkArbiter, ShmRegion, TokenBucket
-from .transport.channel import Inbox, Outbox
-from .transport.messages import message
-from .transport.shm import SharedSegments
+from ..transport import LinkArbiter, ShmRegion, TokenBucket
+from ..transport.channel import Inbox, Outbox
+from ..transport.messages import message
+from ..transport.shm import SharedSegments
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +48,7 @@ class EngineSpec:
     landing: tuple  # (segment name, size): this PE's landing zone ("HBM"), or () for a DE
     store_root: str
     fingerprint: str
-    cpus: tuple = ()  # this process's CPU set (runtime/cpus.py); () = no affinity
+    cpus: tuple = ()  # this process's CPU set (runtime/engine/cpus.py); () = no affinity
     threads: int = 1  # torch threads
 
 
@@ -287,17 +286,3 @@ class EngineBase:
 def as_tensor(buf: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A torch view (no copy) of bytes in a host buffer."""
     return torch.frombuffer(memoryview(buf), dtype=dtype).view(shape)
-
-
-def engine_main(spec: EngineSpec) -> None:
-    """Entry point of an engine process (multiprocessing spawn target)."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
-    apply_affinity(spec.cpus)
-    if spec.role == "prefill":
-        from .prefill_engine import PrefillEngine
-
-        PrefillEngine(spec).run()
-    else:
-        from .decode_engine import DecodeEngine
-
-        DecodeEngine(spec).run()

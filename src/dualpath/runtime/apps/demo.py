@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from ..config import DEMO_AGENTS, RuntimeConfig
-from ..core.request import TurnSpec
-from ..workloads import Trajectory
+from ...config import DEMO_AGENTS, RuntimeConfig
+from ...core.request import TurnSpec
+from ...workloads import Trajectory
 from .calibrate import Calibration, load_or_measure
-from .clock import MonotonicClock
-from .cluster import LocalCluster
-from .cpus import available_cpus, plan_cpus
+from ..clock import MonotonicClock
+from ..cluster import LocalCluster
+from ..engine.cpus import available_cpus, plan_cpus
 from .emulation import EmulatedRates, derive_rates, given_rates, trajectory_turns
 from .replay import replay_trajectories, storage_read_bytes, summarise
 
@@ -96,8 +96,8 @@ def plan_demo(calibration: Calibration, kv_bytes_per_token: int, block_tokens: i
 def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = False) -> tuple[Calibration, int, int]:
     """The profile of a prefill engine of this cluster shape (its CPU set and threads), plus the
     model's KV bytes per token and block size."""
-    from .engine_common import kv_dtype
-    from .model import load_model
+    from ..engine.base import kv_dtype
+    from ..model import load_model
 
     cfg = RuntimeConfig(model=model, device=device)
     mcfg = load_model(model, device="cpu").model.config

@@ -40,9 +40,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
 from dualpath.runtime.api import GenerationRequest, Router, SamplingParams
-from dualpath.runtime.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
-from dualpath.runtime.detokenize import IncrementalDetokenizer, StopStrings
-from dualpath.runtime.metrics_text import CONTENT_TYPE, Sample, join_families, render_family
+from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
+from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
+from dualpath.metrics.prometheus import CONTENT_TYPE, Sample, join_families, render_family
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

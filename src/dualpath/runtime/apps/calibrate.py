@@ -153,7 +153,7 @@ def machine_id() -> str:
 
 
 def profile_path(key: ProfileKey) -> Path | None:
-    from .model.gguf_loader import cache_dir
+    from ..model.gguf_loader import cache_dir
 
     root = cache_dir()
     return None if root is None else root / "profiles" / f"{key.digest()}.json"
@@ -204,8 +204,8 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
     """Time the grid (best of two after a warm-up); runs in its own process."""
     import torch
 
-    from .bench_speed import best_time_s
-    from .model import LayerKV, PagedKVCache, load_model
+    from ...bench.model_speed import best_time_s
+    from ..model import LayerKV, PagedKVCache, load_model
 
     if cpus:
         os.sched_setaffinity(0, cpus)

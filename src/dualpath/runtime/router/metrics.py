@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..metrics import distribution
-from .protocol import Counters
+from ...metrics import distribution
+from ..protocol import Counters
 
 if TYPE_CHECKING:
     from .router import Router

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..config import CNIC_PER_SNIC
-from ..core.request import usable_hit_tokens
+from ...config import CNIC_PER_SNIC
+from ...core.request import usable_hit_tokens
 from .calibrate import ComputeProfile
 
 LOAD_OVER_COMPUTE = 4.4  # HARDWARE.md 6: 34.9 GB/PFLOP (DS-V3.2, 64K) / 7.9 GB/PFLOP (1 SNIC, 40% MFU)

@@ -1,0 +1,1 @@
+"""Benchmarks that do not belong to one package (model speed against transformers)."""

@@ -1,0 +1,18 @@
+"""Entry point of an engine process (the multiprocessing spawn target): the factory that stands
+above both roles, so neither role's module imports the other or this one."""
+
+from __future__ import annotations
+
+import os
+
+from .base import EngineSpec
+from .cpus import apply_affinity
+from .decode import DecodeEngine
+from .prefill import PrefillEngine
+
+
+def engine_main(spec: EngineSpec) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
+    apply_affinity(spec.cpus)  # before the engine starts its threads: they inherit the CPU set
+    engine = PrefillEngine(spec) if spec.role == "prefill" else DecodeEngine(spec)
+    engine.run()
