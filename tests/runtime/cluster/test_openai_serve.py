@@ -5,6 +5,7 @@ cached prompt tokens; a client that disconnects mid-stream frees its request on 
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 import uvicorn
@@ -55,6 +56,13 @@ def test_multi_turn_chat_with_streaming_and_cached_tokens(server):
     assert r2.usage.prompt_tokens > usage1.prompt_tokens
     cached = r2.usage.prompt_tokens_details.cached_tokens
     assert cached >= 64 and cached % 64 == 0 and cached <= usage1.prompt_tokens
+    # the router's own Prometheus families, scraped from the live cluster: idle queues, one
+    # read-queue gauge per engine, the bytes the second turn read from storage
+    text = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    assert 'dualpath_queue_requests{queue="prefill"} 0' in text and 'dualpath_queue_requests{queue="placing"} 0' in text
+    assert text.count("dualpath_read_queue_tokens{engine=") == 2
+    read = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("dualpath_storage_read_bytes_total{"))
+    assert read > 0
 
 
 def test_disconnect_mid_stream_frees_the_request(server):

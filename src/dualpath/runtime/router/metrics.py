@@ -4,13 +4,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...metrics import distribution
 from ..protocol import Counters
 
-if TYPE_CHECKING:
-    from .router import Router
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGauges:
+    """What the router's queues hold at scrape time (the router fills it; metrics never reads it)."""
+
+    prefill_requests: int  # global PE queue
+    decode_requests: int  # global DE queue + the groups' private queues
+    placing_requests: int  # PE and DE chosen, waiting for buffer room (or a persist)
+    read_queue_tokens: tuple[tuple[int, str, int], ...]  # (engine, role, tokens) per node
+    snic_bytes_per_s: float | None
 
 
 @dataclass(slots=True)
@@ -81,7 +90,7 @@ class RouterMetrics:
             "cached_tokens": int(sum(r.hit_tokens for r in done)),
         }
 
-    def prometheus(self, router: "Router") -> str:
+    def prometheus(self, q: QueueGauges) -> str:
         s = self.summary()
         lines = [
             "# HELP dualpath_requests_total Requests received.", "# TYPE dualpath_requests_total counter",
@@ -97,14 +106,14 @@ class RouterMetrics:
             f'dualpath_cnic_bytes_total{{lane="kv"}} {s["bytes"]["cnic_lane_kv"]:.0f}',
             f'dualpath_cnic_bytes_total{{lane="latency_critical"}} {s["bytes"]["cnic_lane_latency_critical"]:.0f}',
             "# HELP dualpath_queue_requests Requests waiting, by queue.", "# TYPE dualpath_queue_requests gauge",
-            f'dualpath_queue_requests{{queue="prefill"}} {len(router.pe_queue)}',
-            f'dualpath_queue_requests{{queue="decode"}} {len(router.de_queue) + sum(len(q) for q in router.private.values())}',
-            f'dualpath_queue_requests{{queue="placing"}} {len(router.placing)}',
+            f'dualpath_queue_requests{{queue="prefill"}} {q.prefill_requests}',
+            f'dualpath_queue_requests{{queue="decode"}} {q.decode_requests}',
+            f'dualpath_queue_requests{{queue="placing"}} {q.placing_requests}',
             "# HELP dualpath_read_queue_tokens Disk-read queue of a node, in tokens.", "# TYPE dualpath_read_queue_tokens gauge",
         ]
-        lines += [f'dualpath_read_queue_tokens{{engine="{e.engine}",role="{e.role}"}} {e.read_queue_tokens}' for e in router.engines.values()]
+        lines += [f'dualpath_read_queue_tokens{{engine="{e}",role="{role}"}} {tokens}' for e, role, tokens in q.read_queue_tokens]
         elapsed = max(1e-9, self.clock.now_s() - self.started_s)
-        rate = router.cfg.snic_bytes_per_s
+        rate = q.snic_bytes_per_s
         lines += ["# HELP dualpath_snic_utilisation Storage bytes read / (SNIC rate x time) per node.",
                   "# TYPE dualpath_snic_utilisation gauge"]
         for e, c in sorted(self.engine_counters.items()):

@@ -34,7 +34,7 @@ from ...core.request import RequestId, usable_hit_tokens
 from ...core.snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
 from ...errors import InputError
 from ..api import GenerationRequest, TokenEvent
-from .metrics import RouterMetrics
+from .metrics import QueueGauges, RouterMetrics
 from ..protocol import (Cancel, Counters, Reconfigure, Reconfigured, DecodeAssign, DecodeDone, FirstToken, Hello, PersistQueued,
                        Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Token)
 from ..transport.channel import Inbox, Outbox
@@ -468,7 +468,9 @@ class Router:
                 "requests": len(self.requests), "mode": self.cfg.mode}
 
     def metrics_text(self) -> str:
-        return self.metrics.prometheus(self)
+        return self.metrics.prometheus(QueueGauges(
+            len(self.pe_queue), len(self.de_queue) + sum(len(q) for q in self.private.values()), len(self.placing),
+            tuple((e.engine, e.role, e.read_queue_tokens) for e in self.engines.values()), self.cfg.snic_bytes_per_s))
 
     def check_invariants(self) -> None:
         """Loads equal the sum over live requests; reservations never exceed capacity."""
