@@ -4,7 +4,7 @@ The server (`runtime/server/app.py`) knows nothing about engines, lanes or stora
 requests into `GenerationRequest`s and streams back `TokenEvent`s. The real implementation is
 `runtime/router/router.py`; tests use an in-process fake.
 
-Contract of `Router.generate`:
+Contract of `ServingBackend.generate` (the router implements it; the HTTP app needs nothing else):
   1. it validates nothing the server can validate (lengths, types); it may still raise
      `InputError` for what only it can know;
   2. it yields one `TokenEvent` per generated token, in order; the last one has `finished=True`
@@ -65,7 +65,7 @@ class TokenizerLike(Protocol):
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
 
 
-class Router(Protocol):
+class ServingBackend(Protocol):
     model_name: str
     tokenizer: TokenizerLike
     max_context_tokens: int  # prompt + generated must fit

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import pytest
 import uvicorn
 
-from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.fake_backend import FakeBackend
 from dualpath.runtime.model.loader import tiny_tokenizer
 from dualpath.runtime.server.app import create_app
 
@@ -17,7 +17,7 @@ WALL_TIME_S = 1_700_000_000.0
 
 
 class RunningServer:
-    def __init__(self, router: FakeRouter, api_key: str | None, lifespan=None) -> None:
+    def __init__(self, router: FakeBackend, api_key: str | None, lifespan=None) -> None:
         ids = iter(range(1_000_000))
         app = create_app(router, api_key, wall_time_s=lambda: WALL_TIME_S, new_request_id=lambda: f"{next(ids):06d}",
                          lifespan=lifespan)
@@ -67,8 +67,8 @@ def start_server() -> Iterator[Callable[..., RunningServer]]:
     """start_server(router=None, api_key=None, lifespan=None) -> RunningServer; stopped after the test."""
     running: list[RunningServer] = []
 
-    def start(router: FakeRouter | None = None, api_key: str | None = None, lifespan=None) -> RunningServer:
-        server = RunningServer(router if router is not None else FakeRouter(), api_key, lifespan)
+    def start(router: FakeBackend | None = None, api_key: str | None = None, lifespan=None) -> RunningServer:
+        server = RunningServer(router if router is not None else FakeBackend(), api_key, lifespan)
         running.append(server)
         return server
 

@@ -7,7 +7,7 @@ import contextlib
 import httpx
 import pytest
 
-from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.fake_backend import FakeBackend
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -65,7 +65,7 @@ CASES = [
 
 @pytest.fixture
 def server(start_server):
-    return start_server(FakeRouter(max_context_tokens=WINDOW_TOKENS))
+    return start_server(FakeBackend(max_context_tokens=WINDOW_TOKENS))
 
 
 def test_malformed_requests_are_400_naming_the_field(server):
@@ -127,7 +127,7 @@ def test_chat_template_errors_are_400(start_server):
     strict = tiny_tokenizer()
     strict.chat_template = "{{ raise_exception('conversation roles must alternate') }}"
     for tokenizer, message in ((no_template, "no chat template"), (strict, "must alternate")):
-        server = start_server(FakeRouter(tokenizer))
+        server = start_server(FakeBackend(tokenizer))
         response = httpx.post(server.url + CHAT, json={"messages": USER})
         assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
         assert message in response.json()["error"]["message"]
@@ -135,7 +135,7 @@ def test_chat_template_errors_are_400(start_server):
 
 
 def test_router_failures_are_opaque_500s_and_stream_errors(start_server):
-    class Broken(FakeRouter):
+    class Broken(FakeBackend):
         async def _generate(self, request):
             async with contextlib.aclosing(super()._generate(request)) as events:
                 async for event in events:
@@ -143,7 +143,7 @@ def test_router_failures_are_opaque_500s_and_stream_errors(start_server):
                         raise RuntimeError("engine 3 vanished: secret internals")
                     yield event
 
-    class BrokenAtStart(FakeRouter):
+    class BrokenAtStart(FakeBackend):
         async def _generate(self, request):
             raise RuntimeError("secret internals")
             yield  # an async generator

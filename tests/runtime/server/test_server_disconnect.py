@@ -8,14 +8,14 @@ import anyio
 import httpx
 import pytest
 
-from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.fake_backend import FakeBackend
 from dualpath.runtime.server.app import EventStream
 
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "min_tokens": 2000}
 
 
 def test_disconnect_mid_stream_cancels_the_request(start_server, wait_until):
-    server = start_server(FakeRouter(token_delay_s=0.02))
+    server = start_server(FakeBackend(token_delay_s=0.02))
     router = server.router
     with httpx.Client(base_url=server.url, timeout=5) as client:
         with client.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response:
@@ -34,7 +34,7 @@ def test_disconnect_mid_stream_cancels_the_request(start_server, wait_until):
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_before_first_token_cancels_the_request(start_server, wait_until, stream):
-    server = start_server(FakeRouter(first_token_delay_s=30))
+    server = start_server(FakeBackend(first_token_delay_s=30))
     router = server.router
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json={**LONG, "stream": stream}, timeout=0.5)
@@ -49,7 +49,7 @@ def test_disconnect_while_blocked_on_a_full_socket(start_server, wait_until):
     generators suspended at a `yield`; only an explicit close frees the request then."""
     # 500K tokens of SSE (~75 MB) cannot all fit in loopback socket buffers (several MB each way),
     # so the stream is still running when the client closes, however fast the server is
-    server = start_server(FakeRouter(max_context_tokens=600_000))
+    server = start_server(FakeBackend(max_context_tokens=600_000))
     router = server.router
     body = {"prompt": "go", "max_tokens": 500_000, "min_tokens": 500_000, "stream": True}
     with httpx.Client(base_url=server.url, timeout=5) as client:

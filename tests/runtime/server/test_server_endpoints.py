@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import httpx
 
-from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.fake_backend import FakeBackend
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 def test_models_health_metrics(start_server):
-    server = start_server(FakeRouter(model_name="smol", max_context_tokens=1024))
+    server = start_server(FakeBackend(model_name="smol", max_context_tokens=1024))
     with httpx.Client(base_url=server.url) as client:
         models = client.get("/v1/models").json()
         assert models["object"] == "list"
@@ -35,7 +35,7 @@ def test_models_health_metrics(start_server):
 
 
 def test_unhealthy_router_is_503(start_server):
-    class Sick(FakeRouter):
+    class Sick(FakeBackend):
         def health(self) -> dict:
             return {"status": "degraded", "reason": "decode engine 1 is gone"}
 

@@ -1,11 +1,11 @@
-"""The official `openai` client against a real uvicorn server over the FakeRouter."""
+"""The official `openai` client against a real uvicorn server over the FakeBackend."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from dualpath.runtime.server.fake_router import DEFAULT_REPLY_TEXT, FakeRouter
+from dualpath.runtime.server.fake_backend import DEFAULT_REPLY_TEXT, FakeBackend
 
 MODEL = "dualpath-fake"
 
@@ -112,7 +112,7 @@ def test_router_input_error_is_a_400(start_server):
 
         raise InputError("prompt needs more KV blocks than the cluster has")
 
-    server = start_server(FakeRouter(reply=reject))
+    server = start_server(FakeBackend(reply=reject))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError, match="more KV blocks"):
@@ -123,7 +123,7 @@ def test_router_input_error_is_a_400(start_server):
 def test_concurrent_streams_do_not_mix(start_server):
     from concurrent.futures import ThreadPoolExecutor
 
-    server = start_server(FakeRouter(token_delay_s=0.002))
+    server = start_server(FakeBackend(token_delay_s=0.002))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
     def run(num_tokens: int) -> tuple[str, set[str], int]:

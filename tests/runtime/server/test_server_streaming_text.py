@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from dualpath.runtime.server.fake_router import FakeRouter
+from dualpath.runtime.server.fake_backend import FakeBackend
 from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
 
 MULTIBYTE_TEXT = "naïve café — 日本語 🙂👍🏽 done"
@@ -38,7 +38,7 @@ def test_deltas_with_real_bpe_tokens_holding_partial_characters(smollm2_tokenize
 
 def test_server_stream_with_smollm2_tokenizer(start_server, smollm2_tokenizer):
     tok = smollm2_tokenizer
-    server = start_server(FakeRouter(tok, reply=lambda _prompt: tok.encode(MULTIBYTE_TEXT)))
+    server = start_server(FakeBackend(tok, reply=lambda _prompt: tok.encode(MULTIBYTE_TEXT)))
     body = {"messages": [{"role": "user", "content": "Grüße 🙂"}], "stream": True}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
         events = sse_events(response)
@@ -90,7 +90,7 @@ def sse_events(response: httpx.Response) -> list[dict]:
 
 def test_server_stream_concatenates_to_full_text(start_server, tokenizer):
     reply_ids = tokenizer.encode(MULTIBYTE_TEXT)
-    server = start_server(FakeRouter(reply=lambda _prompt: reply_ids))
+    server = start_server(FakeBackend(reply=lambda _prompt: reply_ids))
     body = {"messages": [{"role": "user", "content": "x"}], "stream": True}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
@@ -107,7 +107,7 @@ def test_server_stream_concatenates_to_full_text(start_server, tokenizer):
 
 
 def test_server_stop_string_ends_generation(start_server, tokenizer):
-    server = start_server(FakeRouter(reply=lambda _prompt: tokenizer.encode(MULTIBYTE_TEXT)))
+    server = start_server(FakeBackend(reply=lambda _prompt: tokenizer.encode(MULTIBYTE_TEXT)))
     body = {"prompt": "x", "max_tokens": 200, "stop": ["日本", "never"]}
     reply = httpx.post(server.url + "/v1/completions", json=body).json()
     assert reply["choices"][0]["text"] == "naïve café — "

@@ -27,7 +27,7 @@ from ...core.snapshot import ReadSide
 from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
 from ..model import PagedKVCache
-from ..model.generate import SamplingParams as ModelSampling
+from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
 from ..protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
@@ -38,8 +38,8 @@ _SEED_STRIDE = 0x9E3779B1  # decode tokens use a seed derived from the request's
 
 
 @dataclass(slots=True)
-class DReq:
-    a: DecodeAssign
+class DecodeRequest:
+    assign: DecodeAssign
     tokens: list = field(default_factory=list)  # prompt + generated
     generated: int = 0
     digests: list = field(default_factory=list)  # chained digests of the full blocks so far
@@ -60,7 +60,7 @@ class DecodeEngine(EngineBase):
         self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt), block_tokens=bt,
                                   dtype=self.dtype, device=self.device)
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
-        self.reqs: dict[int, DReq] = {}
+        self.reqs: dict[int, DecodeRequest] = {}
         self.eos = set(self.mcfg.eos_token_ids)
 
     def run(self) -> None:
@@ -86,8 +86,8 @@ class DecodeEngine(EngineBase):
         elif isinstance(msg, ReadFinished):
             r = self.reqs.get(msg.rid)
             if r is not None:
-                self.to_router(ReadDone(msg.rid, self.spec.engine, r.a.hit_tokens, msg.nbytes, msg.ok_blocks))
-                self.send(r.a.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
+                self.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
+                self.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
         elif isinstance(msg, (LayerPull, PromptReady)) and msg.rid not in self.reqs:
             self.stash(msg.rid, msg)
         elif isinstance(msg, LayerPull):
@@ -110,7 +110,7 @@ class DecodeEngine(EngineBase):
     # --- 1. assignment and the DE read path ---------------------------------------------------
     def _assign(self, a: DecodeAssign) -> None:
         seed = (a.seed * 2654435761 + _SEED_STRIDE) % (2**63)
-        r = DReq(a, tokens=list(a.prompt_ids), sampler=TokenSampler(ModelSampling(a.temperature, a.top_p, seed)))
+        r = DecodeRequest(a, tokens=list(a.prompt_ids), sampler=TokenSampler(SamplerParams(a.temperature, a.top_p, seed)))
         self.reqs[a.rid] = r
         if a.read_side == ReadSide.DECODE and a.hit_tokens:
             nb = a.hit_tokens // self.cfg.block_tokens
@@ -120,7 +120,7 @@ class DecodeEngine(EngineBase):
     # --- 2. layer streams to the PE -----------------------------------------------------------
     def _layer_pull(self, m: LayerPull) -> None:
         r = self.reqs[m.rid]
-        spans = layer_spans(self.layout, r.a.de_offsets, m.layer, 0, m.num_tokens)
+        spans = layer_spans(self.layout, r.assign.de_offsets, m.layer, 0, m.num_tokens)
         dst = self._attached.view(ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer))
         reply, rid, layer = m.reply_to, m.rid, m.layer
         self.copy(self.buffers[self.node], spans, dst, contiguous(0, dst.nbytes),
@@ -135,11 +135,11 @@ class DecodeEngine(EngineBase):
         r.hit_blocks = m.hit_tokens // bt
         r.tokens.append(m.first_token)
         r.generated = 1
-        n = len(r.a.prompt_ids)
+        n = len(r.assign.prompt_ids)
         self.cache.add_sequence(m.rid, n)
         fbb = self.layout.full_block_bytes
         table = self.cache.block_table(m.rid)
-        src_spans = [(off, fbb) for off in r.a.de_offsets]
+        src_spans = [(off, fbb) for off in r.assign.de_offsets]
         dst_spans = [(b * fbb, fbb) for b in table]
         rid = m.rid
         r.pending_copies += 1
@@ -169,11 +169,11 @@ class DecodeEngine(EngineBase):
     def _step(self) -> None:
         running = [r for r in self.reqs.values() if r.running][: self.cfg.max_decode_batch]
         t0 = time.perf_counter()
-        logits = self.model.decode_step(self.cache, [r.a.rid for r in running], [r.tokens[-1] for r in running])
+        logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running])
         self.counters["busy_s"] += time.perf_counter() - t0
         self.counters["forwards"] += 1
         for r, row in zip(running, logits):
-            if r.generated < r.a.min_tokens or r.a.ignore_eos:
+            if r.generated < r.assign.min_tokens or r.assign.ignore_eos:
                 row = row.clone()
                 row[list(self.eos)] = float("-inf")
             tok = r.sampler(row)
@@ -181,28 +181,28 @@ class DecodeEngine(EngineBase):
             idx = r.generated
             r.generated += 1
             done = self._done(r, tok)
-            reason = ("length" if r.generated >= r.a.max_tokens else "stop") if done else ""
+            reason = ("length" if r.generated >= r.assign.max_tokens else "stop") if done else ""
             self._persist_full_blocks(r)  # announced before the token (PersistQueued)
-            self.to_router(Token(r.a.rid, tok, idx, done, reason))
+            self.to_router(Token(r.assign.rid, tok, idx, done, reason))
             if done:
                 self._finish(r)
 
-    def _done(self, r: DReq, last: int) -> bool:
-        if r.generated >= r.a.max_tokens:
+    def _done(self, r: DecodeRequest, last: int) -> bool:
+        if r.generated >= r.assign.max_tokens:
             return True
-        eos_allowed = not r.a.ignore_eos and r.generated >= max(1, r.a.min_tokens)
+        eos_allowed = not r.assign.ignore_eos and r.generated >= max(1, r.assign.min_tokens)
         return eos_allowed and last in self.eos
 
-    def _persist_full_blocks(self, r: DReq) -> None:
+    def _persist_full_blocks(self, r: DecodeRequest) -> None:
         """Persist blocks whose every position has KV in the cache (PAPER.md 1.4): prompt blocks
         beyond the hit, then each generated block as it fills. The hit blocks are already stored."""
         bt = self.cfg.block_tokens
-        have = self.cache.num_tokens(r.a.rid) // bt
+        have = self.cache.num_tokens(r.assign.rid) // bt
         while len(r.digests) < have:
             b = len(r.digests)
             parent = r.digests[-1] if r.digests else ROOT_DIGEST
             r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
-        table = self.cache.block_table(r.a.rid)
+        table = self.cache.block_table(r.assign.rid)
         fbb = self.layout.full_block_bytes
         queued = [d for d in r.digests[max(r.persisted_blocks, r.hit_blocks):have]]
         if queued:
@@ -213,7 +213,7 @@ class DecodeEngine(EngineBase):
             if b < r.hit_blocks:
                 continue
             staging = np.empty(fbb, dtype=np.uint8)  # D2H into host DRAM (pinned on a GPU host), then storage
-            digest, rid = r.digests[b], r.a.rid
+            digest, rid = r.digests[b], r.assign.rid
             r.pending_copies += 1
 
             def done(_res, d=digest, s=staging, rid=rid) -> None:
@@ -222,15 +222,15 @@ class DecodeEngine(EngineBase):
 
             self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
 
-    def _finish(self, r: DReq) -> None:
+    def _finish(self, r: DecodeRequest) -> None:
         """Stop decoding; the cache blocks are freed once no copy touches them any more."""
         r.running = False
         r.finishing = True
         if r.pending_copies == 0:
             self._release(r)
 
-    def _release(self, r: DReq) -> None:
-        rid = r.a.rid
+    def _release(self, r: DecodeRequest) -> None:
+        rid = r.assign.rid
         if rid in self.cache.seq_ids:
             self.cache.free(rid)
         del self.reqs[rid]

@@ -31,7 +31,7 @@ from ...core.request import RequestId
 from .base import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
 from .kv_region import contiguous, layer_spans
 from ..model import LayerKV, layer_kv_to_bytes
-from ..model.generate import SamplingParams as ModelSampling
+from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
 from ..protocol import (Cancel, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
                        PromptReady, ReadDone)
@@ -39,8 +39,8 @@ from ..transport.messages import Stop
 
 
 @dataclass(slots=True)
-class PReq:
-    a: PrefillAssign
+class PrefillRequest:
+    assign: PrefillAssign
     hit_tokens: int
     cached: int = 0
     ready: bool = False
@@ -57,7 +57,7 @@ class PReq:
 
     @property
     def pe_path(self) -> bool:
-        return self.a.read_side == ReadSide.PREFILL
+        return self.assign.read_side == ReadSide.PREFILL
 
 
 class PrefillEngine(EngineBase):
@@ -69,8 +69,8 @@ class PrefillEngine(EngineBase):
         self.landing = self._attached.view(ShmRegion(name, 0, size))
         self.landing_bytes = size
         self.node = spec.engine
-        self.reqs: dict[int, PReq] = {}
-        self.queue: deque[PReq] = deque()
+        self.reqs: dict[int, PrefillRequest] = {}
+        self.queue: deque[PrefillRequest] = deque()
         self._layer_pending: dict[int, int] = {}
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
         self.tbpl = self.layout.kv_bytes_per_token_per_layer
@@ -157,7 +157,7 @@ class PrefillEngine(EngineBase):
             self._stop = True
 
     def _assign(self, a: PrefillAssign) -> None:
-        r = PReq(a, a.hit_tokens, cached=a.hit_tokens, prompt=list(a.prompt_ids))
+        r = PrefillRequest(a, a.hit_tokens, cached=a.hit_tokens, prompt=list(a.prompt_ids))
         self.reqs[a.rid] = r
         self.queue.append(r)
         if a.hit_tokens == 0:
@@ -177,14 +177,14 @@ class PrefillEngine(EngineBase):
         r.hit_tokens = r.cached = ok_tokens  # a block that failed its checksum is recomputed
         r.ready = True
 
-    def _drop(self, r: PReq) -> None:
+    def _drop(self, r: PrefillRequest) -> None:
         self.queue.remove(r)
-        del self.reqs[r.a.rid]
-        self.ended(r.a.rid)
-        self.to_router(PrefillDone(r.a.rid, self.spec.engine))
+        del self.reqs[r.assign.rid]
+        self.ended(r.assign.rid)
+        self.to_router(PrefillDone(r.assign.rid, self.spec.engine))
 
     # --- batch ------------------------------------------------------------------------------
-    def _form_batch(self) -> list[tuple[PReq, int]]:
+    def _form_batch(self) -> list[tuple[PrefillRequest, int]]:
         while True:
             msg = self.inbox.recv(0)
             if msg is None:
@@ -193,12 +193,12 @@ class PrefillEngine(EngineBase):
         for r in [r for r in self.queue if r.cancelled and r.ready and r.pending_pd == 0 and not r.computed]:
             self._drop(r)
         eligible = [r for r in self.queue if r.ready and r.pending_pd == 0 and not r.computed]
-        cands = (BatchCandidate(RequestId(r.a.rid, 0), r.cached, r.remaining) for r in eligible)
+        cands = (BatchCandidate(RequestId(r.assign.rid, 0), r.cached, r.remaining) for r in eligible)
         entries = form_prefill_batch(cands, self.budgets)
         return [(eligible[i], e.compute_tokens) for i, e in enumerate(entries)]
 
     # --- forward -------------------------------------------------------------------------------
-    def _forward(self, batch: list[tuple[PReq, int]]) -> None:
+    def _forward(self, batch: list[tuple[PrefillRequest, int]]) -> None:
         t_start = time.perf_counter()
         L = self.mcfg.num_layers
         items = [(r.cached, r.prompt[r.cached : r.cached + n]) for r, n in batch]
@@ -253,7 +253,7 @@ class PrefillEngine(EngineBase):
             self.pump(lambda: all(r.pending_pd == 0 for r, _ in batch), timeout_s=0.05)
         self.last_forward_s = time.perf_counter() - t_start
 
-    def _issue_layer(self, l: int, batch: list[tuple[PReq, int]], zone: list[int], layer_zone_bytes: int) -> None:
+    def _issue_layer(self, l: int, batch: list[tuple[PrefillRequest, int]], zone: list[int], layer_zone_bytes: int) -> None:
         base = (l % self.depth) * layer_zone_bytes
         pending = 0
         for (r, _), off in zip(batch, zone):
@@ -263,17 +263,17 @@ class PrefillEngine(EngineBase):
             nbytes = r.cached * self.tbpl
             if r.pe_path:
                 src = self.buffers[self.node]
-                spans = layer_spans(self.layout, r.a.pe_offsets, l, 0, r.cached)
+                spans = layer_spans(self.layout, r.assign.pe_offsets, l, 0, r.cached)
                 self.copy(src, spans, self.landing, contiguous(base + off, nbytes),
-                          lambda _res, rid=r.a.rid, l=l: self.to_self(LayerReady(rid, l)))
+                          lambda _res, rid=r.assign.rid, l=l: self.to_self(LayerReady(rid, l)))
             else:
-                self.send(r.a.de_endpoint, LayerPull(r.a.rid, l, r.cached, self.spec.landing[0], base + off, self.spec.endpoint))
+                self.send(r.assign.de_endpoint, LayerPull(r.assign.rid, l, r.cached, self.spec.landing[0], base + off, self.spec.endpoint))
         self._layer_pending[l] = pending
 
-    def _send_layer(self, l: int, batch: list[tuple[PReq, int]], new: list[LayerKV]) -> None:
+    def _send_layer(self, l: int, batch: list[tuple[PrefillRequest, int]], new: list[LayerKV]) -> None:
         """Layer l's KV to the DE buffer: the new tokens (and, PE path, the hit once)."""
         for (r, n), kv in zip(batch, new):
-            a = r.a
+            a = r.assign
             de_buf = self.buffers[a.de_engine]
             data = np.frombuffer(layer_kv_to_bytes(kv, self.dtype), dtype=np.uint8)  # D2H on a GPU
             self._pd(r, l, data, contiguous(0, data.nbytes), de_buf, layer_spans(self.layout, a.de_offsets, l, r.cached, r.cached + n))
@@ -286,9 +286,9 @@ class PrefillEngine(EngineBase):
                 self._pd(r, l, data, contiguous(0, data.nbytes), self.buffers[self.node],
                          layer_spans(self.layout, a.pe_offsets, l, r.cached, r.cached + n))
 
-    def _pd(self, r: PReq, l: int, src: np.ndarray, src_spans, dst: np.ndarray, dst_spans) -> None:
+    def _pd(self, r: PrefillRequest, l: int, src: np.ndarray, src_spans, dst: np.ndarray, dst_spans) -> None:
         r.pending_pd += 1
-        rid = r.a.rid
+        rid = r.assign.rid
         self.copy(src, src_spans, dst, dst_spans, lambda _res: self.to_self(CopyDone(rid, "pd", l)))
 
     def _copy_done(self, msg: CopyDone) -> None:
@@ -299,12 +299,12 @@ class PrefillEngine(EngineBase):
         if r.pending_pd == 0 and r.computed:
             self._finish(r)
 
-    def _first_token(self, r: PReq, logits: torch.Tensor) -> None:
-        a = r.a
+    def _first_token(self, r: PrefillRequest, logits: torch.Tensor) -> None:
+        a = r.assign
         if a.suppress_eos:
             logits = logits.clone()
             logits[list(self.mcfg.eos_token_ids)] = float("-inf")
-        sampler = TokenSampler(ModelSampling(temperature=a.temperature, top_p=a.top_p, seed=a.seed))
+        sampler = TokenSampler(SamplerParams(temperature=a.temperature, top_p=a.top_p, seed=a.seed))
         r.first_token = sampler(logits)
         r.computed = True
         if not r.cancelled:
@@ -312,8 +312,8 @@ class PrefillEngine(EngineBase):
         if r.pending_pd == 0:
             self._finish(r)
 
-    def _finish(self, r: PReq) -> None:
-        a = r.a
+    def _finish(self, r: PrefillRequest) -> None:
+        a = r.assign
         if not r.cancelled:
             self.send(a.de_endpoint, PromptReady(a.rid, r.first_token, r.hit_tokens))
         self.queue.remove(r)

@@ -15,7 +15,7 @@ Module map:
 """
 
 from dualpath.runtime.model.config import LlamaConfig, RopeScaling
-from dualpath.runtime.model.generate import GenerationResult, SamplingParams, generate, generate_text
+from dualpath.runtime.model.generate import GenerationResult, SamplerParams, generate, generate_text
 from dualpath.runtime.model.kv_layout import (
     LayerKV,
     full_blocks_from_layer_kvs,
@@ -35,7 +35,7 @@ from dualpath.runtime.model.weights import LoadedModel
 __all__ = [
     "BUILTIN_MODELS", "DecodeBatch", "GenerationResult", "LayerKV", "Llama", "LlamaConfig", "LoadedModel",
     "OutOfBlocksError", "PagedKVCache", "PrefillItem", "PrefillResult", "PrefillState", "RopeScaling",
-    "SamplingParams", "Tokenizer", "full_blocks_from_layer_kvs", "generate", "generate_text", "host_kv_buffer",
+    "SamplerParams", "Tokenizer", "full_blocks_from_layer_kvs", "generate", "generate_text", "host_kv_buffer",
     "kv_dtype_from_name", "layer_kv_from_bytes", "layer_kv_from_full_blocks", "layer_kv_to_bytes", "load_model",
     "save_hf_folder",
 ]

@@ -25,7 +25,7 @@ BLOCK_TOKENS_DEFAULT = 64
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplerParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int | None = None  # None: a fresh nondeterministic seed (only used when temperature > 0)
@@ -52,7 +52,7 @@ class GenerationResult:
 class TokenSampler:
     """Chooses tokens from logits; deterministic for a seed."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplerParams) -> None:
         self.params = params
         self._gen = torch.Generator()
         if params.seed is None:
@@ -112,7 +112,7 @@ def generate(
     if max_tokens < 0:
         raise InputError(f"max_tokens must be >= 0, got {max_tokens}")
     prompt_ids = tuple(ids.tolist())
-    sampler = TokenSampler(SamplingParams(temperature, top_p, seed))
+    sampler = TokenSampler(SamplerParams(temperature, top_p, seed))
     tokenizer_eos = None if tokenizer is None else tokenizer.eos_token_id
     eos_ids = set(model.config.eos_token_ids) | ({tokenizer_eos} - {None})
     num_blocks = -(-(len(prompt_ids) + max_tokens) // block_tokens)

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP front end over any `Router` (runtime/api.py).
+"""OpenAI-compatible HTTP front end over any `ServingBackend` (runtime/api.py).
 
 Path of a request through the server:
   1. `_FrontDoor` (outermost ASGI layer) checks the API key on /v1/ routes (401 otherwise) and
@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
-from dualpath.runtime.api import GenerationRequest, Router, SamplingParams
+from dualpath.runtime.api import GenerationRequest, SamplingParams, ServingBackend
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
 from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
 from dualpath.metrics.prometheus import CONTENT_TYPE, Sample, join_families, render_family
@@ -117,7 +117,7 @@ async def close_quietly(agen: Any) -> None:
             log.exception("closing a generation stream failed")
 
 
-async def _deltas(router: Router, job: Job) -> AsyncIterator[Delta]:
+async def _deltas(router: ServingBackend, job: Job) -> AsyncIterator[Delta]:
     """One delta per token (possibly empty); the last carries finish_reason and usage."""
     events = router.generate(job.request)
     detokenizer, stops = IncrementalDetokenizer(router.tokenizer), StopStrings(job.stops)
@@ -260,7 +260,7 @@ async def _event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) ->
 
 
 class _Server:
-    def __init__(self, router: Router, wall_time_s: Callable[[], float], new_request_id: Callable[[], str]) -> None:
+    def __init__(self, router: ServingBackend, wall_time_s: Callable[[], float], new_request_id: Callable[[], str]) -> None:
         self.router = router
         self.wall_time_s = wall_time_s
         self.new_request_id = new_request_id
@@ -402,7 +402,7 @@ class _FrontDoor:
             self.server.responses[(route, status)] += 1
 
 
-def create_app(router: Router, api_key: str | None = None, *, wall_time_s: Callable[[], float] = system_wall_time_s,
+def create_app(router: ServingBackend, api_key: str | None = None, *, wall_time_s: Callable[[], float] = system_wall_time_s,
                new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
     """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
     `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
@@ -460,7 +460,7 @@ def create_app(router: Router, api_key: str | None = None, *, wall_time_s: Calla
     return app
 
 
-def serve(router: Router, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
+def serve(router: ServingBackend, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
           lifespan: Lifespan | None = None, log_level: str = "info", graceful_shutdown_s: int = 5) -> None:
     """Run the API with uvicorn until interrupted; binds to localhost unless told otherwise. On
     shutdown, streams still open after `graceful_shutdown_s` are cancelled (freeing their requests)."""

@@ -1,4 +1,4 @@
-"""`FakeRouter`: an in-process, deterministic `Router` (runtime/api.py) for developing and testing
+"""`FakeBackend`: an in-process, deterministic `Router` (runtime/api.py) for developing and testing
 the HTTP server without engines.
 
 Path of a request through it:
@@ -28,7 +28,7 @@ from dualpath.metrics.prometheus import Sample, join_families, render_family
 DEFAULT_REPLY_TEXT = "Hello from the fake router: naïve café, 日本語, 🙂!"
 
 
-class FakeRouter:
+class FakeBackend:
     def __init__(
         self,
         tokenizer: TokenizerLike | None = None,
@@ -55,7 +55,7 @@ class FakeRouter:
             eos = getattr(tokenizer, "eos_token_id", None)
             eos_token_ids = () if eos is None else (eos,)
         if not eos_token_ids:
-            raise ValueError("FakeRouter needs at least one EOS token id")
+            raise ValueError("FakeBackend needs at least one EOS token id")
         self.eos_token_ids = tuple(eos_token_ids)
         default_reply = tuple(tokenizer.encode(DEFAULT_REPLY_TEXT, allow_added_tokens=False))
         self._reply = reply if reply is not None else (lambda _prompt: default_reply)
