@@ -33,6 +33,14 @@ def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s
     return plan
 
 
+def _write_json(result: dict, path: Optional[Path]) -> None:
+    from .sim.runner import write_json
+
+    if path:
+        write_json(result, path)
+        console.print(f"wrote {path}")
+
+
 def rates_line(rates) -> str:
     return (f"SNIC {rates.snic_bytes_per_s / 1e6:.1f} MB/s per node, CNIC {rates.cnic_bytes_per_s / 1e6:.0f} MB/s "
             f"({rates.source}: hit load = {rates.load_over_compute:.1f}x prefill compute)")
@@ -56,7 +64,6 @@ def demo(
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
     from .runtime.apps.demo import run_demo
-    from .sim.runner import write_json
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
@@ -69,9 +76,7 @@ def demo(
         b, d = runs["basic"], runs["dualpath"]
         out.print(f"PE busy s per turn: basic {b['pe_busy_s_per_turn']:.3f}, dualpath {d['pe_busy_s_per_turn']:.3f}")
         out.print(f"JCT dualpath / basic = {d['jct_s'] / b['jct_s']:.2f}")
-    if json_path:
-        write_json(result, json_path)
-        console.print(f"wrote {json_path}")
+    _write_json(result, json_path)
     if plot:
         plot_runtime(result, plot, f"dualpath demo: {_title(result, model, device)}")
         console.print(f"wrote {plot}")
@@ -113,7 +118,6 @@ def bench_demo_robustness(
     """The demo quiet and beside 1 and 2 CPU hogs (`yes > /dev/null`), the same derived rates for
     all: JCT ratio, SNIC utilisation while reading, PE busy seconds per turn."""
     from .runtime.apps.demo_bench import plot_robustness, run_robustness
-    from .sim.runner import write_json
 
     try:
         counts = [int(x) for x in hogs.split(",") if x.strip()]
@@ -131,9 +135,7 @@ def bench_demo_robustness(
         busy = r["pe_busy_s_per_turn"]
         out.print(f"{r['hogs']:4d}  {r['jct_basic_s']:11.1f}  {r['jct_dualpath_s']:14.1f}  {r['ratio']:5.2f}  {util:>35}  "
                   f"{busy['basic']:.3f}, {busy['dualpath']:.3f}")
-    if json_path:
-        write_json(report, json_path)
-        console.print(f"wrote {json_path}")
+    _write_json(report, json_path)
     if plot:
         plot_robustness(report, plot)
         console.print(f"wrote {plot}")
@@ -148,7 +150,6 @@ def bench_cold(
     """The demo's cluster and rates on a workload with nothing to load: what layerwise prefill
     and quota batching cost when there is no KV to move."""
     from .runtime.apps.demo import run_demo
-    from .sim.runner import write_json
 
     if rounds < 1:
         raise InputError("--rounds must be at least 1")
@@ -158,9 +159,7 @@ def bench_cold(
     print_runtime_runs(out, result, f"cold workload (nothing to load), {_title(result, model, device)}")
     runs = {r["mode"]: r for r in result["runs"]}
     out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
-    if json_path:
-        write_json(result, json_path)
-        console.print(f"wrote {json_path}")
+    _write_json(result, json_path)
 
 
 def bench_model_speed(
@@ -170,14 +169,12 @@ def bench_model_speed(
     """Our SmolLM2 prefill and decode tokens/s against transformers' on the same weights, same
     machine and threads, measured side by side."""
     from .bench.model_speed import model_speed
-    from .sim.runner import write_json
 
     if threads < 1:
         raise InputError("--threads must be at least 1")
     r = model_speed(threads=threads)
     out.print_json(json.dumps(r))
-    if json_path:
-        write_json(r, json_path)
+    _write_json(r, json_path)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

@@ -85,12 +85,14 @@ def plan_demo(calibration: Calibration, kv_bytes_per_token: int, block_tokens: i
         trajs = demo_workload(num_agents, rounds)
         return DemoPlan(trajs, rates_for(trajs), calibration)
     lo, hi = ROUNDS_RANGE
-    for r in range(hi, lo - 1, -1):
+    r = hi
+    trajs = demo_workload(num_agents, r)
+    rates = rates_for(trajs)
+    while r > lo and rates.predicted_basic_jct_s > TARGET_BASIC_JCT_S:
+        r -= 1
         trajs = demo_workload(num_agents, r)
         rates = rates_for(trajs)
-        if rates.predicted_basic_jct_s <= TARGET_BASIC_JCT_S or r == lo:
-            return DemoPlan(trajs, rates, calibration)
-    raise AssertionError("unreachable")
+    return DemoPlan(trajs, rates, calibration)
 
 
 def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = False) -> tuple[Calibration, int, int]:

@@ -69,13 +69,18 @@ def trajectory_turns(turns: Sequence[tuple[int, int]], block_tokens: int) -> lis
     return out
 
 
+def warm_totals(profile: ComputeProfile, turns: Sequence[TurnCost], kv_bytes_per_token: int) -> tuple[int, float]:
+    """(bytes the hits load, seconds the PE computes) over the turns that hit the store."""
+    warm = [t for t in turns if t.hit_tokens]
+    return (sum(t.hit_tokens for t in warm) * kv_bytes_per_token,
+            sum(profile.prefill_s(t.new_tokens, t.hit_tokens) for t in warm))
+
+
 def derive_rates(profile: ComputeProfile, turns: Sequence[TurnCost], kv_bytes_per_token: int,
                  load_over_compute: float = LOAD_OVER_COMPUTE) -> EmulatedRates:
-    warm = [t for t in turns if t.hit_tokens]
-    if not warm:
+    hit_bytes, compute_s = warm_totals(profile, turns, kv_bytes_per_token)
+    if not hit_bytes:
         raise ValueError("no turn of the workload hits the store: nothing to derive a SNIC rate from")
-    hit_bytes = sum(t.hit_tokens for t in warm) * kv_bytes_per_token
-    compute_s = sum(profile.prefill_s(t.new_tokens, t.hit_tokens) for t in warm)
     snic = hit_bytes / (load_over_compute * compute_s)
     return EmulatedRates(snic, CNIC_PER_SNIC * snic, "derived", load_over_compute,
                          predicted_basic_jct_s(profile, turns, kv_bytes_per_token, snic))
@@ -84,9 +89,7 @@ def derive_rates(profile: ComputeProfile, turns: Sequence[TurnCost], kv_bytes_pe
 def given_rates(profile: ComputeProfile, turns: Sequence[TurnCost], kv_bytes_per_token: int,
                 snic_bytes_per_s: float) -> EmulatedRates:
     """--snic-mb-s: the same record, with the regime that rate implies on this machine."""
-    warm = [t for t in turns if t.hit_tokens]
-    hit_bytes = sum(t.hit_tokens for t in warm) * kv_bytes_per_token
-    compute_s = sum(profile.prefill_s(t.new_tokens, t.hit_tokens) for t in warm)
+    hit_bytes, compute_s = warm_totals(profile, turns, kv_bytes_per_token)
     ratio = hit_bytes / snic_bytes_per_s / compute_s if compute_s else 0.0
     return EmulatedRates(snic_bytes_per_s, CNIC_PER_SNIC * snic_bytes_per_s, "given", ratio,
                          predicted_basic_jct_s(profile, turns, kv_bytes_per_token, snic_bytes_per_s))

@@ -204,7 +204,7 @@ class DecodeEngine(EngineBase):
             r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
         table = self.cache.block_table(r.assign.rid)
         fbb = self.layout.full_block_bytes
-        queued = [d for d in r.digests[max(r.persisted_blocks, r.hit_blocks):have]]
+        queued = r.digests[max(r.persisted_blocks, r.hit_blocks):have]
         if queued:
             self.to_router(PersistQueued(self.spec.engine, queued))
         while r.persisted_blocks < have:
