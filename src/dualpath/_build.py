@@ -29,18 +29,20 @@ GROUP_NAME = "dualpath.simc"  # the mypyc shared library: dualpath/simc__mypyc.<
 # what a 48P96D run spends its time in (py-spy, docs/experiments.md section 7).
 COMPILED_MODULES = (
     "dualpath/core/cost.py",
+    "dualpath/core/scheduler.py",
     "dualpath/core/snapshot.py",
     "dualpath/core/policy/batching.py",
     "dualpath/core/policy/decode.py",
     "dualpath/core/policy/prefill.py",
     "dualpath/core/policy/read_side.py",
+    "dualpath/core/policy/round_robin.py",
     "dualpath/sim/compute.py",
     "dualpath/sim/decode.py",
     "dualpath/sim/events.py",
     "dualpath/sim/links.py",
     "dualpath/sim/prefill.py",
     "dualpath/sim/reads.py",
-    "dualpath/sim/scheduling.py",
+    "dualpath/sim/dispatch.py",
     "dualpath/sim/simulator.py",
     "dualpath/sim/state.py",
 )

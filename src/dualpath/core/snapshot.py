@@ -40,14 +40,17 @@ class GroupLoad:
 class QueuedRequest:
     """A request as the policy sees it.
 
-    `num_tokens` is len(r), the token count added to tok_e; `hbm_bytes` is the DE HBM it needs
-    for its whole decode; `read_tokens` is what it will read from storage (its hit).
+    `num_tokens` is len(r) as the policies read it (the prompt length), the tokens a PE's tok_e
+    grows by; `hbm_bytes` is the DE HBM it needs for its whole decode; `decode_tokens` is what a
+    DE's tok_e grows by when it takes the request (the world's own count: prompt + generated in
+    the simulator, prompt + max_tokens in whole blocks in the runtime), which the scheduler adds
+    to its per-group totals.
     """
 
     rid: RequestId
     num_tokens: int
     hbm_bytes: int
-    read_tokens: int
+    decode_tokens: int
 
 
 class ReadSide(enum.IntEnum):

@@ -1,4 +1,4 @@
-"""Summaries: distributions (mean, p50, p90, p99) and SNIC balance."""
+"""Summaries: distributions (mean, p50, p90, p99), turn latencies and SNIC balance."""
 
 from __future__ import annotations
 
@@ -27,6 +27,23 @@ def distribution(values: Sequence[float] | np.ndarray) -> Distribution:
         return Distribution(nan, nan, nan, nan, 0)
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
     return Distribution(float(a.mean()), float(p50), float(p90), float(p99), int(a.size))
+
+
+def turn_latencies(arrival_s: Sequence[float] | np.ndarray, first_s: Sequence[float] | np.ndarray,
+                   second_s: Sequence[float] | np.ndarray, finish_s: Sequence[float] | np.ndarray,
+                   gen_tokens: Sequence[int] | np.ndarray) -> dict[str, dict[str, float]]:
+    """The one definition of a turn's latencies, for both worlds (PAPER.md 6.3): TTFT = first
+    token - arrival; TTST = second token - first token (turns with >= 2 tokens); TPOT = the mean
+    gap after the second token, (finish - second) / (tokens - 2) (turns with >= 3 tokens)."""
+    arrival, first = np.asarray(arrival_s, dtype=float), np.asarray(first_s, dtype=float)
+    second, finish = np.asarray(second_s, dtype=float), np.asarray(finish_s, dtype=float)
+    gen = np.asarray(gen_tokens, dtype=int)
+    two, three = gen >= 2, gen >= 3
+    return {
+        "ttft_s": distribution(first - arrival).to_dict(),
+        "ttst_s": distribution(second[two] - first[two]).to_dict(),
+        "tpot_s": distribution((finish[three] - second[three]) / (gen[three] - 2)).to_dict(),
+    }
 
 
 def snic_balance(window_bytes: np.ndarray, capacity_bytes_per_window: float, min_utilisation: float) -> float:

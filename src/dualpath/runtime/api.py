@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
+from ..metrics.prometheus import Family
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -75,6 +77,6 @@ class ServingBackend(Protocol):
 
     def health(self) -> dict: ...
 
-    def metrics_text(self) -> str:
-        """Prometheus text exposition of the router's metrics."""
+    def metric_families(self) -> list[Family]:
+        """The backend's metrics, for the server's Prometheus exposition."""
         ...

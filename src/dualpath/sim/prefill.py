@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ..core.lanes import Lane
 from ..core.phase import Phase
-from ..core.policy import Budget, form_prefill_batch
+from ..core.policy import Budget, form_prefill_batch, prefill_budgets
 from ..core.snapshot import BatchCandidate, ReadSide
 from .events import PRIO_COMPLETE
 from .links import Flow
@@ -59,12 +59,10 @@ class PrefillGroup:
         sched = sim.cfg.scheduler
         cm = sim.compute
         kvbpt = sim.kv_bytes_per_token
-        if f.dualpath_scheduler:
-            self.budgets = [Budget("compute_quota_s", cm.attention_time_s, sched.compute_quota_s)]
-        else:
-            self.budgets = [Budget("tokens", lambda c, n: n, sched.basic_tokens_per_forward)]
-        if not f.layerwise_prefill:
-            self.budgets.append(Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, sim.pe_kv_hbm_bytes))
+        # without layerwise prefill the whole batch's KV (cached and new) sits in PE HBM
+        hbm = None if f.layerwise_prefill else Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, sim.pe_kv_hbm_bytes)
+        self.budgets = prefill_budgets(f.dualpath_scheduler, cm.attention_time_s, sched.compute_quota_s,
+                                       sched.basic_tokens_per_forward, hbm)
 
     # --- 1. batch formation ----------------------------------------------------------------
     def _candidates(self, eng: Engine, picked: list[SimRequest]) -> Iterator[BatchCandidate]:

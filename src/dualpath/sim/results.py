@@ -10,7 +10,7 @@ import numpy as np
 from .._build import build_kind
 from ..core.lanes import Lane
 from ..core.snapshot import ReadSide
-from ..metrics import distribution, snic_balance
+from ..metrics import distribution, snic_balance, turn_latencies
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -53,9 +53,6 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
     all_done = len(done) == len(sim.agents)
     jct_s = (max(a.finish_s for a in sim.agents) - min(a.arrival_s for a in sim.agents)) if all_done else float("nan")
     agent_jct = [a.finish_s - a.arrival_s for a in done]
-    two = gen >= 2
-    three = gen >= 3
-    tpot = (finish[three] - second[three]) / (gen[three] - 2)
     duration = sim.loop.now_s
     snic_in = [n.snic_in for n in sim.nodes]
     snic_out = [n.snic_out for n in sim.nodes]
@@ -70,9 +67,7 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
         "features": asdict(sim.features),
         "jct_s": jct_s,
         "agent_jct_s": distribution(agent_jct).to_dict(),
-        "ttft_s": distribution(first - arrival).to_dict(),
-        "ttst_s": distribution(second[two] - first[two]).to_dict(),
-        "tpot_s": distribution(tpot).to_dict(),
+        **turn_latencies(arrival, first, second, finish, gen),
         "ttft_breakdown_mean_s": {
             "scheduling": _mean(np.asarray(rec.sched_s)[keep]),
             "allocation": _mean(np.asarray(rec.alloc_s)[keep]),

@@ -2,8 +2,9 @@
 
 Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details):
   1. `_start_turn`: the turn's request (context + append, generate g) joins the global queue.
-  2. `PolicyDriver` (scheduling.py): PE by Algorithm 1, DE in two phases, then `resolve_hit`
-     (the agent's durable prefix, block aligned) and the read side.
+  2. `Dispatch` (dispatch.py) runs `core.scheduler.GlobalScheduler`'s pass: PE by Algorithm 1,
+     DE in two phases, the read side; then `resolve_hit` (the agent's durable prefix, block
+     aligned) and the read is queued.
   3. `ReadPath` (reads.py): hit KV storage -> SNIC -> host buffer of the read side.
   4. `prefill_ready` -> `PrefillGroup` (prefill.py): layerwise prefill with quota batching;
      `prefill_computed` emits the first token.
@@ -26,18 +27,19 @@ from ..config import Features, SimConfig
 from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds
+from ..core.scheduler import derive_thresholds
 from ..core.request import usable_hit_tokens
 from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
 from ..metrics import TurnRecorder
 from .compute import ComputeModel
 from .decode import DecodeGroup
+from .dispatch import Dispatch
 from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
 from .links import Flow, Link, Network
 from .prefill import PrefillGroup
 from .reads import ReadPath
 from .results import build_result
-from .scheduling import PolicyDriver
 from .state import Agent, Engine, Node, SimRequest
 
 _TOL_BYTES = 1.0
@@ -72,9 +74,9 @@ class Simulator:
         self.decode_groups = {n.nid: DecodeGroup(self, n) for n in self.decode_nodes}
         self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
         self._validate_fit()
-        self.driver = PolicyDriver(self, self._profile_thresholds())
-        self.recorder = TurnRecorder()
         self.inflight: dict = {}
+        self.driver = Dispatch(self, self._profile_thresholds())
+        self.recorder = TurnRecorder()
         self.persisted_bytes = 0.0
         self.num_agents_done = 0
         self._kick_pending: set[int] = set()
@@ -123,7 +125,7 @@ class Simulator:
         """alpha and beta "profiled in advance" (PAPER.md 3.2): alpha from the SNIC rate; beta from
         the compute model on the workload's mean turn, in batches the compute quota allows."""
         sched = self.cfg.scheduler
-        alpha = sched.alpha_read_s * self.cfg.cluster.node.snic_read_bytes_per_s / self.kv_bytes_per_token
+        snic = self.cfg.cluster.node.snic_read_bytes_per_s
         prompts, misses = [], []
         for a in self.agents:
             ctx = 0
@@ -135,10 +137,13 @@ class Simulator:
         miss = max(1, min(prompt, int(np.mean(misses)))) if misses else 1
         per_req_attn = self.compute.attention_time_s(prompt - miss, miss)
         batch = max(1, int(sched.compute_quota_s // per_req_attn)) if per_req_attn > 0 else 1
-        beta = sched.beta_compute_s * self.compute.prefill_tokens_per_s_per_gpu(prompt, miss, batch)
-        self.profile = {"alpha_tokens": int(alpha), "beta_tokens": int(beta), "profile_prompt_tokens": prompt,
-                        "profile_miss_tokens": miss, "profile_batch_requests_per_gpu": batch}
-        return PrefillThresholds(int(alpha), max(1, int(beta)))
+        self.prefill_tokens_per_s = self.compute.prefill_tokens_per_s_per_gpu(prompt, miss, batch)
+        # the SNIC rate even for the oracle: its read queues stay empty, so alpha decides nothing
+        th = derive_thresholds(sched.alpha_read_s, sched.beta_compute_s, snic, self.kv_bytes_per_token,
+                               self.prefill_tokens_per_s)
+        self.profile = {"alpha_tokens": th.alpha_tokens, "beta_tokens": int(sched.beta_compute_s * self.prefill_tokens_per_s),
+                        "profile_prompt_tokens": prompt, "profile_miss_tokens": miss, "profile_batch_requests_per_gpu": batch}
+        return th
 
     # --- 1. turns ----------------------------------------------------------------------------
     def _arrive(self, agent: Agent) -> None:

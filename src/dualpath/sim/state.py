@@ -58,8 +58,8 @@ class SimRequest:
         self.de_buffer_bytes = 0.0
         self.hbm_bytes = hbm_bytes
         self.delivered_bytes = 0.0  # prompt KV bytes that reached the DE buffer (ledger)
-        # len(r) for PEs is the prompt length; for DEs the final length (prompt + generated)
-        self.qview = QueuedRequest(self.rid, input_tokens, hbm_bytes, 0)
+        # the policies read len(r) as the prompt length; a DE's tok_e grows by the final length
+        self.qview = QueuedRequest(self.rid, input_tokens, hbm_bytes, input_tokens + gen_tokens)
         self.t_arrival = now_s
         self.t_pe = self.t_de = self.t_read_start = self.t_read_end = -1.0
         self.t_prefill_start = self.t_first = self.t_second = self.t_finish = -1.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from dualpath.runtime.server.fake_backend import FakeBackend
 
@@ -28,9 +29,9 @@ def test_models_health_metrics(start_server):
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     lines = metrics.text.splitlines()
     assert "# TYPE dualpath_router_requests_total counter" in lines
-    assert "dualpath_router_requests_total 1" in lines and "dualpath_router_generated_tokens_total 2" in lines
-    assert 'dualpath_http_responses_total{route="/v1/chat/completions",code="200"} 1' in lines
-    assert 'dualpath_http_responses_total{route="/v1/chat/completions",code="400"} 1' in lines
+    assert "dualpath_router_requests_total 1.0" in lines and "dualpath_router_generated_tokens_total 2.0" in lines
+    assert 'dualpath_http_responses_total{code="200",route="/v1/chat/completions"} 1.0' in lines
+    assert 'dualpath_http_responses_total{code="400",route="/v1/chat/completions"} 1.0' in lines
     assert metrics.text.endswith("\n")
 
 
@@ -60,19 +61,25 @@ def test_api_key(start_server):
     assert len(server.router.received) == 1
 
 
-def test_prometheus_text_escaping():
-    from dualpath.metrics.prometheus import Sample, join_families, render_family
+def test_prometheus_exposition_escapes_and_formats():
+    from dualpath.metrics.prometheus import Sample, family, render, summary_samples
 
-    text = render_family("x_total", "counter", "help with \\ and\nnewline",
-                         [Sample(3, {"path": 'a"b\\c\nd', "code": "200"}), Sample(0.5), Sample(float("inf"))])
+    text = render(family("x_total", "counter", "help with \\ and\nnewline",
+                         [Sample(3, {"path": 'a"b\\c\nd', "code": "200"}), Sample(0.5), Sample(float("inf"))]),
+                  family("lat_s", "summary", "latency", summary_samples({"0.5": 0.25}, 4)))
     assert text.splitlines() == [
         "# HELP x_total help with \\\\ and\\nnewline",
         "# TYPE x_total counter",
-        'x_total{path="a\\"b\\\\c\\nd",code="200"} 3',
+        'x_total{code="200",path="a\\"b\\\\c\\nd"} 3.0',
         "x_total 0.5",
         "x_total +Inf",
+        "# HELP lat_s latency",
+        "# TYPE lat_s summary",
+        'lat_s{quantile="0.5"} 0.25',
+        "lat_s_count 4.0",
     ]
-    assert join_families("a 1", "", "b 2\n") == "a 1\nb 2\n"
+    with pytest.raises(ValueError, match="must end in _total"):
+        family("x", "counter", "a counter without _total", [])
 
 
 def test_lifespan_runs_on_the_server_loop(start_server):

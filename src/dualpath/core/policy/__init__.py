@@ -1,6 +1,6 @@
 """Scheduling policy (PAPER.md section 3), pure: frozen snapshots in, frozen decisions out."""
 
-from .batching import Budget, form_prefill_batch
+from .batching import Budget, form_prefill_batch, prefill_budgets
 from .decode import distribute_to_groups, select_decode
 from .prefill import PrefillThresholds, select_prefill
 from .read_side import choose_read_side
@@ -13,6 +13,7 @@ __all__ = [
     "choose_read_side",
     "distribute_to_groups",
     "form_prefill_batch",
+    "prefill_budgets",
     "round_robin_decode",
     "round_robin_prefill",
     "round_robin_read_side",

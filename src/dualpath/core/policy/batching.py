@@ -30,6 +30,25 @@ class Budget:
     limit: float
 
 
+def _compute_tokens(cached: int, bsz: int) -> float:
+    return bsz
+
+
+def prefill_budgets(dualpath_scheduler: bool, quota_cost: CostFn, quota_limit: float, tokens_per_forward: int,
+                    memory: Budget | None) -> list[Budget]:
+    """The one budget rule of a PE forward, for both worlds (PAPER.md 3.5). DualPath: the compute
+    quota, `quota_cost` (predicted attention of an entry, in the unit of `quota_limit`) summed
+    within `quota_limit`. Without the DualPath scheduler: `tokens_per_forward` computed tokens.
+    Then the engine's memory for the batch's cached KV, when it has a limit (`memory`)."""
+    if dualpath_scheduler:
+        budgets = [Budget("compute_quota", quota_cost, quota_limit)]
+    else:
+        budgets = [Budget("tokens", _compute_tokens, tokens_per_forward)]
+    if memory is not None:
+        budgets.append(memory)
+    return budgets
+
+
 def _fits(budgets: Sequence[Budget], used: list[float], cached: int, bsz: int) -> bool:
     for b, u in zip(budgets, used):  # a plain loop: this is the batcher's innermost call
         if u + b.cost(cached, bsz) > b.limit:

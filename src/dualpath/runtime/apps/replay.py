@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...metrics import distribution
+from ...metrics import turn_latencies
 from ..api import GenerationRequest, SamplingParams
 from ..clock import Clock
 
@@ -122,12 +122,9 @@ def summarise(records: list[TurnRecord], router_summary: dict, wall_s: float, nu
     finish = np.array([r.finish_s for r in records])
     gen = np.array([r.gen_tokens for r in records])
     t0 = arrival.min() if len(arrival) else 0.0
-    three = gen >= 3
     return {
         "jct_s": float(finish.max() - t0) if len(finish) else float("nan"),
-        "ttft_s": distribution(first - arrival).to_dict(),
-        "ttst_s": distribution((second - first)[gen >= 2]).to_dict(),
-        "tpot_s": distribution((finish - second)[three] / (gen[three] - 2)).to_dict(),
+        **turn_latencies(arrival, first, second, finish, gen),
         "bytes": router_summary["bytes"],
         "cached_tokens": int(sum(r.cached_tokens for r in records)),
         "prompt_tokens": int(sum(r.prompt_tokens for r in records)),

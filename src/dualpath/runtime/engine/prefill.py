@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...core.policy import Budget, form_prefill_batch
+from ...core.policy import Budget, form_prefill_batch, prefill_budgets
 from ...core.snapshot import BatchCandidate, ReadSide
 from ...core.request import RequestId
 from .base import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
@@ -79,14 +79,12 @@ class PrefillEngine(EngineBase):
     def on_reconfigured(self) -> None:
         """Batch budgets and load depth follow the mode (PAPER.md 3.5; layerwise or not)."""
         cfg = self.cfg
-        if self.features.dualpath_scheduler:
-            # the quota's attention work (config: the paper PE's 300 ms), in this model's FLOPs
-            budgets = [Budget("attention_flops", self.attention_flops, cfg.compute_quota_s * cfg.quota_attention_flops_per_s)]
-        else:
-            budgets = [Budget("tokens", lambda c, n: n, cfg.basic_tokens_per_forward)]
         depth = 2 if self.features.layerwise_prefill else self.mcfg.num_layers
-        budgets.append(Budget("landing_bytes", lambda c, n: c * self.tbpl * depth, self.landing_bytes))
-        self.budgets = budgets
+        landing = Budget("landing_bytes", lambda c, n: c * self.tbpl * depth, self.landing_bytes)
+        # the quota's attention work (config: the paper PE's 300 ms), in this model's FLOPs
+        self.budgets = prefill_budgets(self.features.dualpath_scheduler, self.attention_flops,
+                                       cfg.compute_quota_s * cfg.quota_attention_flops_per_s,
+                                       cfg.basic_tokens_per_forward, landing)
         self.depth = depth
 
     def release_views(self) -> None:

@@ -1,12 +1,13 @@
 """The router's metrics: per-request timestamps and bytes, summarised with the simulator's names
-(`ttft_s`, `ttst_s`, `tpot_s`, `bytes.storage_to_prefill`, ...) and exposed as Prometheus text."""
+(`ttft_s`, `ttst_s`, `tpot_s`, `bytes.storage_to_prefill`, ...) and exposed as Prometheus families."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...metrics import distribution
+from ...metrics import turn_latencies
+from ...metrics.prometheus import Family, Sample, family, summary_samples
 from ..protocol import Counters
 
 
@@ -71,14 +72,11 @@ class RouterMetrics:
     # --- summaries ---------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         done = [r for r in self.reqs.values() if r.finished and r.token_s]
-        ttft = [r.token_s[0] - r.arrival_s for r in done]
-        ttst = [r.token_s[1] - r.token_s[0] for r in done if len(r.token_s) >= 2]
-        tpot = [(r.token_s[-1] - r.token_s[1]) / (len(r.token_s) - 2) for r in done if len(r.token_s) >= 3]
         c = list(self.engine_counters.values())
         return {
-            "ttft_s": distribution(ttft).to_dict(),
-            "ttst_s": distribution(ttst).to_dict(),
-            "tpot_s": distribution(tpot).to_dict(),
+            **turn_latencies([r.arrival_s for r in done], [r.token_s[0] for r in done],
+                             [r.token_s[min(1, len(r.token_s) - 1)] for r in done], [r.token_s[-1] for r in done],
+                             [len(r.token_s) for r in done]),
             "bytes": {
                 "storage_to_prefill": float(self.bytes_by_side[0]),
                 "storage_via_decode": float(self.bytes_by_side[1]),
@@ -90,41 +88,32 @@ class RouterMetrics:
             "cached_tokens": int(sum(r.hit_tokens for r in done)),
         }
 
-    def prometheus(self, q: QueueGauges) -> str:
+    def families(self, q: QueueGauges) -> list[Family]:
+        """The router's metrics as Prometheus families (metrics/prometheus.py writes them)."""
         s = self.summary()
-        lines = [
-            "# HELP dualpath_requests_total Requests received.", "# TYPE dualpath_requests_total counter",
-            f"dualpath_requests_total {len(self.reqs)}",
-            "# HELP dualpath_requests_cancelled_total Requests whose client went away.",
-            "# TYPE dualpath_requests_cancelled_total counter", f"dualpath_requests_cancelled_total {self.num_cancelled}",
-            "# HELP dualpath_storage_read_bytes_total KV bytes read from storage, by read path.",
-            "# TYPE dualpath_storage_read_bytes_total counter",
-            f'dualpath_storage_read_bytes_total{{path="prefill"}} {self.bytes_by_side[0]}',
-            f'dualpath_storage_read_bytes_total{{path="decode"}} {self.bytes_by_side[1]}',
-            "# HELP dualpath_cnic_bytes_total Bytes through engines' CNIC arbiters, by lane.",
-            "# TYPE dualpath_cnic_bytes_total counter",
-            f'dualpath_cnic_bytes_total{{lane="kv"}} {s["bytes"]["cnic_lane_kv"]:.0f}',
-            f'dualpath_cnic_bytes_total{{lane="latency_critical"}} {s["bytes"]["cnic_lane_latency_critical"]:.0f}',
-            "# HELP dualpath_queue_requests Requests waiting, by queue.", "# TYPE dualpath_queue_requests gauge",
-            f'dualpath_queue_requests{{queue="prefill"}} {q.prefill_requests}',
-            f'dualpath_queue_requests{{queue="decode"}} {q.decode_requests}',
-            f'dualpath_queue_requests{{queue="placing"}} {q.placing_requests}',
-            "# HELP dualpath_read_queue_tokens Disk-read queue of a node, in tokens.", "# TYPE dualpath_read_queue_tokens gauge",
-        ]
-        lines += [f'dualpath_read_queue_tokens{{engine="{e}",role="{role}"}} {tokens}' for e, role, tokens in q.read_queue_tokens]
         elapsed = max(1e-9, self.clock.now_s() - self.started_s)
         rate = q.snic_bytes_per_s
-        lines += ["# HELP dualpath_snic_utilisation Storage bytes read / (SNIC rate x time) per node.",
-                  "# TYPE dualpath_snic_utilisation gauge"]
-        for e, c in sorted(self.engine_counters.items()):
-            util = c.storage_read_bytes / (rate * elapsed) if rate else float("nan")
-            lines.append(f'dualpath_snic_utilisation{{engine="{e}"}} {util:.6f}')
+        out = [
+            family("dualpath_requests_total", "counter", "Requests received.", [Sample(len(self.reqs))]),
+            family("dualpath_requests_cancelled_total", "counter", "Requests whose client went away.",
+                   [Sample(self.num_cancelled)]),
+            family("dualpath_storage_read_bytes_total", "counter", "KV bytes read from storage, by read path.",
+                   [Sample(self.bytes_by_side[0], {"path": "prefill"}), Sample(self.bytes_by_side[1], {"path": "decode"})]),
+            family("dualpath_cnic_bytes_total", "counter", "Bytes through engines' CNIC arbiters, by lane.",
+                   [Sample(s["bytes"]["cnic_lane_kv"], {"lane": "kv"}),
+                    Sample(s["bytes"]["cnic_lane_latency_critical"], {"lane": "latency_critical"})]),
+            family("dualpath_queue_requests", "gauge", "Requests waiting, by queue.",
+                   [Sample(q.prefill_requests, {"queue": "prefill"}), Sample(q.decode_requests, {"queue": "decode"}),
+                    Sample(q.placing_requests, {"queue": "placing"})]),
+            family("dualpath_read_queue_tokens", "gauge", "Disk-read queue of a node, in tokens.",
+                   [Sample(tokens, {"engine": str(e), "role": role}) for e, role, tokens in q.read_queue_tokens]),
+            family("dualpath_snic_utilisation", "gauge", "Storage bytes read / (SNIC rate x time) per node.",
+                   [Sample(c.storage_read_bytes / (rate * elapsed) if rate else float("nan"), {"engine": str(e)})
+                    for e, c in sorted(self.engine_counters.items())]),
+        ]
         for name in ("ttft_s", "tpot_s"):
             d = s[name]
-            lines += [f"# HELP dualpath_{name} {name.upper()[:-2]} in seconds.", f"# TYPE dualpath_{name} summary"]
-            for q in ("p50", "p90", "p99"):
-                v = d[q]
-                lines.append(f'dualpath_{name}{{quantile="0.{q[1:]}"}} {v if v == v else "NaN"}')
-            lines.append(f"dualpath_{name}_count {d['count']}")
-        return "\n".join(lines) + "\n"
-
+            quantiles = {f"0.{k[1:]}": d[k] for k in ("p50", "p90", "p99")}
+            out.append(family(f"dualpath_{name}", "summary", f"{name.upper()[:-2]} in seconds.",
+                              summary_samples(quantiles, d["count"])))
+        return out

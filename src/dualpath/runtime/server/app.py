@@ -42,7 +42,7 @@ from dualpath.errors import InputError
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServingBackend
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
 from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
-from dualpath.metrics.prometheus import CONTENT_TYPE, Sample, join_families, render_family
+from dualpath.metrics.prometheus import CONTENT_TYPE, Sample, family, render
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -358,8 +358,8 @@ class _Server:
     def metrics(self) -> PlainTextResponse:
         samples = [Sample(n, {"route": route, "code": str(code)})
                    for (route, code), n in sorted(self.responses.items())]
-        own = render_family("dualpath_http_responses_total", "counter", "HTTP responses by route and status.", samples)
-        return PlainTextResponse(join_families(self.router.metrics_text(), own), media_type=CONTENT_TYPE)
+        own = family("dualpath_http_responses_total", "counter", "HTTP responses by route and status.", samples)
+        return PlainTextResponse(render(*self.router.metric_families(), own), media_type=CONTENT_TYPE)
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.router.model_name, "object": "model", "created": self.started,

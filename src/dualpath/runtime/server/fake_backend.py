@@ -23,7 +23,7 @@ import asyncio
 from typing import AsyncIterator, Callable, Sequence
 
 from dualpath.runtime.api import GenerationRequest, TokenEvent, TokenizerLike
-from dualpath.metrics.prometheus import Sample, join_families, render_family
+from dualpath.metrics.prometheus import Family, Sample, family
 
 DEFAULT_REPLY_TEXT = "Hello from the fake router: naïve café, 日本語, 🙂!"
 
@@ -170,16 +170,13 @@ class FakeBackend:
     def health(self) -> dict:
         return {"model": self.model_name, "num_active_requests": len(self._active)}
 
-    def metrics_text(self) -> str:
-        return join_families(
-            render_family("dualpath_router_requests_total", "counter", "Requests received by the router.",
-                          [Sample(len(self.received))]),
-            render_family("dualpath_router_requests_finished_total", "counter",
-                          "Requests that ran to EOS, a stop token or max_tokens.", [Sample(self.num_finished)]),
-            render_family("dualpath_router_requests_cancelled_total", "counter",
-                          "Requests closed before finishing (client gone).", [Sample(len(self.cancelled_request_ids))]),
-            render_family("dualpath_router_active_requests", "gauge", "Requests in flight.",
-                          [Sample(len(self._active))]),
-            render_family("dualpath_router_generated_tokens_total", "counter", "Tokens generated.",
-                          [Sample(self.num_generated_tokens)]),
-        )
+    def metric_families(self) -> list[Family]:
+        return [
+            family("dualpath_router_requests_total", "counter", "Requests received by the router.", [Sample(len(self.received))]),
+            family("dualpath_router_requests_finished_total", "counter", "Requests that ran to EOS, a stop token or max_tokens.",
+                   [Sample(self.num_finished)]),
+            family("dualpath_router_requests_cancelled_total", "counter", "Requests closed before finishing (client gone).",
+                   [Sample(len(self.cancelled_request_ids))]),
+            family("dualpath_router_active_requests", "gauge", "Requests in flight.", [Sample(len(self._active))]),
+            family("dualpath_router_generated_tokens_total", "counter", "Tokens generated.", [Sample(self.num_generated_tokens)]),
+        ]

@@ -1,0 +1,312 @@
+"""The global scheduler: the one scheduling pass of both worlds (PAPER.md section 3), pure.
+
+The router (runtime/router/router.py) and the simulator (sim/dispatch.py) hold no queue and make
+no choice of their own: they submit requests, report releases, and apply the `SchedulePass` that
+`schedule(view)` returns. No clock and no I/O here; the world answers the few questions of a
+`ClusterView` (engine loads of a group, a node's read queue, a request's hit) at the moment of
+the pass.
+
+A group is the engines of one node and shares the node's id (PAPER.md 3.1). One pass:
+  1. PE groups fetch from the global FIFO queue, in a rotation that starts one group later each
+     pass, skipping groups whose engines are all over beta (they would assign nothing).
+     DualPath: Algorithm 1 (`select_prefill`); otherwise round robin under the same beta cap.
+     Requests keep global FIFO order.
+  2. DE groups fetch. DualPath: phase 1 drains the global DE queue, each request to the group
+     with the least total tokens (`distribute_to_groups`); then the groups whose private queue
+     or HBM changed since their last fetch (the dirty set) assign in-group with HBM fit and Z
+     (`select_decode`), in the same kind of rotation. Otherwise: round robin with HBM fit over all
+     DEs.
+  3. Each DE assignment gets its read side: a forced side if the configuration names one; the PE
+     side without the DE read path; DualPath: the shorter node read queue (`choose_read_side`),
+     counting the reads this pass already sent there; otherwise alternating.
+
+Where the two worlds' former copies differed, this follows the paper and the simulator, which
+already did: (a) the fetch order rotates (the router walked engines in id order; the paper has
+every group's leader fetch periodically, none first by rank); (b) the read side is chosen when the
+DE is chosen, with the request's hit added to that node's read queue at once (the router chose
+it later, at buffer placement); (c) DE groups fetch only when dirty (the router re-ran phase 2 on
+every non-empty private queue: the same decisions, since an unchanged group assigns nothing new).
+The runtime's forced side (`force_read_side`, a test and benchmark knob) is kept.
+
+Engines pull periodically in the paper; an event-driven pass is the limit of a short period.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
+
+from .policy import (
+    PrefillThresholds,
+    RoundRobinCursor,
+    choose_read_side,
+    distribute_to_groups,
+    round_robin_decode,
+    round_robin_prefill,
+    round_robin_read_side,
+    select_decode,
+    select_prefill,
+)
+from .policy.decode import Z_FACTOR_DEFAULT
+from .request import RequestId
+from .snapshot import Assignment, EngineLoad, GroupLoad, QueuedRequest, ReadSide
+
+_NO_ALPHA_TOKENS = 2**62  # alpha when reads cost nothing (the oracle): every read queue is short
+
+
+def derive_thresholds(alpha_read_s: float, beta_compute_s: float, snic_bytes_per_s: float | None,
+                      kv_bytes_per_token: int, prefill_tokens_per_s: float) -> PrefillThresholds:
+    """alpha: the tokens a node's SNIC reads in `alpha_read_s` (3 s); beta: the prompt tokens one PE
+    processes in `beta_compute_s` (5 s) (PAPER.md 3.2, 5). `snic_bytes_per_s` None: a free network."""
+    alpha = int(alpha_read_s * snic_bytes_per_s / kv_bytes_per_token) if snic_bytes_per_s else _NO_ALPHA_TOKENS
+    return PrefillThresholds(alpha, max(1, int(beta_compute_s * prefill_tokens_per_s)))
+
+
+class ClusterView(Protocol):
+    """What the scheduler asks the world during a pass; answers reflect every decision applied
+    before the pass (not those of the pass itself, which the scheduler tracks)."""
+
+    def pe_loads(self, group: int) -> Sequence[EngineLoad]: ...
+
+    def de_loads(self, group: int) -> Sequence[EngineLoad]: ...
+
+    def read_queue_tokens(self, node: int) -> int: ...
+
+    def read_tokens(self, rid: RequestId) -> int:
+        """Tokens the request's read will add to its side's read queue (its hit; 0: no read)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerRules:
+    """How a mode schedules, chosen once. Filled from SchedulerConfig/RuntimeConfig and Features."""
+
+    thresholds: PrefillThresholds  # alpha, beta in tokens (derive_thresholds)
+    dualpath: bool = True  # Algorithm 1, two-phase DE, shorter read queue; False: round robin
+    de_read_path: bool = True  # False: every read on the PE side (the basic system)
+    z_factor: float = Z_FACTOR_DEFAULT  # PAPER.md 3.3
+    forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeAssignment:
+    rid: RequestId  # the request
+    engine: int  # the DE that takes it: tok_e += decode_tokens, free HBM -= hbm_bytes
+    side: ReadSide  # where its hit KV is read
+    read_tokens: int  # tokens added to the read side's node queue (view.read_tokens at the pass)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePass:
+    """The decisions of one pass, in the order made; the world applies them in this order."""
+
+    prefill: tuple[Assignment, ...]  # PE choices, global FIFO order; the PE's tok_e += num_tokens
+    decode: tuple[DecodeAssignment, ...]  # DE choices with read sides
+
+
+_Waiting = tuple[QueuedRequest, int]  # a request past its PE, and its PE's node
+
+
+class GlobalScheduler:
+    def __init__(self, pe_groups: Sequence[int], de_groups: Sequence[int], rules: SchedulerRules) -> None:
+        if not pe_groups or not de_groups:
+            raise ValueError("the scheduler needs at least one PE group and one DE group")
+        self.rules = rules
+        self._pe_groups = tuple(pe_groups)
+        self._de_groups = tuple(de_groups)
+        self._pe_pos = {g: i for i, g in enumerate(self._pe_groups)}  # a group's place in the rotation
+        self._de_pos = {g: i for i, g in enumerate(self._de_groups)}
+        self._pe_queue: deque[QueuedRequest] = deque()  # the global FIFO queue
+        self._de_queue: deque[_Waiting] = deque()  # PE chosen, no DE group yet
+        self._private: dict[int, deque[_Waiting]] = {g: deque() for g in self._de_groups}  # phase-1 queues
+        self._dirty: set[int] = set()  # DE groups whose queue or HBM changed since their last fetch
+        self._pe_open: set[int] = set(self._pe_groups)  # PE groups with an engine at or under beta
+        self._de_totals = {g: 0 for g in self._de_groups}  # phase 1's sum of tok_e per DE group
+        self._pe_turn = 0
+        self._de_turn = 0
+        self._rr_pe = RoundRobinCursor()
+        self._rr_de = RoundRobinCursor()
+        self._rr_side = RoundRobinCursor()
+        self.num_passes = 0
+        self.num_decisions = 0
+
+    # --- what the world reports -----------------------------------------------------------------
+    def submit(self, req: QueuedRequest) -> None:
+        self._pe_queue.append(req)
+
+    def cancel(self, rid: RequestId) -> bool:
+        """Drop a request that no engine has taken from its queue; True if it was queued."""
+        for req in self._pe_queue:
+            if req.rid == rid:
+                self._pe_queue.remove(req)
+                return True
+        for q in (self._de_queue, *self._private.values()):
+            for item in q:
+                if item[0].rid == rid:
+                    q.remove(item)
+                    return True
+        return False
+
+    def pe_released(self, group: int, view: ClusterView) -> None:
+        """A PE of `group` finished (or dropped) a request: its tok_e fell."""
+        self._set_pe_open(group, view.pe_loads(group))
+
+    def de_released(self, group: int, view: ClusterView) -> None:
+        """A DE of `group` finished (or dropped) a request: its tokens and HBM are back."""
+        self._de_totals[group] = sum(e.num_tokens for e in view.de_loads(group))
+        self._dirty.add(group)
+
+    @property
+    def num_pe_queued(self) -> int:
+        return len(self._pe_queue)
+
+    @property
+    def num_de_queued(self) -> int:
+        return len(self._de_queue) + sum(len(q) for q in self._private.values())
+
+    # --- the pass -------------------------------------------------------------------------------
+    def schedule(self, view: ClusterView) -> SchedulePass:
+        self.num_passes += 1
+        prefill = self._fetch_prefill(view) if self._pe_queue else []
+        decode: list[DecodeAssignment] = []
+        if self._de_queue or self._dirty:
+            if self.rules.dualpath:
+                self._fetch_decode_dualpath(view, decode)
+            else:
+                self._fetch_decode_round_robin(view, decode)
+        self.num_decisions += len(prefill) + len(decode)
+        return SchedulePass(tuple(prefill), tuple(decode))
+
+    # 1. PE selection
+    def _fetch_prefill(self, view: ClusterView) -> list[Assignment]:
+        groups = self._pe_groups
+        n = len(groups)
+        start = self._pe_turn
+        self._pe_turn = (start + 1) % n
+        rules = self.rules
+        out: list[Assignment] = []
+        # Only the group being fetched changes during the walk, so the order is fixed up front.
+        for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open):
+            if not self._pe_queue:
+                break
+            group = groups[(start + k) % n]
+            loads = view.pe_loads(group)
+            if rules.dualpath:
+                got = select_prefill(loads, {group: view.read_queue_tokens(group)}, self._pe_queue, rules.thresholds)
+            else:
+                got, self._rr_pe = round_robin_prefill(loads, self._pe_queue, rules.thresholds.beta_tokens, self._rr_pe)
+            added: dict[int, int] = {}
+            for a in got:
+                req = self._pe_queue.popleft()
+                assert req.rid == a.rid, "PE assignment must follow FIFO order"
+                added[a.engine] = added.get(a.engine, 0) + req.num_tokens
+                self._de_queue.append((req, group))
+                out.append(a)
+            if added:
+                self._set_pe_open(group, loads, added)
+        return out
+
+    def _set_pe_open(self, group: int, loads: Sequence[EngineLoad], added: dict[int, int] | None = None) -> None:
+        least = min(e.num_tokens + (added.get(e.engine, 0) if added else 0) for e in loads)
+        if least <= self.rules.thresholds.beta_tokens:
+            self._pe_open.add(group)
+        else:
+            self._pe_open.discard(group)
+
+    # 2. DE selection
+    def _fetch_decode_dualpath(self, view: ClusterView, out: list[DecodeAssignment]) -> None:
+        if self._de_queue:
+            for ga in distribute_to_groups(self._de_totals, (w[0] for w in self._de_queue)):
+                item = self._de_queue.popleft()
+                assert item[0].rid == ga.rid
+                self._private[ga.group].append(item)
+                self._dirty.add(ga.group)
+        groups = self._de_groups
+        n = len(groups)
+        start = self._de_turn
+        self._de_turn = (start + 1) % n
+        reads: dict[int, int] = {}  # read tokens this pass sent to each node
+        # Visit dirty groups in rotating order from `start` (no group turns dirty during the walk).
+        for k in sorted((self._de_pos[g] - start) % n for g in self._dirty):
+            group = groups[(start + k) % n]
+            self._dirty.discard(group)
+            q = self._private[group]
+            if not q:
+                continue
+            loads = view.de_loads(group)
+            if max(e.free_hbm_bytes for e in loads) < q[0][0].hbm_bytes:
+                continue  # no DE fits the head: phase 2 would assign nothing
+            snap = GroupLoad(group, tuple(loads))
+            for a in select_decode(snap, _fitting_prefix(q, snap), self.rules.z_factor):
+                req, pe_node = q.popleft()
+                assert req.rid == a.rid
+                out.append(self._decided(req, pe_node, group, a.engine, view, reads))
+
+    def _fetch_decode_round_robin(self, view: ClusterView, out: list[DecodeAssignment]) -> None:
+        self._dirty.clear()
+        if not self._de_queue:
+            return
+        loads = [e for g in self._de_groups for e in view.de_loads(g)]
+        node_of = {e.engine: e.node for e in loads}
+        got, self._rr_de = round_robin_decode(loads, (w[0] for w in self._de_queue), self._rr_de)
+        reads: dict[int, int] = {}
+        for a in got:
+            req, pe_node = self._de_queue.popleft()
+            assert req.rid == a.rid
+            out.append(self._decided(req, pe_node, node_of[a.engine], a.engine, view, reads))
+
+    # 3. read side
+    def _decided(self, req: QueuedRequest, pe_node: int, de_node: int, engine: int, view: ClusterView,
+                 reads: dict[int, int]) -> DecodeAssignment:
+        self._de_totals[de_node] += req.decode_tokens
+        side = self._read_side(pe_node, de_node, view, reads)
+        tokens = view.read_tokens(req.rid)
+        if tokens:
+            node = pe_node if side is ReadSide.PREFILL else de_node
+            reads[node] = reads.get(node, 0) + tokens
+        return DecodeAssignment(req.rid, engine, side, tokens)
+
+    def _read_side(self, pe_node: int, de_node: int, view: ClusterView, reads: dict[int, int]) -> ReadSide:
+        rules = self.rules
+        if rules.forced_side is not None:
+            return rules.forced_side
+        if not rules.de_read_path:
+            return ReadSide.PREFILL
+        if rules.dualpath:
+            return choose_read_side(view.read_queue_tokens(pe_node) + reads.get(pe_node, 0),
+                                    view.read_queue_tokens(de_node) + reads.get(de_node, 0))
+        side, self._rr_side = round_robin_read_side(self._rr_side)
+        return side
+
+    # --- ledgers --------------------------------------------------------------------------------
+    def check_invariants(self, view: ClusterView) -> None:
+        """The open set and the phase-1 totals match the engines; every queued request is queued
+        once."""
+        beta = self.rules.thresholds.beta_tokens
+        for g in self._pe_groups:
+            is_open = min(e.num_tokens for e in view.pe_loads(g)) <= beta
+            if is_open != (g in self._pe_open):
+                raise AssertionError(f"PE group {g}: open set says {not is_open}, engines say {is_open}")
+        for g in self._de_groups:
+            if self._de_totals[g] != sum(e.num_tokens for e in view.de_loads(g)):
+                raise AssertionError(f"DE group {g}: phase-1 total {self._de_totals[g]} is stale")
+        rids = [r.rid for r in self._pe_queue] + [w[0].rid for w in self._de_queue]
+        rids += [w[0].rid for q in self._private.values() for w in q]
+        if len(rids) != len(set(rids)):
+            raise AssertionError("a request is queued twice")
+
+
+def _fitting_prefix(q: Iterable[_Waiting], group: GroupLoad) -> list[QueuedRequest]:
+    """The head of a private queue that phase 2 can touch: the requests whose running HBM sum
+    fits the group's total free HBM (step 1's R), plus the first that does not. Nothing past it
+    can be assigned in this fetch, and R over this prefix equals R over the whole queue, so
+    passing only this prefix is exact and keeps a pass O(assignable) instead of O(queue)."""
+    free = sum(e.free_hbm_bytes for e in group.engines)
+    out = []
+    for req, _ in q:
+        out.append(req)
+        free -= req.hbm_bytes
+        if free < 0:
+            break
+    return out

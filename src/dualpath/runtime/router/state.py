@@ -1,0 +1,123 @@
+"""The router's records: one per engine, one per request, and the view the scheduler asks.
+
+Both records are changed only on the router's event loop. `RouterView` answers the scheduler's
+questions (`core.scheduler.ClusterView`) from them: every engine is its own group and node here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ...core.request import RequestId
+from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
+from ..api import GenerationRequest
+from ..protocol import FirstToken
+from ..transport.channel import Outbox
+from .placement import Placement
+
+
+@dataclass(slots=True)
+class EngineState:
+    engine: int
+    role: str
+    endpoint: str
+    kv_capacity_tokens: int = 0
+    kv_reserved_tokens: int = 0
+    num_seqs: int = 0
+    num_tokens: int = 0
+    read_queue_tokens: int = 0
+    prefill_tokens_per_s: float = 0.0
+    outbox: Outbox | None = None
+
+    def load(self, kv_bytes_per_token: int) -> EngineLoad:
+        """The engine as the scheduler sees it; on this runtime every engine is its own node."""
+        free = (self.kv_capacity_tokens - self.kv_reserved_tokens) * kv_bytes_per_token
+        return EngineLoad(self.engine, self.engine, self.num_seqs, self.num_tokens, max(0, free))
+
+
+@dataclass(slots=True)
+class RouterRequest:
+    rid: int
+    req: GenerationRequest
+    queue: asyncio.Queue
+    arrival_s: float
+    qview: QueuedRequest
+    pe: EngineState | None = None
+    de: EngineState | None = None
+    digests: list = field(default_factory=list)  # the prompt's chained block digests (looked up at the pass)
+    hit_tokens: int = 0
+    read_charged_tokens: int = 0  # tokens booked on the read side's queue, until ReadDone
+    side: ReadSide = ReadSide.PREFILL
+    de_regions: list = field(default_factory=list)
+    pe_regions: list = field(default_factory=list)
+    generated: int = 0
+    finished: bool = False
+    placed: bool = False  # assignments sent to both engines
+    pe_done: bool = False
+    de_done: bool = False
+    prompt_loaded: bool = False  # the DE has the prompt (and has announced its prompt blocks' persists)
+    final_first_token: FirstToken | None = None  # a 1-token answer, held until prompt_loaded
+    persist_wait_since_s: float | None = None  # placement waits for a block still being written
+
+    @property
+    def side_engine(self) -> EngineState:
+        """The engine whose node reads the hit."""
+        assert self.pe is not None and self.de is not None
+        return self.pe if self.side is ReadSide.PREFILL else self.de
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt + max_tokens in whole KV-cache blocks: the DE's tok_e and HBM reservation."""
+        return self.qview.decode_tokens
+
+
+class RouterView:
+    """The live cluster as the scheduler asks about it (ClusterView)."""
+
+    def __init__(self, engines: dict[int, EngineState], requests: dict[int, RouterRequest], placement: Placement,
+                 kv_bytes_per_token: int) -> None:
+        self._engines, self._requests, self._placement = engines, requests, placement
+        self._kvb = kv_bytes_per_token
+
+    def pe_loads(self, group: int) -> tuple[EngineLoad, ...]:
+        return (self._engines[group].load(self._kvb),)
+
+    de_loads = pe_loads
+
+    def read_queue_tokens(self, node: int) -> int:
+        return self._engines[node].read_queue_tokens
+
+    def read_tokens(self, rid: RequestId) -> int:
+        rr = self._requests[rid.agent]
+        rr.digests, rr.hit_tokens = self._placement.lookup(list(rr.req.prompt_ids))
+        return rr.hit_tokens
+
+
+def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequest]) -> None:
+    """Every engine's loads, HBM reservation and read queue equal the sums over the live requests
+    that hold them; no DE's reservations exceed its capacity (STYLE.md 8)."""
+    tok = {e: 0 for e in engines}
+    seq = dict(tok)
+    kv = dict(tok)
+    readq = dict(tok)
+    for rr in requests:
+        if rr.read_charged_tokens:
+            readq[rr.side_engine.engine] += rr.read_charged_tokens
+        if rr.pe is not None and not rr.pe_done:
+            tok[rr.pe.engine] += rr.qview.num_tokens
+            seq[rr.pe.engine] += 1
+        if rr.de is not None and not rr.de_done:
+            tok[rr.de.engine] += rr.total_tokens
+            seq[rr.de.engine] += 1
+            kv[rr.de.engine] += rr.total_tokens
+    for e in engines.values():
+        if (e.num_tokens, e.num_seqs) != (tok[e.engine], seq[e.engine]):
+            raise AssertionError(f"engine {e.engine} load ledger off")
+        if e.kv_reserved_tokens != kv[e.engine]:
+            raise AssertionError(f"engine {e.engine} HBM ledger off")
+        if e.role == "decode" and e.kv_reserved_tokens > e.kv_capacity_tokens:
+            raise AssertionError(f"engine {e.engine} HBM overcommitted")
+        if e.read_queue_tokens != readq[e.engine]:
+            raise AssertionError(f"engine {e.engine} read queue ledger off")
