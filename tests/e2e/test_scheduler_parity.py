@@ -21,7 +21,7 @@ pytest.importorskip("zmq")
 from dualpath.config import RuntimeConfig, SchedulerConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode  # noqa: E402
 from dualpath.core.blocks import chain_digests  # noqa: E402
 from dualpath.core.request import RequestId, TurnSpec  # noqa: E402
-from dualpath.core.scheduler import DecodeAssignment, GlobalScheduler, SchedulePass  # noqa: E402
+from dualpath.core.scheduler import GlobalScheduler, SchedulePass  # noqa: E402
 from dualpath.runtime.api import GenerationRequest, SamplingParams  # noqa: E402
 from dualpath.runtime.protocol import DecodeAssign, DecodeDone, PrefillAssign, PrefillDone, ReadDone  # noqa: E402
 from dualpath.runtime.router.router import Router  # noqa: E402
@@ -199,12 +199,13 @@ def _replay(router: Router, log: list) -> tuple[list[SchedulePass], dict[Request
     return [p for _, p in rec._log], rid_of
 
 
-def _renamed(p: SchedulePass, rid_of: dict[RequestId, int]) -> SchedulePass:
-    def rid(r: RequestId) -> RequestId:
-        return RequestId(rid_of[r], 0)
+def _plain(p: SchedulePass, rename=lambda r: r) -> tuple:
+    """A pass as plain values (the requests' `ref`s are each world's own records)."""
+    def q(r) -> tuple:
+        return (rename(r.rid), r.num_tokens, r.hbm_bytes, r.decode_tokens)
 
-    return SchedulePass(tuple(replace(a, rid=rid(a.rid)) for a in p.prefill),
-                        tuple(DecodeAssignment(rid(d.rid), d.engine, d.side, d.read_tokens) for d in p.decode))
+    return (tuple((q(a.req), a.engine) for a in p.prefill),
+            tuple((q(d.req), d.engine, d.side, d.read_tokens) for d in p.decode))
 
 
 @pytest.mark.parametrize("mode", ["dualpath", "basic", "basic+layerwise+de_read"])
@@ -226,7 +227,7 @@ def test_router_and_simulator_drive_the_scheduler_into_the_same_passes(mode, tmp
         router.inbox.close()
     assert len(router_passes) == len(sim_passes)
     for i, (s, r) in enumerate(zip(sim_passes, router_passes)):
-        assert _renamed(s, rid_of) == r, f"pass {i} differs"
+        assert _plain(s, lambda rid: RequestId(rid_of[rid], 0)) == _plain(r), f"pass {i} differs"
 
     # what the engines were told: the simulator's PE, DE and read side for every request
     sent = {}
@@ -237,9 +238,9 @@ def test_router_and_simulator_drive_the_scheduler_into_the_same_passes(mode, tmp
     want = {}
     for p in sim_passes:
         for a in p.prefill:
-            want.setdefault(rid_of[a.rid], {})["pe"] = a.engine
+            want.setdefault(rid_of[a.req.rid], {})["pe"] = a.engine
         for d in p.decode:
-            want[rid_of[d.rid]].update(de=d.engine, side=int(d.side), hit=d.read_tokens)
+            want[rid_of[d.req.rid]].update(de=d.engine, side=int(d.side), hit=d.read_tokens)
     assert len(sent) == len(want) == NUM_AGENTS * NUM_TURNS
     for rid, w in want.items():
         pa, da = sent[rid]["PrefillAssign"], sent[rid]["DecodeAssign"]

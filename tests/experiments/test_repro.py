@@ -14,7 +14,9 @@ from dualpath._build import build_kind
 from dualpath.core.cost import cache_compute_ratio_gb_per_pflop
 from dualpath.core.models import get_model
 from dualpath.errors import InputError
-from dualpath.experiments import EXPERIMENTS, Context, Headline, resolve_names, run_suite
+from dualpath.experiments.common import Context, Headline
+from dualpath.experiments.registry import EXPERIMENTS
+from dualpath.experiments.suite import resolve_names, run_suite
 from dualpath.experiments.simrun import meets_slo
 
 HEADLINE_FIELDS = {"experiment", "metric", "ours", "paper", "rel_error", "target", "met"}

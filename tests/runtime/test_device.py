@@ -6,7 +6,7 @@ import torch
 from dualpath.config import RuntimeConfig, parse_device
 from dualpath.errors import InputError
 from dualpath.runtime.engine import device as dev
-from dualpath.runtime.engine.kv_region import SpanCopy
+from dualpath.runtime.transport.transfer import SpanCopy
 
 
 @pytest.mark.parametrize("text,parsed", [("cpu", ("cpu", None)), ("cuda", ("cuda", None)), ("cuda:3", ("cuda", 3)),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath.cli import build_sim_config
+from dualpath.cli.sim import build_sim_config
 from dualpath.sim.runner import run_modes
 
 RECORDED = Path(__file__).resolve().parents[2] / "docs" / "results" / "ds660b_2p4d_64k_1024_seed1.json"

@@ -9,20 +9,10 @@ from typing import Any
 import torch
 
 
-def best_time_s(fn, repeats: int = 2) -> float:
-    """The best of `repeats` timed calls of `fn`, after one untimed warm-up call."""
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 @torch.no_grad()
 def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, decode_tokens: int = 32,
                 batch: int = 8, threads: int = 1) -> dict[str, Any]:
+    from ..runtime.apps.calibrate import best_time_s
     from ..runtime.model import PagedKVCache, load_model
 
     torch.set_num_threads(threads)

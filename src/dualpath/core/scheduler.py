@@ -35,7 +35,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from mypy_extensions import mypyc_attr
 
 from .policy import (
     PrefillThresholds,
@@ -50,7 +52,7 @@ from .policy import (
 )
 from .policy.decode import Z_FACTOR_DEFAULT
 from .request import RequestId
-from .snapshot import Assignment, EngineLoad, GroupLoad, QueuedRequest, ReadSide
+from .snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
 
 _NO_ALPHA_TOKENS = 2**62  # alpha when reads cost nothing (the oracle): every read queue is short
 
@@ -63,19 +65,26 @@ def derive_thresholds(alpha_read_s: float, beta_compute_s: float, snic_bytes_per
     return PrefillThresholds(alpha, max(1, int(beta_compute_s * prefill_tokens_per_s)))
 
 
-class ClusterView(Protocol):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ClusterView:
     """What the scheduler asks the world during a pass; answers reflect every decision applied
-    before the pass (not those of the pass itself, which the scheduler tracks)."""
+    before the pass (not those of the pass itself, which the scheduler tracks). Each world
+    subclasses it (sim/dispatch.py:SimView, runtime/router/state.py:RouterView): a base class
+    rather than a Protocol, so that the compiled simulator's calls stay native."""
 
-    def pe_loads(self, group: int) -> Sequence[EngineLoad]: ...
+    def pe_loads(self, group: int) -> Sequence[EngineLoad]:
+        raise NotImplementedError
 
-    def de_loads(self, group: int) -> Sequence[EngineLoad]: ...
+    def de_loads(self, group: int) -> Sequence[EngineLoad]:
+        raise NotImplementedError
 
-    def read_queue_tokens(self, node: int) -> int: ...
+    def read_queue_tokens(self, node: int) -> int:
+        raise NotImplementedError
 
-    def read_tokens(self, rid: RequestId) -> int:
-        """Tokens the request's read will add to its side's read queue (its hit; 0: no read)."""
-        ...
+    def read_tokens(self, ref: Any) -> int:
+        """Tokens the request's read will add to its side's read queue (its hit; 0: no read);
+        `ref` is the world's record given to `submit`."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +98,34 @@ class SchedulerRules:
     forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeAssignment:
-    rid: RequestId  # the request
-    engine: int  # the DE that takes it: tok_e += decode_tokens, free HBM -= hbm_bytes
+class PrefillAssignment(NamedTuple):  # a tuple: immutable, and cheap to build once per decision
+    req: QueuedRequest  # the request as the scheduler saw it
+    ref: Any  # the world's record of it, as given to `submit` (never read here)
+    engine: int  # the PE that takes it: tok_e += num_tokens, seq_e += 1
+
+
+class DecodeAssignment(NamedTuple):
+    req: QueuedRequest  # the request as the scheduler saw it
+    ref: Any  # the world's record of it
+    engine: int  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
     side: ReadSide  # where its hit KV is read
     read_tokens: int  # tokens added to the read side's node queue (view.read_tokens at the pass)
+
+
+_NONE: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulePass:
     """The decisions of one pass, in the order made; the world applies them in this order."""
 
-    prefill: tuple[Assignment, ...]  # PE choices, global FIFO order; the PE's tok_e += num_tokens
-    decode: tuple[DecodeAssignment, ...]  # DE choices with read sides
+    prefill: tuple[PrefillAssignment, ...]  # PE choices, in global FIFO order
+    decode: tuple[DecodeAssignment, ...]  # DE choices with their read sides
 
 
-_Waiting = tuple[QueuedRequest, int]  # a request past its PE, and its PE's node
+_EMPTY_PASS = SchedulePass(_NONE, _NONE)
+_Queued = tuple[QueuedRequest, Any]  # a request and the world's record of it
+_Waiting = tuple[QueuedRequest, Any, int]  # ... past its PE, with its PE's node
 
 
 class GlobalScheduler:
@@ -117,7 +137,7 @@ class GlobalScheduler:
         self._de_groups = tuple(de_groups)
         self._pe_pos = {g: i for i, g in enumerate(self._pe_groups)}  # a group's place in the rotation
         self._de_pos = {g: i for i, g in enumerate(self._de_groups)}
-        self._pe_queue: deque[QueuedRequest] = deque()  # the global FIFO queue
+        self._pe_queue: deque[_Queued] = deque()  # the global FIFO queue
         self._de_queue: deque[_Waiting] = deque()  # PE chosen, no DE group yet
         self._private: dict[int, deque[_Waiting]] = {g: deque() for g in self._de_groups}  # phase-1 queues
         self._dirty: set[int] = set()  # DE groups whose queue or HBM changed since their last fetch
@@ -132,14 +152,16 @@ class GlobalScheduler:
         self.num_decisions = 0
 
     # --- what the world reports -----------------------------------------------------------------
-    def submit(self, req: QueuedRequest) -> None:
-        self._pe_queue.append(req)
+    def submit(self, req: QueuedRequest, ref: Any) -> None:
+        """A new request joins the global FIFO queue; `ref` (the world's record of it) comes back
+        with its assignments, so that applying them needs no lookup."""
+        self._pe_queue.append((req, ref))
 
     def cancel(self, rid: RequestId) -> bool:
         """Drop a request that no engine has taken from its queue; True if it was queued."""
-        for req in self._pe_queue:
-            if req.rid == rid:
-                self._pe_queue.remove(req)
+        for queued in self._pe_queue:
+            if queued[0].rid == rid:
+                self._pe_queue.remove(queued)
                 return True
         for q in (self._de_queue, *self._private.values()):
             for item in q:
@@ -148,13 +170,15 @@ class GlobalScheduler:
                     return True
         return False
 
-    def pe_released(self, group: int, view: ClusterView) -> None:
-        """A PE of `group` finished (or dropped) a request: its tok_e fell."""
-        self._set_pe_open(group, view.pe_loads(group))
+    def pe_released(self, group: int, least_tokens: int) -> None:
+        """A PE of `group` finished (or dropped) a request: its tok_e fell; `least_tokens` is the
+        least tok_e among the group's engines now."""
+        self._set_open(group, least_tokens)
 
-    def de_released(self, group: int, view: ClusterView) -> None:
-        """A DE of `group` finished (or dropped) a request: its tokens and HBM are back."""
-        self._de_totals[group] = sum(e.num_tokens for e in view.de_loads(group))
+    def de_released(self, group: int, group_tokens: int) -> None:
+        """A DE of `group` finished (or dropped) a request: its tokens and HBM are back;
+        `group_tokens` is the sum of the group's tok_e now."""
+        self._de_totals[group] = group_tokens
         self._dirty.add(group)
 
     @property
@@ -168,48 +192,52 @@ class GlobalScheduler:
     # --- the pass -------------------------------------------------------------------------------
     def schedule(self, view: ClusterView) -> SchedulePass:
         self.num_passes += 1
-        prefill = self._fetch_prefill(view) if self._pe_queue else []
+        prefill = tuple(self._fetch_prefill(view)) if self._pe_queue else _NONE
         decode: list[DecodeAssignment] = []
         if self._de_queue or self._dirty:
             if self.rules.dualpath:
                 self._fetch_decode_dualpath(view, decode)
             else:
                 self._fetch_decode_round_robin(view, decode)
+        if not prefill and not decode:
+            return _EMPTY_PASS
         self.num_decisions += len(prefill) + len(decode)
-        return SchedulePass(tuple(prefill), tuple(decode))
+        return SchedulePass(prefill, tuple(decode))
 
     # 1. PE selection
-    def _fetch_prefill(self, view: ClusterView) -> list[Assignment]:
+    def _fetch_prefill(self, view: ClusterView) -> list[PrefillAssignment]:
         groups = self._pe_groups
         n = len(groups)
         start = self._pe_turn
         self._pe_turn = (start + 1) % n
         rules = self.rules
-        out: list[Assignment] = []
+        out: list[PrefillAssignment] = []
         # Only the group being fetched changes during the walk, so the order is fixed up front.
         for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open):
             if not self._pe_queue:
                 break
             group = groups[(start + k) % n]
             loads = view.pe_loads(group)
+            queue = (w[0] for w in self._pe_queue)
             if rules.dualpath:
-                got = select_prefill(loads, {group: view.read_queue_tokens(group)}, self._pe_queue, rules.thresholds)
+                got = select_prefill(loads, {group: view.read_queue_tokens(group)}, queue, rules.thresholds)
             else:
-                got, self._rr_pe = round_robin_prefill(loads, self._pe_queue, rules.thresholds.beta_tokens, self._rr_pe)
+                got, self._rr_pe = round_robin_prefill(loads, queue, rules.thresholds.beta_tokens, self._rr_pe)
             added: dict[int, int] = {}
             for a in got:
-                req = self._pe_queue.popleft()
-                assert req.rid == a.rid, "PE assignment must follow FIFO order"
+                req, ref = self._pe_queue.popleft()
+                assert req.rid is a.rid, "PE assignment must follow FIFO order"
                 added[a.engine] = added.get(a.engine, 0) + req.num_tokens
-                self._de_queue.append((req, group))
-                out.append(a)
+                self._de_queue.append((req, ref, group))
+                out.append(PrefillAssignment(req, ref, a.engine))
             if added:
-                self._set_pe_open(group, loads, added)
+                least = min(e.num_tokens + added[e.engine] if e.engine in added else e.num_tokens for e in loads)
+                self._set_open(group, least)
         return out
 
-    def _set_pe_open(self, group: int, loads: Sequence[EngineLoad], added: dict[int, int] | None = None) -> None:
-        least = min(e.num_tokens + (added.get(e.engine, 0) if added else 0) for e in loads)
-        if least <= self.rules.thresholds.beta_tokens:
+    def _set_open(self, group: int, least_tokens: int) -> None:
+        """A PE group is open while one of its engines is at or under beta."""
+        if least_tokens <= self.rules.thresholds.beta_tokens:
             self._pe_open.add(group)
         else:
             self._pe_open.discard(group)
@@ -219,7 +247,7 @@ class GlobalScheduler:
         if self._de_queue:
             for ga in distribute_to_groups(self._de_totals, (w[0] for w in self._de_queue)):
                 item = self._de_queue.popleft()
-                assert item[0].rid == ga.rid
+                assert item[0].rid is ga.rid
                 self._private[ga.group].append(item)
                 self._dirty.add(ga.group)
         groups = self._de_groups
@@ -239,9 +267,9 @@ class GlobalScheduler:
                 continue  # no DE fits the head: phase 2 would assign nothing
             snap = GroupLoad(group, tuple(loads))
             for a in select_decode(snap, _fitting_prefix(q, snap), self.rules.z_factor):
-                req, pe_node = q.popleft()
-                assert req.rid == a.rid
-                out.append(self._decided(req, pe_node, group, a.engine, view, reads))
+                req, ref, pe_node = q.popleft()
+                assert req.rid is a.rid
+                out.append(self._decided(req, ref, pe_node, group, a.engine, view, reads))
 
     def _fetch_decode_round_robin(self, view: ClusterView, out: list[DecodeAssignment]) -> None:
         self._dirty.clear()
@@ -252,32 +280,29 @@ class GlobalScheduler:
         got, self._rr_de = round_robin_decode(loads, (w[0] for w in self._de_queue), self._rr_de)
         reads: dict[int, int] = {}
         for a in got:
-            req, pe_node = self._de_queue.popleft()
-            assert req.rid == a.rid
-            out.append(self._decided(req, pe_node, node_of[a.engine], a.engine, view, reads))
+            req, ref, pe_node = self._de_queue.popleft()
+            assert req.rid is a.rid
+            out.append(self._decided(req, ref, pe_node, node_of[a.engine], a.engine, view, reads))
 
     # 3. read side
-    def _decided(self, req: QueuedRequest, pe_node: int, de_node: int, engine: int, view: ClusterView,
+    def _decided(self, req: QueuedRequest, ref: Any, pe_node: int, de_node: int, engine: int, view: ClusterView,
                  reads: dict[int, int]) -> DecodeAssignment:
         self._de_totals[de_node] += req.decode_tokens
-        side = self._read_side(pe_node, de_node, view, reads)
-        tokens = view.read_tokens(req.rid)
+        rules = self.rules
+        if rules.forced_side is not None:
+            side = rules.forced_side
+        elif not rules.de_read_path:
+            side = ReadSide.PREFILL
+        elif rules.dualpath:
+            side = choose_read_side(view.read_queue_tokens(pe_node) + reads.get(pe_node, 0),
+                                    view.read_queue_tokens(de_node) + reads.get(de_node, 0))
+        else:
+            side, self._rr_side = round_robin_read_side(self._rr_side)
+        tokens = view.read_tokens(ref)
         if tokens:
             node = pe_node if side is ReadSide.PREFILL else de_node
             reads[node] = reads.get(node, 0) + tokens
-        return DecodeAssignment(req.rid, engine, side, tokens)
-
-    def _read_side(self, pe_node: int, de_node: int, view: ClusterView, reads: dict[int, int]) -> ReadSide:
-        rules = self.rules
-        if rules.forced_side is not None:
-            return rules.forced_side
-        if not rules.de_read_path:
-            return ReadSide.PREFILL
-        if rules.dualpath:
-            return choose_read_side(view.read_queue_tokens(pe_node) + reads.get(pe_node, 0),
-                                    view.read_queue_tokens(de_node) + reads.get(de_node, 0))
-        side, self._rr_side = round_robin_read_side(self._rr_side)
-        return side
+        return DecodeAssignment(req, ref, engine, side, tokens)
 
     # --- ledgers --------------------------------------------------------------------------------
     def check_invariants(self, view: ClusterView) -> None:
@@ -291,7 +316,7 @@ class GlobalScheduler:
         for g in self._de_groups:
             if self._de_totals[g] != sum(e.num_tokens for e in view.de_loads(g)):
                 raise AssertionError(f"DE group {g}: phase-1 total {self._de_totals[g]} is stale")
-        rids = [r.rid for r in self._pe_queue] + [w[0].rid for w in self._de_queue]
+        rids = [w[0].rid for w in self._pe_queue] + [w[0].rid for w in self._de_queue]
         rids += [w[0].rid for q in self._private.values() for w in q]
         if len(rids) != len(set(rids)):
             raise AssertionError("a request is queued twice")
@@ -304,7 +329,7 @@ def _fitting_prefix(q: Iterable[_Waiting], group: GroupLoad) -> list[QueuedReque
     passing only this prefix is exact and keeps a pass O(assignable) instead of O(queue)."""
     free = sum(e.free_hbm_bytes for e in group.engines)
     out = []
-    for req, _ in q:
+    for req, _, _ in q:
         out.append(req)
         free -= req.hbm_bytes
         if free < 0:

@@ -6,9 +6,3 @@ with `run(ctx) -> ExperimentOutput`; `registry.EXPERIMENTS` lists them in report
 one simulation and its probes; `suite` writes DIR/<name>.json, DIR/report.md, DIR/summary.json;
 `cli` is the `repro` command.
 """
-
-from .common import Context, ExperimentOutput, Headline
-from .registry import EXPERIMENTS
-from .suite import resolve_names, run_suite
-
-__all__ = ["EXPERIMENTS", "Context", "ExperimentOutput", "Headline", "resolve_names", "run_suite"]

@@ -90,7 +90,7 @@ def sim_config(spec: SimSpec, seed: int) -> SimConfig:
 # Sources that cannot change a simulation's numbers: plotting, benchmarks, the runner's JSON and
 # plot helpers. From config.py and the runner only the simulation's pieces are hashed (the runtime's
 # config lives in the same file and changes often).
-_NOT_SIMULATION = {"sim/bench.py", "sim/runner.py", "metrics/plots.py"}
+_NOT_SIMULATION = {"sim/runner.py", "metrics/plots.py"}
 _SIM_CONFIG_SOURCES = (
     config.Features, config.parse_mode, config.parse_pd, config.ComputeKnobs, config.SchedulerConfig,
     config.ClusterConfig, config.WorkloadConfig, config.MetricsConfig, config.SimConfig, config.paper_cluster,
@@ -177,7 +177,7 @@ def probe(sim: Simulator) -> dict[str, Any]:
 
 def snic_windows(sim: Simulator) -> dict[str, list[float]]:
     """Per balance window: start time, Max/Avg of SNIC read bytes across nodes, mean utilisation."""
-    samples = np.asarray(sim._snic_samples, dtype=float)
+    samples = np.asarray(sim.snic_samples, dtype=float)
     window_s = sim.cfg.metrics.balance_window_s
     if samples.shape[0] < 2:
         return {"t_s": [], "max_over_avg": [], "mean_util": []}

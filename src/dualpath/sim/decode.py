@@ -15,20 +15,17 @@ Numbered path of one request on the DE side (PAPER.md 1.3 steps 8-9 / 6-7, 1.4):
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
-
 from .events import PRIO_COMPLETE
+from .lifecycle import SimContext, TurnLifecycle
 from .state import Engine, Node, SimRequest
-
-if TYPE_CHECKING:
-    from .simulator import Simulator
 
 _EPS_STEPS = 1e-9
 
 
 class DecodeGroup:
-    def __init__(self, sim: "Simulator", node: Node) -> None:
-        self.sim = sim
+    def __init__(self, ctx: SimContext, life: TurnLifecycle, node: Node) -> None:
+        self.ctx = ctx
+        self.life = life
         self.node = node
         n = len(node.engines)
         self.attn_s = [0.0] * n  # per GPU: sum of attention compute seconds per step
@@ -44,7 +41,7 @@ class DecodeGroup:
         self.num_steps = 0.0
 
     def _advance(self) -> None:
-        now = self.sim.loop.now_s
+        now = self.ctx.loop.now_s
         if self.num_running and self.step_s > 0:
             dt = now - self.updated_s
             self.progress_steps += dt / self.step_s
@@ -53,7 +50,7 @@ class DecodeGroup:
         self.updated_s = now
 
     def _restep(self) -> None:
-        cm = self.sim.compute
+        cm = self.ctx.compute
         if not self.num_running:
             self.step_s = 0.0
             return
@@ -65,13 +62,13 @@ class DecodeGroup:
         if not self._heap:
             return
         wait = max(0.0, (self._heap[0][0] - self.progress_steps) * self.step_s)
-        self.sim.loop.call_at(self.sim.loop.now_s + wait, self._on_event, self.version, PRIO_COMPLETE)
+        self.ctx.loop.call_at(self.ctx.loop.now_s + wait, self._on_event, self.version, PRIO_COMPLETE)
 
     def join(self, req: SimRequest, eng: Engine) -> None:
         self._advance()
         steps = req.gen_tokens - 1
         ctx = req.input_tokens + req.gen_tokens / 2  # mean context over the decode (fluid model)
-        attn, kvb = self.sim.compute.decode_request_cost(ctx)
+        attn, kvb = self.ctx.compute.decode_request_cost(ctx)
         i = eng.index
         self.attn_s[i] += attn
         self.kv_bytes[i] += kvb
@@ -79,7 +76,7 @@ class DecodeGroup:
         self._seq += 1
         heapq.heappush(self._heap, (self.progress_steps + steps, self._seq, req, i, attn, kvb))
         self._restep()
-        req.t_second = self.sim.loop.now_s + self.step_s
+        req.t_second = self.ctx.loop.now_s + self.step_s
         self._reschedule()
 
     def _on_event(self, version: int) -> None:
@@ -100,4 +97,4 @@ class DecodeGroup:
         self._restep()
         self._reschedule()
         for req in done:
-            self.sim.decode_finished(req)
+            self.life.decode_finished(req)

@@ -6,34 +6,33 @@
      request (HBM frees);
   2. answers the pass's questions from the modelled cluster (`SimView`);
   3. applies the pass in its order: a PE assignment takes len(r) on the engine; a DE assignment
-     takes the final length and HBM, resolves the hit and queues the read on the chosen side
-     (or, with nothing to read or a free network, makes the request prefill-ready at once).
+     takes the final length and HBM and queues the read of the hit (resolved during the pass) on
+     the chosen side (or, with nothing to read or a free network, makes the request
+     prefill-ready at once).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds
-from ..core.request import RequestId, usable_hit_tokens
-from ..core.scheduler import GlobalScheduler, SchedulePass, SchedulerRules
+from ..core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules
 from ..core.snapshot import EngineLoad, ReadSide
 from .events import PRIO_SCHEDULE
-from .state import Node, SimRequest
+from .lifecycle import SimContext, TurnLifecycle
+from .reads import StorageReads
+from .state import Engine, Node, SimRequest
 
-if TYPE_CHECKING:
-    from .simulator import Simulator
 
-
-class SimView:
+class SimView(ClusterView):
     """The cluster as the scheduler sees it: engine snapshots, node read queues, hits."""
 
-    def __init__(self, nodes: Sequence[Node], inflight: dict, block_tokens: int, io_free: bool) -> None:
-        self._nodes = {n.nid: n for n in nodes}
-        self._inflight = inflight
-        self._block_tokens = block_tokens
+    def __init__(self, nodes: Sequence[Node], life: TurnLifecycle, io_free: bool) -> None:
+        assert all(n.nid == i for i, n in enumerate(nodes))
+        self._nodes = list(nodes)  # by node id
+        self._life = life
         self._io_free = io_free
 
     def pe_loads(self, group: int) -> list[EngineLoad]:
@@ -45,38 +44,45 @@ class SimView:
     def read_queue_tokens(self, node: int) -> int:
         return self._nodes[node].read_queue_tokens
 
-    def read_tokens(self, rid: RequestId) -> int:
-        if self._io_free:
-            return 0
-        req: SimRequest = self._inflight[rid]
-        return usable_hit_tokens(req.agent.context_tokens, req.input_tokens, self._block_tokens)
+    def read_tokens(self, req: SimRequest) -> int:
+        """The hit is resolved here, when the DE is chosen (`Simulator.resolve_hit`); nothing is read
+        when it is empty or the network is free."""
+        self._life.resolve_hit(req)
+        return 0 if self._io_free else req.hit_tokens
 
 
 class Dispatch:
-    def __init__(self, sim: "Simulator", thresholds: PrefillThresholds) -> None:
-        self.sim = sim
-        f = sim.features
-        rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, sim.cfg.scheduler.z_factor)
-        self.scheduler = GlobalScheduler([n.nid for n in sim.prefill_nodes], [n.nid for n in sim.decode_nodes], rules)
-        self.view = SimView(sim.nodes, sim.inflight, sim.block_tokens, f.io_free)
+    def __init__(self, ctx: SimContext, life: TurnLifecycle, reads: StorageReads, nodes: Sequence[Node],
+                 engines: dict[int, Engine], thresholds: PrefillThresholds) -> None:
+        self.ctx = ctx
+        self.life = life
+        self.reads = reads
+        self.engines = engines
+        f = ctx.features
+        rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor)
+        pe_groups = [n.nid for n in nodes if n.is_prefill]
+        de_groups = [n.nid for n in nodes if not n.is_prefill]
+        self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)
+        self.view = SimView(nodes, life, f.io_free)
         self._pending = False
         self.policy_cpu_s = 0.0  # wall time inside scheduling passes (instrumentation, not sim time)
 
     def submit(self, req: SimRequest) -> None:
-        self.scheduler.submit(req.qview)
+        self.scheduler.submit(req.qview, req)
         self.kick()
 
     def pe_released(self, node: Node) -> None:
-        self.scheduler.pe_released(node.nid, self.view)
+        self.scheduler.pe_released(node.nid, min(e.num_tokens for e in node.engines))
 
     def de_released(self, node: Node) -> None:
-        self.scheduler.de_released(node.nid, self.view)
+        self.scheduler.de_released(node.nid, sum(e.num_tokens for e in node.engines))
         self.kick()
 
     def kick(self) -> None:
         if not self._pending:
             self._pending = True
-            self.sim.loop.call_at(self.sim.loop.now_s, self._pass, None, PRIO_SCHEDULE)
+            loop = self.ctx.loop
+            loop.call_at(loop.now_s, self._pass, None, PRIO_SCHEDULE)
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants(self.view)
@@ -88,30 +94,27 @@ class Dispatch:
         self.policy_cpu_s += time.perf_counter() - t0
 
     def _apply(self, p: SchedulePass) -> None:
-        sim = self.sim
-        now = sim.loop.now_s
-        engines = sim.engines_by_id
-        inflight = sim.inflight
+        now = self.ctx.loop.now_s
+        engines = self.engines
         for a in p.prefill:
-            req: SimRequest = inflight[a.rid]
+            req: SimRequest = a.ref
             eng = engines[a.engine]
             req.pe = eng
             eng.take(req.input_tokens)
             req.t_pe = now
             req.to(Phase.PE_ASSIGNED)
         for d in p.decode:
-            req = inflight[d.rid]
+            req = d.ref  # its hit was resolved during the pass (SimView.read_tokens)
             eng = engines[d.engine]
             req.de = eng
             eng.take(req.de_len_tokens, req.hbm_bytes)
             req.t_de = now
-            sim.resolve_hit(req)
             req.side = d.side
             if d.read_tokens == 0:  # nothing to read, or a free network
-                sim.prefill_ready(req)
+                self.life.prefill_ready(req)
             else:
                 assert req.pe is not None
-                sim.reads.enqueue(req, req.pe.node if d.side is ReadSide.PREFILL else eng.node)
+                self.reads.enqueue(req, req.pe.node if d.side is ReadSide.PREFILL else eng.node)
 
     @property
     def num_passes(self) -> int:

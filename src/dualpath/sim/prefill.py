@@ -20,18 +20,16 @@ Numbered path of one forward (PAPER.md 1.3, 3.5):
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import Budget, form_prefill_batch, prefill_budgets
 from ..core.snapshot import BatchCandidate, ReadSide
 from .events import PRIO_COMPLETE
+from .lifecycle import SimContext, TurnLifecycle
 from .links import Flow
 from .state import Engine, Node, SimRequest
-
-if TYPE_CHECKING:
-    from .simulator import Simulator
 
 
 class Forward:
@@ -45,8 +43,9 @@ class Forward:
 
 
 class PrefillGroup:
-    def __init__(self, sim: "Simulator", node: Node) -> None:
-        self.sim = sim
+    def __init__(self, ctx: SimContext, life: TurnLifecycle, node: Node) -> None:
+        self.ctx = ctx
+        self.life = life
         self.node = node
         self.busy = False
         self.compute_end_s = -1.0  # when the running forward's compute ends (once it has started)
@@ -55,12 +54,12 @@ class PrefillGroup:
         self.stream_bytes = 0.0  # cached KV streamed into PE HBM (all chunks)
         self.pd_bytes = 0.0  # KV sent PE -> DE buffers
         self.attention_balance: list[tuple[float, float]] = []  # (time, max/avg GPU attention) per forward
-        f = sim.features
-        sched = sim.cfg.scheduler
-        cm = sim.compute
-        kvbpt = sim.kv_bytes_per_token
+        f = ctx.features
+        sched = ctx.cfg.scheduler
+        cm = ctx.compute
+        kvbpt = ctx.kv_bytes_per_token
         # without layerwise prefill the whole batch's KV (cached and new) sits in PE HBM
-        hbm = None if f.layerwise_prefill else Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, sim.pe_kv_hbm_bytes)
+        hbm = None if f.layerwise_prefill else Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, ctx.pe_kv_hbm_bytes)
         self.budgets = prefill_budgets(f.dualpath_scheduler, cm.attention_time_s, sched.compute_quota_s,
                                        sched.basic_tokens_per_forward, hbm)
 
@@ -69,7 +68,7 @@ class PrefillGroup:
         """FIFO over the GPU's ready requests. One whose DE buffer is full is passed over for this
         forward (and the group waits on that buffer): holding the line for it could deadlock with
         DE-path requests behind it that occupy the same buffer and only free it after prefill."""
-        need_of = self.sim.de_buffer_need_at_prefill
+        need_of = self.life.de_buffer_need_at_prefill
         tentative: dict[int, float] = {}
         for req in eng.batch_queue:
             need = need_of(req)
@@ -86,7 +85,7 @@ class PrefillGroup:
     def try_start(self) -> None:
         if self.busy:
             return
-        sim = self.sim
+        ctx = self.ctx
         entries: list[tuple[Engine, SimRequest, int]] = []
         max_attn_s = 0.0
         sum_attn_s = 0.0
@@ -98,31 +97,31 @@ class PrefillGroup:
             batch = form_prefill_batch(self._candidates(eng, picked), self.budgets)
             attn_s = 0.0
             for req, be in zip(picked, batch):
-                need = sim.de_buffer_need_at_prefill(req)
+                need = self.life.de_buffer_need_at_prefill(req)
                 if need:
                     assert req.de is not None
                     req.de.node.reserve(need)
                     req.de_buffer_bytes += need
                 entries.append((eng, req, be.compute_tokens))
-                attn_s += sim.compute.attention_time_s(be.cached_tokens, be.compute_tokens)
+                attn_s += ctx.compute.attention_time_s(be.cached_tokens, be.compute_tokens)
                 total_tokens += be.compute_tokens
             max_attn_s = max(max_attn_s, attn_s)
             sum_attn_s += attn_s
         if not entries:
             return
         if sum_attn_s > 0:
-            self.attention_balance.append((sim.loop.now_s, max_attn_s * len(self.node.engines) / sum_attn_s))
+            self.attention_balance.append((ctx.loop.now_s, max_attn_s * len(self.node.engines) / sum_attn_s))
         self.busy = True
         self.num_forwards += 1
-        fwd = Forward(entries, sim.compute.prefill_forward_s(max_attn_s, total_tokens))
-        now = sim.loop.now_s
+        fwd = Forward(entries, ctx.compute.prefill_forward_s(max_attn_s, total_tokens))
+        now = ctx.loop.now_s
         for _, req, _ in entries:
             req.to(Phase.PREFILLING)
             if req.t_prefill_start < 0:
                 req.t_prefill_start = now
-        if sim.features.io_free:
+        if ctx.features.io_free:
             self._start_compute(fwd)
-        elif sim.features.layerwise_prefill:
+        elif ctx.features.layerwise_prefill:
             self._start_streams(fwd)
             self._start_pd(fwd)
             self._start_compute(fwd)
@@ -140,8 +139,8 @@ class PrefillGroup:
         (incast); each sending DE CNIC has its bytes booked on its ledger but does not limit the
         rate. Per-pair flows would be exact but cost O(pairs^2) re-rates per forward (a PE GPU
         hears from up to every DE GPU), and DE CNICs carry little else (one H2D per request)."""
-        sim = self.sim
-        kvbpt = sim.kv_bytes_per_token
+        ctx = self.ctx
+        kvbpt = ctx.kv_bytes_per_token
         per_gpu: dict[int, list] = {}
         for eng, req, _ in fwd.entries:
             if req.cached_tokens == 0:
@@ -159,18 +158,18 @@ class PrefillGroup:
             self.stream_bytes += local + remote
             if local:
                 fwd.pending += 1
-                sim.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done, fwd)
+                ctx.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done, fwd)
             if remote:
                 fwd.pending += 1
                 for src, nbytes in sources.values():
-                    sim.net.book(src.cnic_out, Lane.KV, nbytes)
-                sim.net.start(remote, Lane.KV, (eng.cnic_in,), self._stream_done, fwd)
+                    ctx.net.book(src.cnic_out, Lane.KV, nbytes)
+                ctx.net.start(remote, Lane.KV, (eng.cnic_in,), self._stream_done, fwd)
 
     def _stream_done(self, flow: Flow) -> None:
         fwd = flow.tag
         fwd.pending -= 1
         if fwd.pending == 0:
-            if self.sim.features.layerwise_prefill:
+            if self.ctx.features.layerwise_prefill:
                 self._forward_done(fwd)
             else:
                 self._free_loaded_host_copies(fwd)
@@ -179,28 +178,28 @@ class PrefillGroup:
     def _free_loaded_host_copies(self, fwd: Forward) -> None:
         """Not layerwise: once a request's whole hit KV is in HBM, its PE-buffer copy is no longer
         needed, unless a later chunk will load it again."""
-        sim = self.sim
+        ctx = self.ctx
         for eng, req, ntok in fwd.entries:
             if req.pe_buffer_bytes and ntok == req.remaining_tokens:
-                sim.release_buffer(eng.node, req.pe_buffer_bytes)
+                self.life.release_buffer(eng.node, req.pe_buffer_bytes)
                 req.pe_buffer_bytes = 0.0
 
     def _start_compute(self, fwd: Forward) -> None:
         fwd.pending += 1
         self.busy_s += fwd.compute_s
-        self.compute_end_s = self.sim.loop.now_s + fwd.compute_s
-        self.sim.loop.call_at(self.compute_end_s, self._compute_done, fwd, PRIO_COMPLETE)
+        self.compute_end_s = self.ctx.loop.now_s + fwd.compute_s
+        self.ctx.loop.call_at(self.compute_end_s, self._compute_done, fwd, PRIO_COMPLETE)
 
     def busy_past_now(self) -> bool:
         """True when the group cannot be idle again at the current instant: its forward's compute
         is still running. A forward ends only after its compute (then streams or PD transfers), so
         `try_start` would return at once at any later event of this instant."""
-        return self.busy and self.compute_end_s > self.sim.loop.now_s
+        return self.busy and self.compute_end_s > self.ctx.loop.now_s
 
     def _compute_done(self, fwd: Forward) -> None:
         fwd.pending -= 1
-        sim = self.sim
-        if sim.features.io_free or sim.features.layerwise_prefill:
+        ctx = self.ctx
+        if ctx.features.io_free or ctx.features.layerwise_prefill:
             if fwd.pending == 0:
                 self._forward_done(fwd)
             return
@@ -213,8 +212,8 @@ class PrefillGroup:
     def _start_pd(self, fwd: Forward) -> None:
         """KV of this forward to the DE buffers: per PE GPU one flow, rate-limited on its CNIC-out
         where it fans out; each receiving DE CNIC-in has its bytes booked (see `_start_streams`)."""
-        sim = self.sim
-        kvbpt = sim.kv_bytes_per_token
+        ctx = self.ctx
+        kvbpt = ctx.kv_bytes_per_token
         per_gpu: dict[int, list] = {}
         for eng, req, ntok in fwd.entries:
             tokens = ntok
@@ -229,8 +228,8 @@ class PrefillGroup:
             self.pd_bytes += nbytes
             fwd.pd_flows += 1
             for req, b in reqs:
-                sim.net.book(req.de.cnic_in, Lane.KV, b)
-            sim.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs))
+                ctx.net.book(req.de.cnic_in, Lane.KV, b)
+            ctx.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs))
 
     def _pd_done(self, flow: Flow) -> None:
         fwd, reqs = flow.tag
@@ -238,9 +237,9 @@ class PrefillGroup:
             req.pending_pd -= 1
             req.delivered_bytes += nbytes
             if req.pending_pd == 0 and req.computed:
-                self.sim.kv_landed(req)
+                self.life.kv_landed(req)
         fwd.pd_flows -= 1
-        if fwd.pd_flows == 0 and not self.sim.features.layerwise_prefill:
+        if fwd.pd_flows == 0 and not self.ctx.features.layerwise_prefill:
             self._release(fwd)
 
     # --- 3. completion ---------------------------------------------------------------------
@@ -249,23 +248,23 @@ class PrefillGroup:
         self._release(fwd)
 
     def _advance_chunks(self, fwd: Forward) -> None:
-        sim = self.sim
-        io_free = sim.features.io_free
+        ctx = self.ctx
+        io_free = ctx.features.io_free
         for eng, req, ntok in fwd.entries:
             req.cached_tokens += ntok
             req.remaining_tokens -= ntok
             if io_free:
-                req.delivered_bytes += ntok * sim.kv_bytes_per_token
+                req.delivered_bytes += ntok * ctx.kv_bytes_per_token
             if req.remaining_tokens > 0:
                 req.to(Phase.PREFILL_READY)
                 continue
             if io_free:
-                req.delivered_bytes += req.hit_tokens * sim.kv_bytes_per_token
-            sim.prefill_computed(req)
+                req.delivered_bytes += req.hit_tokens * ctx.kv_bytes_per_token
+            self.life.prefill_computed(req)
 
     def _release(self, fwd: Forward) -> None:
         for eng in {id(e): e for e, _, _ in fwd.entries}.values():
             if any(r.computed for r in eng.batch_queue):
                 eng.batch_queue = deque(r for r in eng.batch_queue if not r.computed)
         self.busy = False
-        self.sim.kick_prefill(self)
+        self.life.kick_prefill(self.node.nid)

@@ -13,21 +13,18 @@ Numbered path of one read:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.snapshot import ReadSide
+from .lifecycle import SimContext, TurnLifecycle
 from .links import Flow
 from .state import Node, SimRequest
 
-if TYPE_CHECKING:
-    from .simulator import Simulator
 
-
-class ReadPath:
-    def __init__(self, sim: "Simulator") -> None:
-        self.sim = sim
+class StorageReads:
+    def __init__(self, ctx: SimContext, life: TurnLifecycle) -> None:
+        self.ctx = ctx
+        self.life = life
         self.bytes_by_side = [0.0, 0.0]  # indexed by ReadSide
 
     def enqueue(self, req: SimRequest, node: Node) -> None:
@@ -37,27 +34,27 @@ class ReadPath:
         self.pump(node)
 
     def pump(self, node: Node) -> None:
-        sim = self.sim
-        limit = sim.cfg.cluster.reads_in_flight_per_node
+        ctx = self.ctx
+        limit = ctx.cfg.cluster.reads_in_flight_per_node
         while node.read_queue and node.reads_active < limit:
             req = node.read_queue[0]
             if not self._reserve(req):
                 return
             node.read_queue.popleft()
             node.reads_active += 1
-            req.t_read_start = sim.loop.now_s
-            nbytes = req.hit_tokens * sim.kv_bytes_per_token
-            links = (node.snic_in,) if sim.storage_egress is None else (sim.storage_egress, node.snic_in)
-            sim.net.start(nbytes, Lane.KV, links, self._done, (req, node))
+            req.t_read_start = ctx.loop.now_s
+            nbytes = req.hit_tokens * ctx.kv_bytes_per_token
+            links = (node.snic_in,) if ctx.storage_egress is None else (ctx.storage_egress, node.snic_in)
+            ctx.net.start(nbytes, Lane.KV, links, self._done, (req, node))
 
     def _reserve(self, req: SimRequest) -> bool:
-        sim = self.sim
+        ctx = self.ctx
         pe, de = req.pe, req.de
         assert pe is not None and de is not None
         if req.side is ReadSide.PREFILL:
-            node, nbytes = pe.node, req.hit_tokens * sim.kv_bytes_per_token
+            node, nbytes = pe.node, req.hit_tokens * ctx.kv_bytes_per_token
         else:
-            node, nbytes = de.node, req.input_tokens * sim.kv_bytes_per_token
+            node, nbytes = de.node, req.input_tokens * ctx.kv_bytes_per_token
         if not node.reserve(nbytes):
             node.waiters[id(node)] = node  # the reader is this node: a release here pumps it again
             return False
@@ -71,12 +68,12 @@ class ReadPath:
         req: SimRequest
         node: Node
         req, node = flow.tag
-        sim = self.sim
+        ctx = self.ctx
         node.reads_active -= 1
         node.read_queue_tokens -= req.hit_tokens
         self.bytes_by_side[req.side] += flow.size_bytes
-        req.t_read_end = sim.loop.now_s
+        req.t_read_end = ctx.loop.now_s
         if req.side is ReadSide.DECODE:
             req.delivered_bytes += flow.size_bytes  # hit KV now sits in the DE buffer
-        sim.prefill_ready(req)
+        self.life.prefill_ready(req)
         self.pump(node)

@@ -3,17 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .._build import build_kind
 from ..core.lanes import Lane
 from ..core.snapshot import ReadSide
-from ..metrics import distribution, snic_balance, turn_latencies
+from ..config import Features, SimConfig
+from ..metrics import TurnRecorder, distribution, snic_balance, turn_latencies
+from .dispatch import Dispatch
+from .events import EventLoop
+from .reads import StorageReads
 
-if TYPE_CHECKING:
-    from .simulator import Simulator
+
+class FinishedRun(Protocol):
+    """What a result reads of a finished simulation (the Simulator provides it)."""
+
+    cfg: SimConfig
+    features: Features
+    loop: EventLoop
+    recorder: TurnRecorder
+    agents: list
+    nodes: list
+    engines_by_id: dict
+    prefill_groups: dict
+    decode_groups: dict
+    reads: StorageReads
+    driver: Dispatch
+    profile: dict
+    persisted_bytes: float
+    h2d_bytes: float
+    snic_samples: list  # per sample: cumulative SNIC-in KV bytes per node
 
 
 def _utilisation(links: list, duration_s: float, lane: int | None = None) -> list[float]:
@@ -24,8 +45,8 @@ def _utilisation(links: list, duration_s: float, lane: int | None = None) -> lis
     return out
 
 
-def _window_bytes(sim: "Simulator") -> np.ndarray:
-    samples = np.asarray(sim._snic_samples, dtype=float)
+def _window_bytes(sim: FinishedRun) -> np.ndarray:
+    samples = np.asarray(sim.snic_samples, dtype=float)
     if samples.shape[0] < 2:
         return np.zeros((0, len(sim.nodes)))
     return np.diff(samples, axis=0)
@@ -35,13 +56,35 @@ def _mean(a: np.ndarray) -> float:
     return float(a.mean()) if a.size else float("nan")
 
 
-def _attention_balance(sim: "Simulator") -> float:
+def _attention_balance(sim: FinishedRun) -> float:
     """Mean over forwards of max/avg attention time across a group's GPUs (PAPER.md 6.6, Fig. 14)."""
     ratios = [r for g in sim.prefill_groups.values() for _, r in g.attention_balance]
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
-def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
+def _byte_totals(sim: FinishedRun, cnics: list) -> dict[str, float]:
+    return {
+        "storage_to_prefill": sim.reads.bytes_by_side[ReadSide.PREFILL],
+        "storage_via_decode": sim.reads.bytes_by_side[ReadSide.DECODE],
+        "persisted": sim.persisted_bytes,
+        "kv_layer_streams": sum(g.stream_bytes for g in sim.prefill_groups.values()),
+        "pd_transfer": sum(g.pd_bytes for g in sim.prefill_groups.values()),
+        "de_h2d": sim.h2d_bytes,
+        "cnic_lane_kv": sum(l.served_bytes[Lane.KV] for l in cnics) / 2,
+        "cnic_lane_latency_critical": sum(l.served_bytes[Lane.LATENCY_CRITICAL] for l in cnics) / 2,
+    }
+
+
+def _nic_utilisation(snic_read_util: list[float], snic_out: list, cnics: list, duration_s: float) -> dict[str, Any]:
+    return {
+        "snic_read_by_node": snic_read_util,
+        "snic_write_by_node": _utilisation(snic_out, duration_s),
+        "cnic_mean": float(np.mean(_utilisation(cnics, duration_s))) if cnics else 0.0,
+        "cnic_max": float(np.max(_utilisation(cnics, duration_s))) if cnics else 0.0,
+    }
+
+
+def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
     rec = sim.recorder
     keep = np.asarray(rec.arrival_s) >= sim.cfg.workload.warmup_s  # online: skip the warm-up
     arrival = np.asarray(rec.arrival_s)[keep]
@@ -74,24 +117,10 @@ def build_result(sim: "Simulator", wall_s: float) -> dict[str, Any]:
             "read": _mean(np.asarray(rec.read_s)[keep]),
             "prefill": _mean(np.asarray(rec.prefill_s)[keep]),
         },
-        "bytes": {
-            "storage_to_prefill": sim.reads.bytes_by_side[ReadSide.PREFILL],
-            "storage_via_decode": sim.reads.bytes_by_side[ReadSide.DECODE],
-            "persisted": sim.persisted_bytes,
-            "kv_layer_streams": sum(g.stream_bytes for g in sim.prefill_groups.values()),
-            "pd_transfer": sum(g.pd_bytes for g in sim.prefill_groups.values()),
-            "de_h2d": sim._h2d_bytes,
-            "cnic_lane_kv": sum(l.served_bytes[Lane.KV] for l in cnics) / 2,
-            "cnic_lane_latency_critical": sum(l.served_bytes[Lane.LATENCY_CRITICAL] for l in cnics) / 2,
-        },
+        "bytes": _byte_totals(sim, cnics),
         "snic_max_over_avg": snic_balance(_window_bytes(sim), window_capacity, cfg.metrics.balance_min_utilisation),
         "snic_max_over_avg_run": (max(snic_read_util) / float(np.mean(snic_read_util))) if np.mean(snic_read_util) > 0 else float("nan"),
-        "nic_utilisation": {
-            "snic_read_by_node": snic_read_util,
-            "snic_write_by_node": _utilisation(snic_out, duration),
-            "cnic_mean": float(np.mean(_utilisation(cnics, duration))) if cnics else 0.0,
-            "cnic_max": float(np.max(_utilisation(cnics, duration))) if cnics else 0.0,
-        },
+        "nic_utilisation": _nic_utilisation(snic_read_util, snic_out, cnics, duration),
         "gpu_busy": {
             "prefill_mean": float(np.mean(pe_busy)) if pe_busy else 0.0,
             "decode_mean": float(np.mean(de_busy)) if de_busy else 0.0,

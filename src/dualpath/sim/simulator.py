@@ -3,9 +3,8 @@
 Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details):
   1. `_start_turn`: the turn's request (context + append, generate g) joins the global queue.
   2. `Dispatch` (dispatch.py) runs `core.scheduler.GlobalScheduler`'s pass: PE by Algorithm 1,
-     DE in two phases, the read side; then `resolve_hit` (the agent's durable prefix, block
-     aligned) and the read is queued.
-  3. `ReadPath` (reads.py): hit KV storage -> SNIC -> host buffer of the read side.
+     DE in two phases, `resolve_hit` (the agent's durable prefix), the read side.
+  3. `StorageReads` (reads.py): hit KV storage -> SNIC -> host buffer of the read side.
   4. `prefill_ready` -> `PrefillGroup` (prefill.py): layerwise prefill with quota batching;
      `prefill_computed` emits the first token.
   5. `kv_landed`: the prompt KV is whole in the DE buffer -> H2D into DE HBM ->
@@ -37,15 +36,16 @@ from .decode import DecodeGroup
 from .dispatch import Dispatch
 from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
 from .links import Flow, Link, Network
+from .lifecycle import SimContext, TurnLifecycle
 from .prefill import PrefillGroup
-from .reads import ReadPath
+from .reads import StorageReads
 from .results import build_result
 from .state import Agent, Engine, Node, SimRequest
 
 _TOL_BYTES = 1.0
 
 
-class Simulator:
+class Simulator(TurnLifecycle):
     def __init__(self, cfg: SimConfig, features: Features, trajectories: Sequence[Any], arrivals_s: Sequence[float]) -> None:
         if len(trajectories) != len(arrivals_s):
             raise InputError("need one arrival time per trajectory")
@@ -69,19 +69,21 @@ class Simulator:
             Link("storage_egress", cl.storage_egress_bytes_per_s, weights) if cl.storage_egress_bytes_per_s else None
         )
         self._build_topology()
-        self.reads = ReadPath(self)
-        self.prefill_groups = {n.nid: PrefillGroup(self, n) for n in self.prefill_nodes}
-        self.decode_groups = {n.nid: DecodeGroup(self, n) for n in self.decode_nodes}
+        self.ctx = ctx = SimContext(self.loop, self.net, self.compute, features, cfg, self.kv_bytes_per_token,
+                                    self.pe_kv_hbm_bytes, self.storage_egress)
+        self.reads = StorageReads(ctx, self)
+        self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
+        self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
         self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
         self._validate_fit()
         self.inflight: dict = {}
-        self.driver = Dispatch(self, self._profile_thresholds())
+        self.driver = Dispatch(ctx, self, self.reads, self.nodes, self.engines_by_id, self._profile_thresholds())
         self.recorder = TurnRecorder()
         self.persisted_bytes = 0.0
         self.num_agents_done = 0
         self._kick_pending: set[int] = set()
-        self._snic_samples: list[list[float]] = []
-        self._h2d_bytes = 0.0
+        self.snic_samples: list[list[float]] = []
+        self.h2d_bytes = 0.0
 
     # --- construction ----------------------------------------------------------------------
     def _build_topology(self) -> None:
@@ -175,13 +177,14 @@ class Simulator:
         pe = req.pe
         assert pe is not None
         pe.batch_queue.append(req)
-        self.kick_prefill(self.prefill_groups[pe.node.nid])
+        self.kick_prefill(pe.node.nid)
 
-    def kick_prefill(self, group: PrefillGroup) -> None:
+    def kick_prefill(self, node_id: int) -> None:
         """Coalesce: all requests that become ready at one instant share the next forward. A group
         whose compute runs past this instant gets no event (it would find the group busy); the
         forward's end kicks it."""
-        nid = group.node.nid
+        nid = node_id
+        group = self.prefill_groups[nid]
         if nid not in self._kick_pending and not group.busy_past_now():
             self._kick_pending.add(nid)
             self.loop.call_at(self.loop.now_s, self._kicked, group, PRIO_SCHEDULE)
@@ -227,7 +230,7 @@ class Simulator:
             return
         de = req.de
         assert de is not None
-        self._h2d_bytes += expect
+        self.h2d_bytes += expect
         self.net.start(expect, Lane.KV, (de.cnic_out, de.cnic_in), self._h2d_done, req)
 
     def _h2d_done(self, flow: Flow) -> None:
@@ -256,7 +259,7 @@ class Simulator:
                 if isinstance(w, Node):
                     self.reads.pump(w)
                 else:
-                    self.kick_prefill(w)
+                    self.kick_prefill(w.node.nid)
 
     # --- 6. finish ---------------------------------------------------------------------------
     def decode_finished(self, req: SimRequest) -> None:
@@ -307,7 +310,7 @@ class Simulator:
         for n in self.nodes:
             self.net.settle(n.snic_in)
             row.append(n.snic_in.served_bytes[Lane.KV])
-        self._snic_samples.append(row)
+        self.snic_samples.append(row)
         if self.num_agents_done < len(self.agents):
             nxt = self.loop.now_s + self.cfg.metrics.balance_window_s
             horizon = self.cfg.workload.horizon_s

@@ -7,15 +7,12 @@ built from them (`EngineLoad`, `QueuedRequest`, `BatchCandidate`).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..core.phase import Phase, check_transition
 from ..core.request import RequestId
 from ..core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from .links import Link
-
-if TYPE_CHECKING:
-    from .prefill import PrefillGroup
 
 
 class Agent:
@@ -133,7 +130,8 @@ class Node:
         self.read_queue: deque[SimRequest] = deque()
         self.read_queue_tokens = 0  # hit tokens queued or being read here (the policy's read_q)
         self.reads_active = 0
-        self.waiters: dict[int, Node | PrefillGroup] = {}  # things blocked on this node's buffer, by id
+        # things blocked on this node's buffer, by id: a Node (its reader) or a PrefillGroup
+        self.waiters: dict[int, Any] = {}
 
     def reserve(self, nbytes: float) -> bool:
         if nbytes > self.buffer_free_bytes:

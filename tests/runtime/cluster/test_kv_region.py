@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from dualpath.core.blocks import BlockLayout
-from dualpath.runtime.engine.kv_region import SpanCopy, contiguous, layer_spans
+from dualpath.runtime.engine.kv_region import contiguous, layer_spans
+from dualpath.runtime.transport.transfer import SpanCopy
 
 LAYOUT = BlockLayout(num_layers=3, block_tokens=4, kv_bytes_per_token_per_layer=2)  # Full Block 24 B
 

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from dualpath.core.blocks import BlockLayout
-from dualpath.runtime.store.bench import checksum_gbps, run_store_bench
+from dualpath.bench.store import checksum_gbps, run_store_bench
 
 
 def test_bench_reports_both_rates_and_leaves_nothing(tmp_path):

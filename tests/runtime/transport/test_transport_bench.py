@@ -2,7 +2,8 @@
 
 import pytest
 
-from dualpath.runtime.transport.bench import KIB, MIB, run_lanes_bench, run_transport_bench
+from dualpath.bench.lanes import KIB, MIB, run_lanes_bench
+from dualpath.bench.transport import run_transport_bench
 
 
 def test_lanes_protect_latency_critical_bursts_and_fifo_does_not():

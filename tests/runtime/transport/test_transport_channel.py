@@ -5,10 +5,9 @@ import zlib
 
 import pytest
 
-from dualpath.runtime.transport.bench import holder_process_main
+from dualpath.bench.transport import KvPull, KvReady, ShmKvReceiver, holder_process_main
 from dualpath.runtime.transport.channel import Inbox, Outbox, ipc_endpoint
-from dualpath.runtime.transport.kv_transfer import ShmKvReceiver
-from dualpath.runtime.transport.messages import KvPull, KvReady, Stop, decode, encode
+from dualpath.runtime.transport.messages import Stop, decode, encode
 from dualpath.runtime.transport.shm import HostBuffer
 
 

@@ -74,6 +74,17 @@ class StepFit:
     per_key_s: float
 
 
+def best_time_s(fn, repeats: int = 2) -> float:
+    """The best of `repeats` timed calls of `fn`, after one untimed warm-up call."""
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def prefill_keys(n: int, c: int) -> float:
     """(query, key) pairs of n new tokens over c cached ones, causal: token i sees c + i + 1 keys."""
     return n * c + n * (n + 1) / 2
@@ -204,7 +215,6 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
     """Time the grid (best of two after a warm-up); runs in its own process."""
     import torch
 
-    from ...bench.model_speed import best_time_s
     from ..model import LayerKV, PagedKVCache, load_model
 
     if cpus:

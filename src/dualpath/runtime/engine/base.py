@@ -23,7 +23,7 @@ from ...core.blocks import BlockLayout
 from ...core.lanes import Lane
 from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
-from .kv_region import SpanCopy
+from ..transport.transfer import SpanCopy
 from ..model import load_model
 from ..protocol import Counters, Persisted, Reconfigure, Reconfigured
 from ..store import BlockStore, PutOutcome

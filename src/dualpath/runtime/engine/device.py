@@ -14,7 +14,7 @@ What moves across the device boundary (PAPER.md 1.3, the CNIC-centric copies):
   layer inside `Llama.prefill_layer`; each layer's new KV is copied back to host bytes
   (`layer_kv_to_bytes`) to go to the DE buffer.
 - DE: the prompt's KV goes host -> KV cache and every full block KV cache -> host for the store,
-  both as `SpanCopy` chunks on the CNIC arbiter's thread (`kv_region._copy`).
+  both as `SpanCopy` chunks on the CNIC arbiter's thread (`transport.transfer._copy`).
 """
 
 from __future__ import annotations

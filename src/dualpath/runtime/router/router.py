@@ -61,7 +61,7 @@ class Router:
         self.clock = clock
         self.engines: dict[int, EngineState] = {}
         self.requests: dict[int, RouterRequest] = {}
-        self.view: ClusterView = RouterView(self.engines, self.requests, self.placement, kv_bytes_per_token)
+        self.view: ClusterView = RouterView(self.engines, self.placement, kv_bytes_per_token)
         self.scheduler: GlobalScheduler | None = None  # built when every engine has said hello
         self.unscheduled: deque[RouterRequest] = deque()  # arrived before the scheduler existed
         self.placing: deque[RouterRequest] = deque()  # both engines chosen, waiting for buffer room
@@ -124,7 +124,8 @@ class Router:
         rules = SchedulerRules(thresholds, self.features.dualpath_scheduler, self.features.de_read_path, cfg.z_factor, forced)
         self.scheduler = GlobalScheduler(pes, des, rules)
         while self.unscheduled:
-            self.scheduler.submit(self.unscheduled.popleft().qview)
+            rr = self.unscheduled.popleft()
+            self.scheduler.submit(rr.qview, rr)
         self._kick()
 
     async def reconfigure(self, mode: str, store: Any, store_root: str, timeout_s: float = 120.0) -> None:
@@ -172,12 +173,12 @@ class Router:
         bt = self.cfg.block_tokens
         total = -(-(n + request.params.max_tokens) // bt) * bt
         qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
-        rr = RouterRequest(rid, request, asyncio.Queue(), self.clock.now_s(), qview)
+        rr = RouterRequest(rid, request, asyncio.Queue(), self.clock.now_s(), total, qview)
         self.requests[rid] = rr
         if self.scheduler is None:
             self.unscheduled.append(rr)
         else:
-            self.scheduler.submit(qview)
+            self.scheduler.submit(qview, rr)
         self.metrics.arrived(rid)
         self._kick()
         return rr
@@ -218,13 +219,13 @@ class Router:
 
     def _apply(self, p: SchedulePass) -> None:
         for a in p.prefill:
-            rr = self.requests[a.rid.agent]
+            rr: RouterRequest = a.ref
             rr.pe = self.engines[a.engine]
             rr.pe.num_seqs += 1
             rr.pe.num_tokens += rr.qview.num_tokens
             self.metrics.pe_assigned(rr.rid)
         for d in p.decode:
-            rr = self.requests[d.rid.agent]
+            rr = d.ref
             rr.de = de = self.engines[d.engine]
             de.num_seqs += 1
             de.num_tokens += rr.total_tokens
@@ -343,13 +344,13 @@ class Router:
     def _pe_release(self, rr: RouterRequest) -> None:
         rr.pe.num_seqs -= 1
         rr.pe.num_tokens -= rr.qview.num_tokens
-        self.scheduler.pe_released(rr.pe.engine, self.view)
+        self.scheduler.pe_released(rr.pe.engine, rr.pe.num_tokens)
 
     def _de_release(self, rr: RouterRequest) -> None:
         rr.de.num_seqs -= 1
         rr.de.num_tokens -= rr.total_tokens
         rr.de.kv_reserved_tokens -= rr.total_tokens
-        self.scheduler.de_released(rr.de.engine, self.view)
+        self.scheduler.de_released(rr.de.engine, rr.de.num_tokens)
 
     def _emit(self, rr: RouterRequest, token: int, index: int, finished: bool, reason: str | None) -> None:
         if rr.finished:

@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ...core.request import RequestId
+from ...core.scheduler import ClusterView
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..api import GenerationRequest
 from ..protocol import FirstToken
@@ -43,7 +43,8 @@ class RouterRequest:
     req: GenerationRequest
     queue: asyncio.Queue
     arrival_s: float
-    qview: QueuedRequest
+    total_tokens: int  # prompt + max_tokens in whole KV-cache blocks: the DE's tok_e and HBM reservation
+    qview: QueuedRequest  # the scheduler's view of it
     pe: EngineState | None = None
     de: EngineState | None = None
     digests: list = field(default_factory=list)  # the prompt's chained block digests (looked up at the pass)
@@ -67,18 +68,13 @@ class RouterRequest:
         assert self.pe is not None and self.de is not None
         return self.pe if self.side is ReadSide.PREFILL else self.de
 
-    @property
-    def total_tokens(self) -> int:
-        """Prompt + max_tokens in whole KV-cache blocks: the DE's tok_e and HBM reservation."""
-        return self.qview.decode_tokens
 
 
-class RouterView:
+class RouterView(ClusterView):
     """The live cluster as the scheduler asks about it (ClusterView)."""
 
-    def __init__(self, engines: dict[int, EngineState], requests: dict[int, RouterRequest], placement: Placement,
-                 kv_bytes_per_token: int) -> None:
-        self._engines, self._requests, self._placement = engines, requests, placement
+    def __init__(self, engines: dict[int, EngineState], placement: Placement, kv_bytes_per_token: int) -> None:
+        self._engines, self._placement = engines, placement
         self._kvb = kv_bytes_per_token
 
     def pe_loads(self, group: int) -> tuple[EngineLoad, ...]:
@@ -89,8 +85,7 @@ class RouterView:
     def read_queue_tokens(self, node: int) -> int:
         return self._engines[node].read_queue_tokens
 
-    def read_tokens(self, rid: RequestId) -> int:
-        rr = self._requests[rid.agent]
+    def read_tokens(self, rr: RouterRequest) -> int:
         rr.digests, rr.hit_tokens = self._placement.lookup(list(rr.req.prompt_ids))
         return rr.hit_tokens
 

@@ -7,7 +7,7 @@ Path of a request through the server:
      client mistake becomes a 400 with an OpenAI error body naming the field (`param`);
   3. `_Server.prepare` (in a worker thread: chat rendering and BPE are CPU work) renders and encodes
      the prompt, checks the context window and builds the `GenerationRequest`;
-  4. `_deltas` pulls `TokenEvent`s from `router.generate` and turns them into text deltas:
+  4. `streaming.token_deltas` pulls `TokenEvent`s from `router.generate` and turns them into text deltas:
      incremental detokenization (never a split UTF-8 character) and stop strings;
   5. non-streaming: the deltas are collected; streaming: the first delta is pulled before the
      response starts (so a router `InputError` is still a 400), then SSE chunks follow, ending
@@ -22,30 +22,26 @@ Wall time (for OpenAI's `created`) is read only by `system_wall_time_s`; tests i
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncContextManager, Callable
 
-import anyio
-import anyio.lowlevel
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServingBackend
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
-from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
+from dualpath.runtime.server.streaming import (EventStream, Job, close_quietly, collect_deltas, completion_json, event_stream,
+                                               token_deltas, unless_disconnected)
 from dualpath.metrics.prometheus import CONTENT_TYPE, Sample, family, render
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 Lifespan = Callable[[FastAPI], AsyncContextManager[None]]
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged and counted, never received
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
@@ -60,42 +56,6 @@ def random_request_id() -> str:
     return uuid.uuid4().hex
 
 
-# ---- generation --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-    def as_json(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-
-@dataclass(frozen=True, slots=True)
-class Delta:
-    text: str
-    finish_reason: str | None = None  # set on the last delta only, with `usage`
-    usage: Usage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A validated request and what its responses repeat."""
-
-    chat: bool
-    response_id: str
-    created: int
-    model: str
-    request: GenerationRequest
-    stops: tuple[str, ...]
-    stream: bool
-    include_usage: bool
-
-
 def _utf8_text(text: str, param: str) -> str:
     """JSON can carry a lone UTF-16 surrogate ("\\ud800") that no tokenizer can encode: a 400."""
     try:
@@ -104,156 +64,6 @@ def _utf8_text(text: str, param: str) -> str:
         raise RequestError(f"{param}: not valid Unicode text (a lone surrogate at character {exc.start})", param) from None
     return text
 
-
-async def close_quietly(agen: Any) -> None:
-    """Close an async generator even inside a cancelled scope: a router frees the request there."""
-    aclose = getattr(agen, "aclose", None)
-    if aclose is None:
-        return
-    with anyio.CancelScope(shield=True):
-        try:
-            await aclose()
-        except Exception:
-            log.exception("closing a generation stream failed")
-
-
-async def _deltas(router: ServingBackend, job: Job) -> AsyncIterator[Delta]:
-    """One delta per token (possibly empty); the last carries finish_reason and usage."""
-    events = router.generate(job.request)
-    detokenizer, stops = IncrementalDetokenizer(router.tokenizer), StopStrings(job.stops)
-    try:
-        async for event in events:
-            text = detokenizer.push(event.token_id) + (detokenizer.flush() if event.finished else "")
-            text = stops.feed(text, final=event.finished)
-            if stops.stopped or event.finished:
-                reason = "stop" if stops.stopped else (event.finish_reason or "stop")
-                yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens))
-                return
-            yield Delta(text)
-    finally:
-        await close_quietly(events)
-    raise RuntimeError(f"router ended request {job.request.request_id} without a finished event")
-
-
-async def _collect(deltas: AsyncIterator[Delta]) -> Delta:
-    parts: list[str] = []
-    try:
-        async for delta in deltas:
-            parts.append(delta.text)
-            if delta.finish_reason is not None:
-                return Delta("".join(parts), delta.finish_reason, delta.usage)
-    finally:
-        await close_quietly(deltas)
-    raise RuntimeError("generation ended without a finish reason")
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
-    """`await work()`, or None if the client disconnects first (then `work` is cancelled)."""
-    result: T | None = None
-    error: Exception | None = None
-    async with anyio.create_task_group() as group:
-
-        async def run() -> None:
-            nonlocal result, error
-            try:
-                result = await work()
-            except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
-                error = exc
-            group.cancel_scope.cancel()
-
-        group.start_soon(run)
-        await _wait_for_disconnect(request)
-        group.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return result
-
-
-class EventStream(StreamingResponse):
-    """SSE that cancels its generator as soon as the client disconnects and always closes it
-    (Starlette leaves an abandoned generator to the garbage collector)."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def stream() -> None:
-                    await self.stream_response(send)
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream)
-                await self.listen_for_disconnect(receive)
-                group.cancel_scope.cancel()
-        except* OSError:  # a send to a closed connection (ASGI servers of spec 2.4)
-            pass
-        finally:
-            await close_quietly(self.body_iterator)
-
-
-# ---- response bodies ---------------------------------------------------------------------------
-
-
-def _completion_json(job: Job, final: Delta) -> dict:
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
-    if job.chat:
-        choice["message"] = {"role": "assistant", "content": final.text}
-    else:
-        choice["text"] = final.text
-    return {"id": job.response_id, "object": "chat.completion" if job.chat else "text_completion",
-            "created": job.created, "model": job.model, "choices": [choice],
-            "usage": final.usage.as_json() if final.usage else None}
-
-
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
-    """A chunk with one choice; `text` None means an empty delta (the finishing chunk)."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-    if job.chat:
-        choice["delta"] = {"role": "assistant", "content": text or ""} if role else (
-            {"content": text} if text is not None else {})
-    else:
-        choice["text"] = text or ""
-    body = {"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
-            "created": job.created, "model": job.model, "choices": [choice]}
-    if job.include_usage:
-        body["usage"] = None
-    return _sse(body)
-
-
-async def _event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[str]:
-    try:
-        if job.chat:
-            yield _chunk(job, "", role=True)
-        delta = first
-        while delta.finish_reason is None:
-            if delta.text:
-                yield _chunk(job, delta.text)
-            # The router (events already queued) and a send to a gone client may both return without
-            # suspending; this lets the disconnect listener run, so a gone client is noticed.
-            await anyio.lowlevel.checkpoint()
-            delta = await anext(deltas)
-        if delta.text:
-            yield _chunk(job, delta.text)
-        yield _chunk(job, None, delta.finish_reason)
-        if job.include_usage and delta.usage is not None:
-            yield _sse({"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
-                        "created": job.created, "model": job.model, "choices": [], "usage": delta.usage.as_json()})
-    except InputError as exc:  # the status line is sent already: report in the stream, as vLLM does
-        yield _sse({"error": {"message": str(exc), "type": "invalid_request_error", "param": None, "code": None}})
-    except Exception:
-        log.exception("generation of %s failed mid-stream", job.response_id)
-        yield _sse({"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}})
-    finally:
-        await close_quietly(deltas)
-    yield "data: [DONE]\n\n"
 
 
 # ---- the application ---------------------------------------------------------------------------
@@ -332,10 +142,10 @@ class _Server:
 
     async def respond(self, request: Request, body: ChatCompletionBody | CompletionBody) -> Response:
         job = await anyio.to_thread.run_sync(self.prepare, body)
-        deltas = _deltas(self.router, job)
+        deltas = token_deltas(self.router, job)
         try:
             # streaming: only the first delta, so that a router's InputError is still a 400
-            outcome = await unless_disconnected(request, lambda: anext(deltas) if job.stream else _collect(deltas))
+            outcome = await unless_disconnected(request, lambda: anext(deltas) if job.stream else collect_deltas(deltas))
         except BaseException:
             await close_quietly(deltas)
             raise
@@ -343,8 +153,8 @@ class _Server:
             await close_quietly(deltas)
             return Response(status_code=CLIENT_CLOSED_STATUS)
         if not job.stream:
-            return JSONResponse(_completion_json(job, outcome))
-        return EventStream(_event_stream(job, outcome, deltas), media_type="text/event-stream",
+            return JSONResponse(completion_json(job, outcome))
+        return EventStream(event_stream(job, outcome, deltas), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     def health(self) -> JSONResponse:

@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from dualpath.runtime.store.errors import OutputBufferError
+from dualpath.core.blocks import BlockLayout
+from dualpath.runtime.store.errors import OutputBufferError, PayloadSizeError
+from dualpath.runtime.store.format import DIGEST_BYTES
 
 
 def _untorch(obj: Any, writable: bool) -> Any:
@@ -53,3 +55,14 @@ def byte_view(obj: Any, *, writable: bool) -> memoryview:
 def address_of(mv: memoryview) -> int:
     """Start address of a writable byte view (for O_DIRECT alignment checks)."""
     return np.frombuffer(mv, dtype=np.uint8).ctypes.data if len(mv) else 0
+
+
+def block_payload(digest: bytes, payload: Any, layout: BlockLayout) -> memoryview:
+    """A read-only byte view of one Full Block's payload, after checking the digest's and the
+    payload's sizes (ValueError, PayloadSizeError)."""
+    if len(digest) != DIGEST_BYTES:
+        raise ValueError(f"digest must be {DIGEST_BYTES} bytes, got {len(digest)}")
+    view = byte_view(payload, writable=False)
+    if len(view) != layout.full_block_bytes:
+        raise PayloadSizeError(f"payload has {len(view)} bytes, a Full Block has {layout.full_block_bytes} ({layout})")
+    return view

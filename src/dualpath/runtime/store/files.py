@@ -20,7 +20,7 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dualpath.runtime.store.errors import TruncatedBlockError
 from dualpath.runtime.store.format import HEADER_BYTES, BlockHeader, parse_header
@@ -61,6 +61,39 @@ def write_all(fd: int, buffers: list[memoryview]) -> None:
             views.pop(0)
         if views and written:
             views[0] = views[0][written:]
+
+
+def write_atomically(path: str, write: Callable[[int], None], fsync: bool, made_dirs: set[str]) -> None:
+    """Write a file through a temp file beside `path` (`write(fd)` fills it), then rename it into
+    place, so a reader sees the whole file or none. With `fsync`, the file and then its directory
+    are synced. `made_dirs` remembers the directories already created."""
+    directory = os.path.dirname(path)
+    tmp = temp_path(path)
+    if directory not in made_dirs:
+        os.makedirs(directory, exist_ok=True)
+        made_dirs.add(directory)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:  # someone removed the fan-out directory meanwhile
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            write(fd)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    if fsync:
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:

@@ -186,3 +186,12 @@ def parse_header(buf: bytes | bytearray | memoryview) -> BlockHeader:
     fingerprint = _text_field("fingerprint", fp_raw, fp_len, MAX_FINGERPRINT_BYTES)
     dtype = _text_field("dtype", dtype_raw, dtype_len, MAX_DTYPE_BYTES)
     return BlockHeader(fingerprint, dtype, layout, bytes(digest), payload_crc)
+
+
+def verify_quietly(header: BlockHeader, payload: memoryview) -> PayloadChecksumError | None:
+    """The payload's checksum error, or None when it matches its header (for a verify pool)."""
+    try:
+        header.verify_payload(payload)
+    except PayloadChecksumError as exc:
+        return exc
+    return None

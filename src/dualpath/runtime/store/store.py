@@ -33,27 +33,13 @@ from typing import Any, Iterable, Sequence
 from dualpath.core.blocks import BlockLayout
 from dualpath.runtime.clock import Clock, MonotonicClock
 from dualpath.runtime.store import files
-from dualpath.runtime.store.buffers import address_of, byte_view
-from dualpath.runtime.store.errors import (
-    BlockFormatError,
-    ForeignBlockError,
-    OutputBufferError,
-    PayloadChecksumError,
-    PayloadSizeError,
-)
-from dualpath.runtime.store.format import DIGEST_BYTES, HEADER_BYTES, BlockHeader, make_header
+from dualpath.runtime.store.buffers import address_of, block_payload, byte_view
+from dualpath.runtime.store.errors import BlockFormatError, ForeignBlockError, OutputBufferError, PayloadChecksumError
+from dualpath.runtime.store.format import DIGEST_BYTES, HEADER_BYTES, BlockHeader, make_header, verify_quietly
 from dualpath.runtime.store.index import IndexEntry, LruIndex
 from dualpath.runtime.store.results import PutOutcome, PutReport, RefreshReport, StoreStats
 
 STALE_TEMP_AGE_S_DEFAULT = 600.0  # a writer on another host silent this long is presumed dead
-
-
-def _verify(header: BlockHeader, payload: memoryview) -> PayloadChecksumError | None:
-    try:
-        header.verify_payload(payload)
-    except PayloadChecksumError as exc:
-        return exc
-    return None
 
 
 _COUNTERS = ("hit_blocks", "miss_blocks", "written_blocks", "evicted_blocks", "checksum_failures",
@@ -135,12 +121,12 @@ class BlockStore:
 
     def put(self, digest: bytes, payload: Any) -> PutOutcome:
         """Store one Full Block (exactly `layout.full_block_bytes` bytes); idempotent."""
-        return self._put_one(bytes(digest), self._checked_payload(digest, payload))
+        return self._put_one(bytes(digest), block_payload(digest, payload, self.layout))
 
     def put_many(self, items: Iterable[tuple[bytes, Any]]) -> PutReport:
         """Store several blocks in parallel; every payload is size-checked before any write.
         A chain larger than the free capacity keeps whichever of its blocks fit."""
-        checked = [(bytes(d), self._checked_payload(d, p)) for d, p in items]
+        checked = [(bytes(d), block_payload(d, p, self.layout)) for d, p in items]
         if len(checked) <= 1 or self._num_threads == 1:
             outcomes = [self._put_one(d, v) for d, v in checked]
         else:
@@ -149,15 +135,6 @@ class BlockStore:
             present = [self._index.get(d) for d, _ in checked]
             self._index.touch_chain([e for e in present if e is not None], self._clock.now_s())
         return PutReport(tuple(d for d, _ in checked), tuple(outcomes))
-
-    def _checked_payload(self, digest: bytes, payload: Any) -> memoryview:
-        if len(digest) != DIGEST_BYTES:
-            raise ValueError(f"digest must be {DIGEST_BYTES} bytes, got {len(digest)}")
-        view = byte_view(payload, writable=False)
-        if len(view) != self.layout.full_block_bytes:
-            raise PayloadSizeError(f"payload has {len(view)} bytes, a Full Block has "
-                                   f"{self.layout.full_block_bytes} ({self.layout})")
-        return view
 
     def _put_one(self, digest: bytes, view: memoryview) -> PutOutcome:
         with self._cv:
@@ -202,34 +179,8 @@ class BlockStore:
         return PutOutcome.WRITTEN
 
     def _write_file(self, path: str, digest: bytes, view: memoryview) -> None:
-        directory = os.path.dirname(path)
         header = make_header(self.fingerprint, self.dtype, self.layout, digest, view).encode()
-        tmp = files.temp_path(path)
-        if directory not in self._made_dirs:
-            os.makedirs(directory, exist_ok=True)
-            self._made_dirs.add(directory)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:  # someone removed the fan-out directory meanwhile
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            try:
-                self._write_payload(fd, header, view)
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            files.unlink_quietly(tmp)
-            raise
-        if self._fsync:
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        files.write_atomically(path, lambda fd: self._write_payload(fd, header, view), self._fsync, self._made_dirs)
 
     def _write_payload(self, fd: int, header: bytes, view: memoryview) -> None:
         """Write one block's bytes to its temp file (a seam for crash tests)."""
@@ -289,8 +240,8 @@ class BlockStore:
             except (OSError, BlockFormatError, ForeignBlockError) as exc:
                 return exc, False
             if verify_pool is None:
-                return _verify(header, dest), used_direct
-            return verify_pool.submit(_verify, header, dest), used_direct
+                return verify_quietly(header, dest), used_direct
+            return verify_pool.submit(verify_quietly, header, dest), used_direct
 
         if len(entries) <= 1 or self._num_threads == 1:
             return [read(i, None) for i in range(len(entries))]

@@ -44,33 +44,6 @@ def decode(data: bytes) -> Any:
 
 @message
 @dataclass(frozen=True, slots=True)
-class KvPull:
-    """Receiver -> KV holder: write the KV of (request_id, layer) into bytes
-    [offset_bytes, offset_bytes + nbytes) of segment `segment`, then send `KvReady` to `reply_to`.
-    `layer` None means a Full Block (all layers)."""
-
-    request_id: int
-    layer: int | None
-    segment: str
-    offset_bytes: int
-    nbytes: int
-    reply_to: str
-
-
-@message
-@dataclass(frozen=True, slots=True)
-class KvReady:
-    """KV holder -> receiver: the bytes of (request_id, layer) are in the region (delivered)."""
-
-    request_id: int
-    layer: int | None
-    segment: str
-    offset_bytes: int
-    nbytes: int
-
-
-@message
-@dataclass(frozen=True, slots=True)
 class Stop:
     """Ask a process's control loop to finish; `reason` is for logs."""
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -43,6 +44,71 @@ class ContiguousCopy:
         if offset_bytes < 0 or nbytes < 0 or offset_bytes + nbytes > self.nbytes:
             raise ValueError(f"bytes [{offset_bytes}, {offset_bytes + nbytes}) outside a copy of {self.nbytes}")
         _memmove(self._dst_addr + offset_bytes, self._src_addr + offset_bytes, nbytes)
+
+
+def _copy(dst: Any, src: Any) -> None:
+    """dst[:] = src for uint8 numpy arrays or torch tensors on any device (both release the GIL).
+
+    Every copy, host <-> GPU included, has completed when this returns: the arbiter reports a
+    transfer done right after its last chunk, and the bytes are then read (a persisted block) or
+    their host region reused (a freed DE buffer region). Pinned host memory makes such a copy
+    faster, not asynchronous."""
+    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+        np.copyto(dst, src)
+        return
+    import torch
+
+    d = torch.from_numpy(dst) if isinstance(dst, np.ndarray) else dst
+    s = torch.from_numpy(src) if isinstance(src, np.ndarray) else src
+    d.copy_(s, non_blocking=False)
+
+
+class SpanCopy:
+    """Copy the bytes of `src_spans` in `src` into `dst_spans` in `dst`, in order. Either side is a
+    flat uint8 numpy array (host buffers) or torch tensor (a KV cache, possibly on a GPU: this is
+    then the H2D or D2H copy of PAPER.md 1.3).
+
+    Both span lists are cut at each other's boundaries into aligned pieces once; `__call__`
+    copies the pieces overlapping a chunk [offset, offset + nbytes) of the logical stream, so the
+    arbiter can interleave lanes between chunks.
+    """
+
+    def __init__(self, src: Any, src_spans: list[tuple[int, int]], dst: Any, dst_spans: list[tuple[int, int]]) -> None:
+        total_src = sum(n for _, n in src_spans)
+        total_dst = sum(n for _, n in dst_spans)
+        if total_src != total_dst:
+            raise ValueError(f"source spans hold {total_src} bytes, destination spans {total_dst}")
+        self.src, self.dst = src, dst
+        self.nbytes = total_src
+        self._starts: list[int] = []  # logical start of each piece
+        self._pieces: list[tuple[int, int, int]] = []  # (src offset, dst offset, nbytes)
+        i = j = 0
+        si = di = 0  # bytes consumed of the current src / dst span
+        pos = 0
+        while pos < total_src:
+            (so, sn), (do, dn) = src_spans[i], dst_spans[j]
+            n = min(sn - si, dn - di)
+            if n:
+                self._starts.append(pos)
+                self._pieces.append((so + si, do + di, n))
+                pos += n
+            si += n
+            di += n
+            if si == sn:
+                i, si = i + 1, 0
+            if di == dn:
+                j, di = j + 1, 0
+
+    def __call__(self, offset_bytes: int, nbytes: int) -> None:
+        end = offset_bytes + nbytes
+        k = max(0, bisect.bisect_right(self._starts, offset_bytes) - 1)
+        while k < len(self._pieces) and self._starts[k] < end:
+            so, do, n = self._pieces[k]
+            lo = max(offset_bytes, self._starts[k]) - self._starts[k]
+            hi = min(end, self._starts[k] + n) - self._starts[k]
+            if hi > lo:
+                _copy(self.dst[do + lo : do + hi], self.src[so + lo : so + hi])
+            k += 1
 
 
 class TransferFailed(RuntimeError):

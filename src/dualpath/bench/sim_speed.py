@@ -8,8 +8,8 @@ from typing import Any
 
 from .._build import build_kind
 from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
-from .runner import load_trajectories, write_json
-from .simulator import Simulator
+from ..sim.runner import load_trajectories, write_json
+from ..sim.simulator import Simulator
 
 
 def run_speed_bench(model: str, pd: str, max_len: str, counts: list[int], mode: str, seed: int,

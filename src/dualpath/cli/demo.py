@@ -9,16 +9,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_io import console, out
-from .cli_runtime import DeviceOption, _device, plot_runtime, print_runtime_runs
-from .config import DEMO_AGENTS
-from .errors import InputError
-from .progress import reporter
+from ..config import DEMO_AGENTS
+from ..errors import InputError
+from ..progress import reporter
+from .io import console, out
+from .runtime import DeviceOption, _device, plot_runtime, print_runtime_runs
 
 
 def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float]):
     """Calibrate (or reuse the cached profile) and size the demo; one line says what was chosen."""
-    from .runtime.apps.demo import calibrate_for, plan_demo
+    from ..runtime.apps.demo import calibrate_for, plan_demo
 
     if snic_mb_s is not None and snic_mb_s <= 0:
         raise InputError("--snic-mb-s must be positive")
@@ -34,7 +34,7 @@ def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s
 
 
 def _write_json(result: dict, path: Optional[Path]) -> None:
-    from .sim.runner import write_json
+    from ..sim.runner import write_json
 
     if path:
         write_json(result, path)
@@ -63,7 +63,7 @@ def demo(
     device: DeviceOption = "cpu",
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
-    from .runtime.apps.demo import run_demo
+    from ..runtime.apps.demo import run_demo
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
@@ -90,7 +90,7 @@ def calibrate(
 ) -> None:
     """Measure (once; then cached) this machine's prefill and decode step times for a model, as a
     prefill engine of the local 1P1D cluster runs it (its CPU set and thread count)."""
-    from .runtime.apps.demo import calibrate_for
+    from ..runtime.apps.demo import calibrate_for
 
     _device(device)
     cal, _, _ = calibrate_for(model, device, force=force)
@@ -117,7 +117,7 @@ def bench_demo_robustness(
 ) -> None:
     """The demo quiet and beside 1 and 2 CPU hogs (`yes > /dev/null`), the same derived rates for
     all: JCT ratio, SNIC utilisation while reading, PE busy seconds per turn."""
-    from .runtime.apps.demo_bench import plot_robustness, run_robustness
+    from ..runtime.apps.demo_bench import plot_robustness, run_robustness
 
     try:
         counts = [int(x) for x in hogs.split(",") if x.strip()]
@@ -149,7 +149,7 @@ def bench_cold(
 ) -> None:
     """The demo's cluster and rates on a workload with nothing to load: what layerwise prefill
     and quota batching cost when there is no KV to move."""
-    from .runtime.apps.demo import run_demo
+    from ..runtime.apps.demo import run_demo
 
     if rounds < 1:
         raise InputError("--rounds must be at least 1")
@@ -168,18 +168,10 @@ def bench_model_speed(
 ) -> None:
     """Our SmolLM2 prefill and decode tokens/s against transformers' on the same weights, same
     machine and threads, measured side by side."""
-    from .bench.model_speed import model_speed
+    from ..bench.model_speed import model_speed
 
     if threads < 1:
         raise InputError("--threads must be at least 1")
     r = model_speed(threads=threads)
     out.print_json(json.dumps(r))
     _write_json(r, json_path)
-
-
-def register(app: typer.Typer, bench_app: typer.Typer) -> None:
-    app.command()(demo)
-    app.command()(calibrate)
-    bench_app.command("demo-robustness")(bench_demo_robustness)
-    bench_app.command("cold")(bench_cold)
-    bench_app.command("model-speed")(bench_model_speed)

@@ -1,20 +1,22 @@
-"""Transport benchmarks (`dualpath bench lanes`, `dualpath bench transport`); a few seconds each.
+"""`dualpath bench transport`: bytes per second of the real path between two spawned engine
+processes (shared memory + ZeroMQ control + a `LinkArbiter` at unlimited rate) next to in-process
+memcpy, measured in alternating rounds in one run; chunks of REAL_SPEED_CHUNK_BYTES by default.
 
-`run_lanes_bench`: is a latency-critical burst protected from a saturating KV backlog on one
-emulated link? Latencies are those of the emulated link (`TransferResult.completed_s`); the
-`observed_*` figures add the link thread's lag (OS sleep overshoot, GIL) and show whether the
-thread kept up with the link in real time.
+The holder moves a block as the engines move KV (a `LinkArbiter` transfer whose `do_chunk` is a
+`ContiguousCopy` into the receiver's shared-memory buffer, then a message); its pull and ready
+messages are this bench's own.
 
-Expected: with lanes a burst waits at most one KV chunk, so p99 <= (burst + chunk) / burst x the
-unloaded latency (1.125 with 64 KiB bursts and the default 8 KiB chunks, `DEFAULT_CHUNK_BYTES`;
-the 1.2 acceptance needs chunks <= 12.8 KiB); one FIFO lane makes it wait behind the whole KV
-backlog.
+Lifecycle of one block:
+1. The receiver allocates a slot in its `HostBuffer` and sends the holder
+   `KvPull(request_id, layer, segment, offset_bytes, nbytes, reply_to=receiver.endpoint)`.
+2. The holder's `ShmKvSender.send` submits the copy (source: its own buffer; destination: the
+   pull's region, attached on first use) to its arbiter on the KV lane.
+3. At delivery, on the link's thread, the sender pushes `KvReady` to `reply_to`; the receiver's
+   `ShmKvReceiver.recv()` returns it and `view(ready)` reads the bytes.
+4. Teardown: close the holder's arbiter, then the sender (flush notifications), the receiver and
+   the host buffers (owners unlink).
 
-`run_transport_bench`: bytes per second of the real path between two spawned engine processes
-(shared memory + ZeroMQ control + arbiter at unlimited rate) next to in-process memcpy, measured
-in alternating rounds in one run; chunks of REAL_SPEED_CHUNK_BYTES by default.
-
-Rates named `*_gbps` are GB/s (1e9 bytes per second), as in `runtime.store.bench`.
+Rates named `*_gbps` are GB/s (1e9 bytes per second), as in `bench.store`.
 """
 
 from __future__ import annotations
@@ -26,21 +28,20 @@ import os
 import tempfile
 import threading
 import zlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ...core.lanes import Lane, LaneWeights
-from ..clock import Clock, MonotonicClock
-from .arbiter import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_LAG_S, LinkArbiter
-from .channel import Inbox, Outbox, ipc_endpoint
-from .kv_transfer import ShmKvReceiver, ShmKvSender
-from .messages import KvPull, KvReady, Stop
-from .shm import HostBuffer, SharedSegments, ShmRegion
-from .transfer import ArbiterClosed, TransferHandle, TransferResult
+from ..core.lanes import Lane, LaneWeights
+from ..runtime.clock import Clock, MonotonicClock
+from ..runtime.transport.arbiter import LinkArbiter
+from ..runtime.transport.channel import Inbox, Outbox, ipc_endpoint
+from ..runtime.transport.messages import Stop, message
+from ..runtime.transport.shm import HostBuffer, SharedSegments, ShmRegion
+from ..runtime.transport.transfer import ContiguousCopy, TransferHandle, TransferResult
+from .lanes import KIB, MIB
 
-KIB = 1024
-MIB = 1024 * 1024
 # The transport bench's link runs at real speed, where every chunk is one `do_chunk` call (~1 us)
 # besides its copy. Measured (2 shared cores, 256 MiB in 16 MiB blocks, ratio to one 256 MiB
 # memcpy): 1 MiB chunks ~0.55, 256 KiB ~0.54, 64 KiB ~0.49, 8 KiB (DEFAULT_CHUNK_BYTES, what the
@@ -49,108 +50,91 @@ MIB = 1024 * 1024
 REAL_SPEED_CHUNK_BYTES = 256 * KIB
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+@message
+@dataclass(frozen=True, slots=True)
+class KvPull:
+    """Receiver -> KV holder: write the KV of (request_id, layer) into bytes
+    [offset_bytes, offset_bytes + nbytes) of segment `segment`, then send `KvReady` to `reply_to`.
+    `layer` None means a Full Block (all layers)."""
+
+    request_id: int
+    layer: int | None
+    segment: str
+    offset_bytes: int
+    nbytes: int
+    reply_to: str
 
 
-def _copier(nbytes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
+@message
+@dataclass(frozen=True, slots=True)
+class KvReady:
+    """KV holder -> receiver: the bytes of (request_id, layer) are in the region (delivered)."""
+
+    request_id: int
+    layer: int | None
+    segment: str
+    offset_bytes: int
+    nbytes: int
 
 
-class _KvBacklog:
-    """Keeps `depth` KV transfers queued on the link: each completion submits the next."""
+class ShmKvSender:
+    """The holder's side: owns no buffer, writes through `segments` on `arbiter`'s link."""
 
-    def __init__(self, arbiter: LinkArbiter, transfer_bytes: int, depth: int) -> None:
+    def __init__(self, arbiter: LinkArbiter, segments: SharedSegments) -> None:
         self._arbiter = arbiter
-        self._src, self._dst = _copier(transfer_bytes, seed=1)
-        self._bytes = transfer_bytes
-        self._stop = threading.Event()
-        for _ in range(depth):
-            self._submit()
+        self._segments = segments
+        self._outboxes: dict[str, Outbox] = {}
+        self._lock = threading.Lock()
 
-    def _do_chunk(self, offset_bytes: int, nbytes: int) -> None:
-        np.copyto(self._dst[offset_bytes:offset_bytes + nbytes], self._src[offset_bytes:offset_bytes + nbytes])
+    def send(self, request_id: int, layer: int | None, src: ShmRegion, dst: ShmRegion, reply_to: str,
+             lane: Lane = Lane.KV) -> TransferHandle:
+        """Copy `src` into `dst` (same size) over the link, then send `KvReady` to `reply_to`."""
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"source has {src.nbytes} bytes, destination {dst.nbytes}")
+        do_chunk = ContiguousCopy(self._segments.view(dst), self._segments.view(src))
+        outbox = self._outbox(reply_to)
+        ready = KvReady(request_id, layer, dst.segment, dst.offset_bytes, dst.nbytes)
 
-    def _submit(self, _: TransferResult | None = None) -> None:
-        if self._stop.is_set():
-            return
-        try:
-            self._arbiter.submit(Lane.KV, self._bytes, self._do_chunk, self._submit)
-        except ArbiterClosed:
-            pass
+        def on_done(result: TransferResult) -> None:
+            outbox.send(ready)
 
-    def stop(self) -> None:
-        self._stop.set()
+        return self._arbiter.submit(lane, src.nbytes, do_chunk, on_done)
 
+    def close(self) -> None:
+        """Flush and close the notification sockets (close the arbiter first)."""
+        with self._lock:
+            outboxes, self._outboxes = self._outboxes, {}
+        for o in outboxes.values():
+            o.close()
 
-def _bursts(arbiter: LinkArbiter, clock: Clock, burst_bytes: int, interval_s: float, num: int,
-            wait_each: bool) -> list[TransferResult]:
-    src, dst = _copier(burst_bytes, seed=2)
-
-    def do_chunk(offset_bytes: int, nbytes: int) -> None:
-        np.copyto(dst[offset_bytes:offset_bytes + nbytes], src[offset_bytes:offset_bytes + nbytes])
-
-    handles: list[TransferHandle] = []
-    for _ in range(num):
-        # at least interval_s apart: a sender that wakes late must not catch up with two at once,
-        # which would measure a burst queueing behind its own lane
-        clock.sleep_s(interval_s)
-        h = arbiter.submit(Lane.LATENCY_CRITICAL, burst_bytes, do_chunk)
-        handles.append(h)
-        if wait_each:
-            h.wait(timeout_s=10.0)
-    return [h.wait(timeout_s=10.0) for h in handles]
+    def _outbox(self, endpoint: str) -> Outbox:
+        with self._lock:
+            o = self._outboxes.get(endpoint)
+            if o is None:
+                o = self._outboxes[endpoint] = Outbox(endpoint)
+            return o
 
 
-def _latency_summary(prefix: str, results: list[TransferResult]) -> dict[str, float]:
-    lat = [r.latency_s for r in results]
-    seen = [r.notified_s - r.submitted_s for r in results]
-    return {f"{prefix}_p50_us": _pct(lat, 50) * 1e6, f"{prefix}_p99_us": _pct(lat, 99) * 1e6,
-            f"{prefix}_max_us": max(lat) * 1e6, f"{prefix}_observed_p50_us": _pct(seen, 50) * 1e6,
-            f"{prefix}_observed_p99_us": _pct(seen, 99) * 1e6}
+class ShmKvReceiver:
+    """The receiver's side: its host buffer and the inbox `KvReady` arrives at."""
 
+    def __init__(self, buffer: HostBuffer, endpoint: str) -> None:
+        self.buffer = buffer
+        self.endpoint = endpoint
+        self._inbox = Inbox(endpoint)
 
-def run_lanes_bench(duration_s: float, link_rate_bytes_per_s: float, burst_bytes: int = 64 * KIB,
-                    burst_interval_s: float = 0.005, fifo: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                    kv_transfer_bytes: int = 1 * MIB, kv_backlog: int = 4,
-                    max_lag_s: float | None = DEFAULT_MAX_LAG_S, clock: Clock | None = None) -> dict[str, Any]:
-    """Latency of latency-critical bursts on a link saturated by KV, with lanes or one FIFO lane.
+    def recv(self, timeout_s: float | None = None) -> KvReady | None:
+        """The next `KvReady`, or None after `timeout_s`; other messages raise `TypeError`."""
+        msg = self._inbox.recv(timeout_s)
+        if msg is not None and not isinstance(msg, KvReady):
+            raise TypeError(f"expected KvReady on {self.endpoint}, got {type(msg).__name__}")
+        return msg
 
-    Phase 1 (unloaded): bursts alone, one at a time. Phase 2 (loaded, `duration_s`): `kv_backlog`
-    KV transfers of `kv_transfer_bytes` always queued, a burst every `burst_interval_s`.
-    """
-    clock = clock or MonotonicClock()
-    num_unloaded = max(20, round(0.25 * duration_s / burst_interval_s))
-    num_loaded = max(1, round(duration_s / burst_interval_s))
-    with LinkArbiter("bench-lanes", link_rate_bytes_per_s, LaneWeights(), clock, chunk_bytes, fifo, max_lag_s) as arbiter:
-        unloaded = _bursts(arbiter, clock, burst_bytes, burst_interval_s, num_unloaded, wait_each=True)
-        before = arbiter.stats()
-        t0 = clock.now_s()
-        backlog = _KvBacklog(arbiter, kv_transfer_bytes, kv_backlog)
-        loaded = _bursts(arbiter, clock, burst_bytes, burst_interval_s, num_loaded, wait_each=False)
-        elapsed_s = clock.now_s() - t0
-        after = arbiter.stats()
-        backlog.stop()
-    out: dict[str, Any] = {
-        "mode": "fifo" if fifo else "lanes", "link_rate_gbps": link_rate_bytes_per_s / 1e9,
-        "chunk_bytes": chunk_bytes, "burst_bytes": burst_bytes, "burst_interval_s": burst_interval_s,
-        "kv_backlog_bytes": kv_backlog * kv_transfer_bytes, "num_bursts": len(loaded),
-    }
-    out.update(_latency_summary("unloaded", unloaded))
-    out.update(_latency_summary("loaded", loaded))
-    out["p99_over_unloaded"] = out["loaded_p99_us"] / out["unloaded_p50_us"]
-    out["lanes_bound"] = (burst_bytes + chunk_bytes) / burst_bytes
-    kv_bytes = after.sent_bytes[Lane.KV] - before.sent_bytes[Lane.KV]
-    lc_bytes = after.sent_bytes[Lane.LATENCY_CRITICAL] - before.sent_bytes[Lane.LATENCY_CRITICAL]
-    out["kv_throughput_gbps"] = kv_bytes / elapsed_s / 1e9
-    out["link_utilisation"] = (kv_bytes + lc_bytes) / elapsed_s / link_rate_bytes_per_s
-    out["loaded_lag_p99_us"] = _pct([r.notified_s - r.completed_s for r in loaded], 99) * 1e6
-    out["stalled_s"] = after.stalled_s
-    return out
+    def view(self, ready: KvReady) -> np.ndarray:
+        return self.buffer.view(ShmRegion(ready.segment, ready.offset_bytes, ready.nbytes))
 
-
-# --- transport: two spawned engine processes ---------------------------------------------------
+    def close(self) -> None:
+        self._inbox.close()
 
 
 def holder_process_main(endpoint: str, num_blocks: int, block_bytes: int, chunk_bytes: int, conn: Any) -> None:
@@ -321,26 +305,30 @@ def run_transport_bench(total_bytes: int = 256 * MIB, block_bytes: int = 16 * MI
                 if p.is_alive():
                     p.terminate()
 
+    result = _rates(total_bytes, transport_s, baseline.seconds)
+    return {"total_bytes": total_bytes, "block_bytes": block_bytes, "chunk_bytes": chunk_bytes, "repeats": repeats,
+            "engine_nt_threshold_bytes": engine_nt_threshold_bytes, **result, "checksum_ok": src_crc == dst_crc}
+
+
+def _rates(total_bytes: int, transport_s: list[float], memcpy_s: dict[str, list[float]]) -> dict[str, Any]:
+    """GB/s (best and median of the rounds) of the transport and of the memcpy baselines."""
     def gbps(seconds: list[float], pick: Callable[[list[float]], float]) -> float:
         return total_bytes / pick(seconds) / 1e9
 
     def median(xs: list[float]) -> float:
         return float(np.median(xs))
 
-    method = min(("numpy.copyto", "ctypes.memmove"), key=lambda k: min(baseline.seconds[k]))
-    transport_gbps, memcpy_gbps = gbps(transport_s, min), gbps(baseline.seconds[method], min)
-    blockwise_gbps = gbps(baseline.seconds["blockwise"], min)
-    transport_median, memcpy_median = gbps(transport_s, median), gbps(baseline.seconds[method], median)
-    return {"total_bytes": total_bytes, "block_bytes": block_bytes, "chunk_bytes": chunk_bytes, "repeats": repeats,
-            "engine_nt_threshold_bytes": engine_nt_threshold_bytes,
-            "transport_gbps": transport_gbps, "memcpy_gbps": memcpy_gbps, "ratio": transport_gbps / memcpy_gbps,
+    method = min(("numpy.copyto", "ctypes.memmove"), key=lambda k: min(memcpy_s[k]))
+    transport_gbps, memcpy_gbps = gbps(transport_s, min), gbps(memcpy_s[method], min)
+    blockwise_gbps = gbps(memcpy_s["blockwise"], min)
+    transport_median, memcpy_median = gbps(transport_s, median), gbps(memcpy_s[method], median)
+    return {"transport_gbps": transport_gbps, "memcpy_gbps": memcpy_gbps, "ratio": transport_gbps / memcpy_gbps,
             "memcpy_method": method,
-            "memcpy_numpy_gbps": gbps(baseline.seconds["numpy.copyto"], min),
-            "memcpy_memmove_gbps": gbps(baseline.seconds["ctypes.memmove"], min),
+            "memcpy_numpy_gbps": gbps(memcpy_s["numpy.copyto"], min),
+            "memcpy_memmove_gbps": gbps(memcpy_s["ctypes.memmove"], min),
             "memcpy_blockwise_gbps": blockwise_gbps, "ratio_blockwise": transport_gbps / blockwise_gbps,
             "transport_median_gbps": transport_median, "memcpy_median_gbps": memcpy_median,
-            "ratio_median": transport_median / memcpy_median,
-            "checksum_ok": src_crc == dst_crc}
+            "ratio_median": transport_median / memcpy_median}
 
 
 def _expect(conn: Any, procs: list[Any], tag: str, timeout_s: float, poll_s: float = 0.1) -> tuple[str, Any]:

@@ -1,7 +1,7 @@
-"""Command line: `dualpath sim | trace gen | trace stats | bench sim-speed`.
+"""`dualpath sim | trace gen | trace stats`: the simulator and the workloads.
 
-Bad input (unknown names, malformed values or file lines) prints one clear message and exits
-with code 2, never a traceback.
+Bad input (unknown names, malformed values or file lines) raises InputError: one clear message,
+exit code 2 (errors.run_cli), never a traceback.
 """
 
 from __future__ import annotations
@@ -13,16 +13,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode, parse_tokens
-from .errors import InputError, run_cli
-from .progress import reporter
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
-trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
-bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks that print and save their figures.")
-app.add_typer(trace_app, name="trace")
-app.add_typer(bench_app, name="bench")
-from .cli_io import console, out  # noqa: E402
+from ..config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode, parse_tokens
+from ..errors import InputError
+from ..progress import reporter
+from .io import console, out
 
 
 def _positive(value: int, option: str) -> int:
@@ -42,7 +36,7 @@ def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, s
     if trajectories is not None:
         if not trajectories.is_file():
             raise InputError(f"trajectory file not found: {trajectories}")
-        from .workloads import WorkloadFormat, detect_format
+        from ..workloads import WorkloadFormat, detect_format
 
         if detect_format(trajectories) is WorkloadFormat.MOONCAKE:
             raise InputError(f"{trajectories} is a Mooncake trace (open-loop requests with timestamps); "
@@ -66,7 +60,6 @@ def print_runs(result: dict) -> None:
     out.print(table)
 
 
-@app.command()
 def sim(
     model: Annotated[str, typer.Option(help="ds-v3.2-660b, ds-27b, qwen2.5-32b, ...")] = "ds-v3.2-660b",
     pd: Annotated[Optional[str], typer.Option(help="P/D shape, e.g. 2P4D (default: the paper's for the model)")] = None,
@@ -85,7 +78,7 @@ def sim(
     turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
 ) -> None:
     """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode."""
-    from .sim.runner import plot_runs, run_modes, write_json
+    from ..sim.runner import plot_runs, run_modes, write_json
 
     modes = mode or ["basic", "dualpath", "oracle"]
     for m in modes:
@@ -109,7 +102,6 @@ def sim(
         console.print(f"wrote {plot}")
 
 
-@trace_app.command("gen")
 def trace_gen(
     max_len: Annotated[str, typer.Option(help="MaxLen, e.g. 64k")] = "64k",
     agents: Annotated[int, typer.Option(help="number of trajectories")] = 500,
@@ -117,21 +109,20 @@ def trace_gen(
     output: Annotated[Path, typer.Option("-o", "--output", help="JSONL file to write")] = Path("trajectories.jsonl"),
 ) -> None:
     """Generate Table-2-calibrated agent trajectories as JSONL."""
-    from .workloads import generate, write_trajectories
+    from ..workloads import generate, write_trajectories
 
     trajs = generate(parse_tokens(max_len), _positive(agents, "--agents"), seed)
     write_trajectories(output, trajs)
     console.print(f"wrote {len(trajs)} trajectories to {output}")
 
 
-@trace_app.command("stats")
 def trace_stats(
     path: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],
     block_tokens: Annotated[int, typer.Option(help="block size for prefix_hit_ratio")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Table-2-style statistics of a workload file."""
-    from .workloads import load_any, workload_stats
+    from ..workloads import load_any, workload_stats
 
     if not path.is_file():
         raise InputError(f"file not found: {path}")
@@ -147,56 +138,8 @@ def trace_stats(
     out.print(table)
 
 
-@bench_app.command("sim-speed")
-def bench_sim_speed(
-    agents: Annotated[str, typer.Option(help="comma-separated agent counts")] = "512,1024,2048,4096",
-    model: Annotated[str, typer.Option()] = "ds-v3.2-660b",
-    pd: Annotated[str, typer.Option()] = "2P4D",
-    max_len: Annotated[str, typer.Option()] = "64k",
-    mode: Annotated[str, typer.Option(help="one mode")] = "dualpath",
-    seed: Annotated[int, typer.Option()] = 1,
-    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
-    plot: Annotated[Optional[Path], typer.Option()] = None,
-) -> None:
-    """Simulator speed: wall time and simulated turns per second by agent count."""
-    from ._build import build_kind
-    from .sim.bench import run_speed_bench
-
-    counts = [_positive(int(a), "--agents") for a in _split_ints(agents)]
-    parse_mode(mode)
-    rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
-    build = rows[0]["build"] if rows else build_kind()
-    table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode} ({build} build)")
-    for col in ("agents", "turns", "events", "wall s", "turns/s", "JCT s"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['wall_s']:.1f}",
-                      f"{r['turns_per_wall_s']:.0f}", f"{r['jct_s']:.0f}")
-    out.print(table)
-
-
-from .cli_demo import register as _register_demo  # noqa: E402
-from .cli_runtime import register as _register_runtime  # noqa: E402
-
-_register_runtime(app, bench_app, console, out)
-_register_demo(app, bench_app)
-
-from .experiments.cli import repro as _repro  # noqa: E402
-
-app.command("repro", help="Regenerate the paper's experiments (Table 1, Figs. 7-14, Table 3) in the simulator.")(_repro)
-
-
 def _split_ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise InputError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def main() -> None:
-    """Entry point (see `errors.run_cli` for how errors exit)."""
-    run_cli(app)
-
-
-if __name__ == "__main__":
-    main()

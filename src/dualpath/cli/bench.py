@@ -1,0 +1,99 @@
+"""`dualpath bench sim-speed | lanes | transport | store`: benchmarks that print and save their
+figures (the demo's are in demo.py). The measuring code is in the bench/ package."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..config import parse_mode
+from .io import out
+from .sim import _positive, _split_ints
+
+
+def bench_sim_speed(
+    agents: Annotated[str, typer.Option(help="comma-separated agent counts")] = "512,1024,2048,4096",
+    model: Annotated[str, typer.Option()] = "ds-v3.2-660b",
+    pd: Annotated[str, typer.Option()] = "2P4D",
+    max_len: Annotated[str, typer.Option()] = "64k",
+    mode: Annotated[str, typer.Option(help="one mode")] = "dualpath",
+    seed: Annotated[int, typer.Option()] = 1,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    plot: Annotated[Optional[Path], typer.Option()] = None,
+) -> None:
+    """Simulator speed: wall time and simulated turns per second by agent count."""
+    from .._build import build_kind
+    from ..bench.sim_speed import run_speed_bench
+
+    counts = [_positive(int(a), "--agents") for a in _split_ints(agents)]
+    parse_mode(mode)
+    rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
+    build = rows[0]["build"] if rows else build_kind()
+    table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode} ({build} build)")
+    for col in ("agents", "turns", "events", "wall s", "turns/s", "JCT s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['wall_s']:.1f}",
+                      f"{r['turns_per_wall_s']:.0f}", f"{r['jct_s']:.0f}")
+    out.print(table)
+
+
+def bench_lanes(
+    duration_s: Annotated[float, typer.Option()] = 2.0,
+    link_gb_s: Annotated[float, typer.Option(help="emulated link rate, GB/s")] = 1.0,
+    chunk_kib: Annotated[int, typer.Option(help="KV chunk size, KiB")] = 8,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """64 KiB latency-critical bursts every 5 ms over a saturated KV lane: lanes vs one FIFO."""
+    from ..bench.lanes import run_lanes_bench
+    from ..sim.runner import write_json
+
+    rows = {}
+    for fifo in (False, True):
+        rows["fifo" if fifo else "lanes"] = run_lanes_bench(duration_s, link_gb_s * 1e9, fifo=fifo, chunk_bytes=chunk_kib * 1024)
+    table = Table(title=f"lanes bench: {link_gb_s} GB/s link, {chunk_kib} KiB KV chunks")
+    keys = [k for k in rows["lanes"] if isinstance(rows["lanes"][k], (int, float))]
+    table.add_column("metric")
+    table.add_column("lanes", justify="right")
+    table.add_column("one FIFO", justify="right")
+    for k in keys:
+        table.add_row(k, f"{rows['lanes'][k]:.6g}", f"{rows['fifo'][k]:.6g}")
+    out.print(table)
+    if json_path:
+        write_json(rows, json_path)
+
+def bench_transport(
+    total_mib: Annotated[int, typer.Option()] = 256,
+    block_mib: Annotated[int, typer.Option()] = 16,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """Shared-memory KV transfer between two engine processes vs an in-process memcpy."""
+    from ..bench.transport import run_transport_bench
+    from ..sim.runner import write_json
+
+    r = run_transport_bench(total_mib * 2**20, block_mib * 2**20)
+    out.print_json(json.dumps(r, default=str))
+    if json_path:
+        write_json(r, json_path)
+
+def bench_store(
+    directory: Annotated[Path, typer.Option(help="where to write the test store (same disk as your KV store)")] = Path("out/bench-store"),
+    total_mib: Annotated[int, typer.Option()] = 1024,
+    threads: Annotated[int, typer.Option()] = 4,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """KV store reads vs a direct (O_DIRECT) sequential read of a same-size file, side by side."""
+    from ..core.blocks import BlockLayout
+    from ..bench.store import run_store_bench
+    from ..sim.runner import write_json
+
+    layout = BlockLayout(30, 64, 2 * 3 * 64 * 4)  # SmolLM2-135M, float32 KV
+    directory.mkdir(parents=True, exist_ok=True)
+    r = run_store_bench(directory, total_mib * 2**20, layout, threads)
+    out.print_json(json.dumps(r, default=str))
+    if json_path:
+        write_json(r, json_path)

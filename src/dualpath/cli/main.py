@@ -1,0 +1,46 @@
+"""The command line: one Typer app, every command a top-level function in the module of its
+world (sim.py, runtime.py, demo.py, bench.py; repro in experiments/cli.py). This module only wires
+them; nothing imports cli/.
+
+Bad input prints one clear message and exits with code 2, never a traceback (errors.run_cli).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from ..errors import run_cli
+from ..experiments.cli import repro
+from . import bench, demo, runtime, sim
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
+trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks that print and save their figures.")
+app.add_typer(trace_app, name="trace")
+app.add_typer(bench_app, name="bench")
+
+app.command()(sim.sim)
+trace_app.command("gen")(sim.trace_gen)
+trace_app.command("stats")(sim.trace_stats)
+app.command("repro", help="Regenerate the paper's experiments (Table 1, Figs. 7-14, Table 3) in the simulator.")(repro)
+app.command()(runtime.generate)
+app.command()(runtime.serve)
+app.command()(runtime.run)
+app.command()(demo.demo)
+app.command()(demo.calibrate)
+bench_app.command("sim-speed")(bench.bench_sim_speed)
+bench_app.command("lanes")(bench.bench_lanes)
+bench_app.command("transport")(bench.bench_transport)
+bench_app.command("store")(bench.bench_store)
+bench_app.command("model-speed")(demo.bench_model_speed)
+bench_app.command("demo-robustness")(demo.bench_demo_robustness)
+bench_app.command("cold")(demo.bench_cold)
+
+
+def main() -> None:
+    """Entry point (see `errors.run_cli` for how errors exit)."""
+    run_cli(app)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`dualpath generate | serve | run`: the real runtime on this host (the demo is in demo.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError
+from ..progress import reporter
+from .io import console, out
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.0f}"
+
+
+def _hit_percent(run: dict) -> str:
+    """Share of the replayed prompt tokens that hit the store (a cold window shows 0)."""
+    prompt = run.get("prompt_tokens") or 0
+    return f"{100 * run.get('cached_tokens', 0) / prompt:.1f}" if prompt else "-"
+
+
+def print_runtime_runs(out, result: dict, title: str) -> None:
+    table = Table(title=title)
+    for col in ("mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "hit %", "PE-path MB", "DE-path MB", "SNIC util PE",
+                "SNIC util DE", "turns"):
+        table.add_column(col, justify="right")
+    for r in result["runs"]:
+        util = [v.get("utilisation") for v in r.get("snic", {}).values()]
+        util += [None] * (2 - len(util))
+        table.add_row(r["mode"], f"{r['jct_s']:.1f}", f"{r['ttft_s']['p50']:.2f}", f"{r['ttft_s']['p90']:.2f}",
+                      f"{r['tpot_s']['mean'] * 1e3:.0f}", _hit_percent(r), _mb(r["bytes"]["storage_to_prefill"]),
+                      _mb(r["bytes"]["storage_via_decode"]), *("-" if u is None else f"{u:.2f}" for u in util[:2]),
+                      str(r["num_turns"]))
+    out.print(table)
+
+
+def plot_runtime(result: dict, path: Path, title: str) -> None:
+    from ..metrics.plots import plot_runs
+
+    plot_runs(result, path, title, bytes_scale=1e6, bytes_unit="MB")
+
+
+DeviceOption = Annotated[str, typer.Option(
+    help="cpu, cuda (engine e on GPU e mod #GPUs) or cuda:N; checked before anything starts")]
+
+
+def _device(spec: str) -> str:
+    from ..runtime.engine.device import require_device
+
+    require_device(spec)
+    return spec
+
+
+def generate(
+    model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
+    prompt: Annotated[Optional[str], typer.Option(help="text (goes through the chat template)")] = None,
+    prompt_ids: Annotated[Optional[str], typer.Option(help="comma-separated token ids")] = None,
+    max_tokens: Annotated[int, typer.Option()] = 64,
+    temperature: Annotated[float, typer.Option()] = 0.0,
+    top_p: Annotated[float, typer.Option()] = 1.0,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print prompt_ids, generated_ids and text as JSON")] = False,
+    device: DeviceOption = "cpu",
+) -> None:
+    """One-shot generation (prefill + paged decode) for scripts and checks."""
+    from ..runtime.model import generate_text
+
+    if (prompt is None) == (prompt_ids is None):
+        raise InputError("give exactly one of --prompt and --prompt-ids")
+    if max_tokens <= 0:
+        raise InputError("--max-tokens must be positive")
+    ids = None
+    if prompt_ids is not None:
+        try:
+            ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"--prompt-ids: expected comma-separated integers, got {prompt_ids!r}") from None
+        if not ids:
+            raise InputError("--prompt-ids is empty")
+    res = generate_text(model, prompt=prompt, prompt_ids=ids, max_tokens=max_tokens, temperature=temperature,
+                        top_p=top_p, seed=seed, device=_device(device))
+    if res.text is None:  # a folder without tokenizer: ids only (stderr keeps stdout parseable)
+        typer.echo(f"no tokenizer in {model}: text not decoded", err=True)
+    if as_json:
+        out.print_json(json.dumps({"prompt_ids": list(res.prompt_ids), "generated_ids": list(res.generated_ids), "text": res.text}))
+    elif res.text is None:
+        out.print(",".join(map(str, res.generated_ids)))
+    else:
+        out.print(res.text)
+
+def serve(
+    model: Annotated[str, typer.Option()] = "smollm2-135m",
+    pd: Annotated[str, typer.Option(help="engines, e.g. 1P1D")] = "1P1D",
+    mode: Annotated[str, typer.Option(help="basic | dualpath | oracle")] = "dualpath",
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(help="require this Bearer key on /v1")] = None,
+    store_dir: Annotated[Optional[Path], typer.Option(help="KV store directory (default: temporary)")] = None,
+    snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
+    device: DeviceOption = "cpu",
+) -> None:
+    """OpenAI-compatible server on a local PD-disaggregated cluster."""
+    from ..config import RuntimeConfig, parse_pd
+    from ..runtime.apps.serve import serve_cluster
+
+    p, d = parse_pd(pd)
+    cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
+                        store_dir=str(store_dir) if store_dir else None,
+                        snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device)
+    _device(device)
+    serve_cluster(cfg, host=host, port=port, api_key=api_key)
+
+def run(
+    trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],
+    model: Annotated[str, typer.Option()] = "smollm2-135m",
+    pd: Annotated[str, typer.Option()] = "1P1D",
+    mode: Annotated[list[str], typer.Option(help="repeat for several runs")] = ["dualpath"],
+    limit: Annotated[int, typer.Option(help="first N agents / requests")] = 8,
+    max_len: Annotated[int, typer.Option(help="truncate prompts (tokens)")] = 4096,
+    time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps")] = 1.0,
+    snic_mb_s: Annotated[Optional[float], typer.Option()] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    device: DeviceOption = "cpu",
+) -> None:
+    """Replay a trajectory file or a Mooncake trace against the local cluster."""
+    from ..runtime.apps.run import run_trace
+    from ..sim.runner import write_json
+
+    _device(device)
+    if not trace.is_file():
+        raise InputError(f"file not found: {trace}")
+    if limit <= 0 or max_len <= 0 or time_scale < 0:
+        raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
+    with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
+        progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
+        result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
+                                       on_turn=progress.update))
+    print_runtime_runs(out, result, f"replay of {trace.name}")
+    if json_path:
+        write_json(result, json_path)

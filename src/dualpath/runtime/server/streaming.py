@@ -1,0 +1,213 @@
+"""Streaming a generation to an HTTP client (server path steps 4-6 of app.py): token events
+become text deltas, deltas become one JSON body or SSE chunks, and a client that goes away
+cancels the request on every engine.
+
+  1. `token_deltas`: `TokenEvent`s from `ServingBackend.generate` -> text deltas (incremental
+     detokenization, never a split UTF-8 character; stop strings); the last carries the usage.
+  2. `collect_deltas` (non-streaming) or `event_stream` (SSE, ending with `data: [DONE]`).
+  3. `unless_disconnected` / `EventStream`: a disconnect cancels the work; every generator in the
+     chain is closed in a `finally`, shielded from cancellation (`close_quietly`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import anyio
+import anyio.lowlevel
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from dualpath.errors import InputError
+from dualpath.runtime.api import GenerationRequest, ServingBackend
+from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def as_json(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    finish_reason: str | None = None  # set on the last delta only, with `usage`
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated request and what its responses repeat."""
+
+    chat: bool
+    response_id: str
+    created: int
+    model: str
+    request: GenerationRequest
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+async def close_quietly(agen: Any) -> None:
+    """Close an async generator even inside a cancelled scope: a router frees the request there."""
+    aclose = getattr(agen, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing a generation stream failed")
+
+
+async def token_deltas(router: ServingBackend, job: Job) -> AsyncIterator[Delta]:
+    """One delta per token (possibly empty); the last carries finish_reason and usage."""
+    events = router.generate(job.request)
+    detokenizer, stops = IncrementalDetokenizer(router.tokenizer), StopStrings(job.stops)
+    try:
+        async for event in events:
+            text = detokenizer.push(event.token_id) + (detokenizer.flush() if event.finished else "")
+            text = stops.feed(text, final=event.finished)
+            if stops.stopped or event.finished:
+                reason = "stop" if stops.stopped else (event.finish_reason or "stop")
+                yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens))
+                return
+            yield Delta(text)
+    finally:
+        await close_quietly(events)
+    raise RuntimeError(f"router ended request {job.request.request_id} without a finished event")
+
+
+async def collect_deltas(deltas: AsyncIterator[Delta]) -> Delta:
+    parts: list[str] = []
+    try:
+        async for delta in deltas:
+            parts.append(delta.text)
+            if delta.finish_reason is not None:
+                return Delta("".join(parts), delta.finish_reason, delta.usage)
+    finally:
+        await close_quietly(deltas)
+    raise RuntimeError("generation ended without a finish reason")
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """`await work()`, or None if the client disconnects first (then `work` is cancelled)."""
+    result: T | None = None
+    error: Exception | None = None
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            nonlocal result, error
+            try:
+                result = await work()
+            except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
+                error = exc
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        await _wait_for_disconnect(request)
+        group.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
+
+
+class EventStream(StreamingResponse):
+    """SSE that cancels its generator as soon as the client disconnects and always closes it
+    (Starlette leaves an abandoned generator to the garbage collector)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        except* OSError:  # a send to a closed connection (ASGI servers of spec 2.4)
+            pass
+        finally:
+            await close_quietly(self.body_iterator)
+
+
+# ---- response bodies ---------------------------------------------------------------------------
+
+
+def completion_json(job: Job, final: Delta) -> dict:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
+    if job.chat:
+        choice["message"] = {"role": "assistant", "content": final.text}
+    else:
+        choice["text"] = final.text
+    return {"id": job.response_id, "object": "chat.completion" if job.chat else "text_completion",
+            "created": job.created, "model": job.model, "choices": [choice],
+            "usage": final.usage.as_json() if final.usage else None}
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
+    """A chunk with one choice; `text` None means an empty delta (the finishing chunk)."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if job.chat:
+        choice["delta"] = {"role": "assistant", "content": text or ""} if role else (
+            {"content": text} if text is not None else {})
+    else:
+        choice["text"] = text or ""
+    body = {"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
+            "created": job.created, "model": job.model, "choices": [choice]}
+    if job.include_usage:
+        body["usage"] = None
+    return _sse(body)
+
+
+async def event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[str]:
+    try:
+        if job.chat:
+            yield _chunk(job, "", role=True)
+        delta = first
+        while delta.finish_reason is None:
+            if delta.text:
+                yield _chunk(job, delta.text)
+            # The router (events already queued) and a send to a gone client may both return without
+            # suspending; this lets the disconnect listener run, so a gone client is noticed.
+            await anyio.lowlevel.checkpoint()
+            delta = await anext(deltas)
+        if delta.text:
+            yield _chunk(job, delta.text)
+        yield _chunk(job, None, delta.finish_reason)
+        if job.include_usage and delta.usage is not None:
+            yield _sse({"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
+                        "created": job.created, "model": job.model, "choices": [], "usage": delta.usage.as_json()})
+    except InputError as exc:  # the status line is sent already: report in the stream, as vLLM does
+        yield _sse({"error": {"message": str(exc), "type": "invalid_request_error", "param": None, "code": None}})
+    except Exception:
+        log.exception("generation of %s failed mid-stream", job.response_id)
+        yield _sse({"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}})
+    finally:
+        await close_quietly(deltas)
+    yield "data: [DONE]\n\n"
