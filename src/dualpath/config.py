@@ -319,6 +319,7 @@ def dataclass_has_field(obj: Any, name: str) -> bool:
     return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__
 
 
+RUNTIME_BASIC_TOKENS_PER_FORWARD = 4096  # the runtime's basic engine: tokens per prefill forward (a CPU model)
 DEMO_AGENTS = 4  # `dualpath demo` (runtime/apps/demo.py sizes the rest of the workload to the machine)
 CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node (one per GPU), 1 x 400 Gbps SNIC
 
@@ -340,7 +341,10 @@ class RuntimeConfig:
     block_tokens: int = 64  # PAPER.md 1.5
     snic_bytes_per_s: float | None = None
     cnic_bytes_per_s: float | None = None  # None with a SNIC cap: CNIC_PER_SNIC x the SNIC rate
-    lane_weights: LaneWeights = field(default_factory=LaneWeights)
+    # alpha/beta, Z, the compute quota, basic batching and the lane weights: the simulator's
+    # SchedulerConfig, with the runtime's basic batch (RUNTIME_BASIC_TOKENS_PER_FORWARD)
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
+        basic_tokens_per_forward=RUNTIME_BASIC_TOKENS_PER_FORWARD))
     # Arbiter chunk: a latency-critical message waits at most one chunk; 8 KiB keeps a 64 KiB burst
     # within (64 + 8) / 64 = 1.125x of its unloaded time (`dualpath bench lanes`).
     chunk_bytes: int = 8 * 1024
@@ -348,15 +352,10 @@ class RuntimeConfig:
     pe_hbm_bytes: int = 256 * 2**20  # a PE's room for the batch's cached KV (the "HBM" landing zone)
     de_kv_tokens: int = 65536  # a DE's KV cache (HBM) capacity in tokens
     max_decode_batch: int = 64
-    # Compute quota: 300 ms of attention on the paper's PE (PAPER.md 3.5) kept as attention work,
-    # at its rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
+    # Compute quota (scheduler.compute_quota_s, 300 ms, PAPER.md 3.5) kept as attention work at the
+    # paper PE's rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
     # attention it chunked cold 3.8K-token prompts ~12 ways (docs/experiments.md, cold workload).
-    compute_quota_s: float = 0.3
     quota_attention_flops_per_s: float = 640e12
-    basic_tokens_per_forward: int = 4096  # basic engine: tokens per prefill forward
-    alpha_read_s: float = 3.0  # PAPER.md 3.2
-    beta_compute_s: float = 5.0  # PAPER.md 3.2
-    z_factor: float = 1.05  # PAPER.md 3.3
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None
@@ -372,8 +371,8 @@ class RuntimeConfig:
             raise InputError("need at least one prefill and one decode engine")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
-        for name in ("compute_quota_s", "quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
-                     "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch", "basic_tokens_per_forward"):
+        for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
+                     "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch"):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name} must be positive")
         for name in ("snic_bytes_per_s", "cnic_bytes_per_s", "store_capacity_bytes", "torch_threads"):

@@ -152,8 +152,7 @@ def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Out
     kvb = sim.kv_bytes_per_token
     cfg = RuntimeConfig(num_prefill=cl.num_prefill_nodes, num_decode=cl.num_decode_nodes, mode=mode,
                         block_tokens=BLOCK_TOKENS, snic_bytes_per_s=cl.node.snic_read_bytes_per_s,
-                        de_kv_tokens=int(sim.de_kv_hbm_bytes // kvb), alpha_read_s=sim.cfg.scheduler.alpha_read_s,
-                        beta_compute_s=sim.cfg.scheduler.beta_compute_s, z_factor=sim.cfg.scheduler.z_factor)
+                        de_kv_tokens=int(sim.de_kv_hbm_bytes // kvb), scheduler=sim.cfg.scheduler)
     buffers = {n.nid: _Buffer() for n in sim.nodes}
     router = Router(cfg, model_name="parity", tokenizer=None, max_context_tokens=2**30, eos_token_ids=(),
                     kv_bytes_per_token=kvb, full_block_bytes=kvb * BLOCK_TOKENS, buffers=buffers, store=_Store(),

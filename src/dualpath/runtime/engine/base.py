@@ -97,7 +97,7 @@ class EngineBase:
         self.clock = MonotonicClock()
         self.features = cfg.features
         io_free = self.features.io_free
-        self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if io_free else cfg.cnic_rate, cfg.lane_weights,
+        self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if io_free else cfg.cnic_rate, cfg.scheduler.lane_weights,
                                    self.clock, chunk_bytes=cfg.chunk_bytes)
         snic = None if io_free else cfg.snic_bytes_per_s
         burst = self.layout.full_block_bytes

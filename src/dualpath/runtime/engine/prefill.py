@@ -83,8 +83,8 @@ class PrefillEngine(EngineBase):
         landing = Budget("landing_bytes", lambda c, n: c * self.tbpl * depth, self.landing_bytes)
         # the quota's attention work (config: the paper PE's 300 ms), in this model's FLOPs
         self.budgets = prefill_budgets(self.features.dualpath_scheduler, self.attention_flops,
-                                       cfg.compute_quota_s * cfg.quota_attention_flops_per_s,
-                                       cfg.basic_tokens_per_forward, landing)
+                                       cfg.scheduler.compute_quota_s * cfg.quota_attention_flops_per_s,
+                                       cfg.scheduler.basic_tokens_per_forward, landing)
         self.depth = depth
 
     def release_views(self) -> None:

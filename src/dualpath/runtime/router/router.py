@@ -119,9 +119,9 @@ class Router:
         des = sorted(e.engine for e in self.engines.values() if e.role == "decode")
         rate = min(self.engines[e].prefill_tokens_per_s for e in pes)
         snic = None if self.features.io_free else cfg.snic_bytes_per_s
-        thresholds = derive_thresholds(cfg.alpha_read_s, cfg.beta_compute_s, snic, self.kv_bytes_per_token, rate)
+        thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, self.kv_bytes_per_token, rate)
         forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
-        rules = SchedulerRules(thresholds, self.features.dualpath_scheduler, self.features.de_read_path, cfg.z_factor, forced)
+        rules = SchedulerRules(thresholds, self.features.dualpath_scheduler, self.features.de_read_path, cfg.scheduler.z_factor, forced)
         self.scheduler = GlobalScheduler(pes, des, rules)
         while self.unscheduled:
             rr = self.unscheduled.popleft()
