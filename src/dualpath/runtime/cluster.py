@@ -30,6 +30,7 @@ from .engine.device import require_device
 from .engine.base import EngineSpec, kv_dtype
 from .engine.main import engine_main
 from .model import load_model
+from .protocol import EngineRole
 from .router.router import Router
 from .store import BlockStore
 from .transport.channel import ipc_endpoint
@@ -82,13 +83,14 @@ class LocalCluster:
         fingerprint = mcfg.fingerprint(dtype)
         self.store = BlockStore(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1)
         self._layout, self._fingerprint = layout, fingerprint
-        engines = [(e, "prefill") for e in range(cfg.num_prefill)] + [(cfg.num_prefill + d, "decode") for d in range(cfg.num_decode)]
+        engines = ([(e, EngineRole.PREFILL) for e in range(cfg.num_prefill)]
+                   + [(cfg.num_prefill + d, EngineRole.DECODE) for d in range(cfg.num_decode)])
         fbb = layout.full_block_bytes
         slots = max(1, cfg.host_buffer_bytes // fbb)
         for e, _ in engines:
             self._buffers[e] = HostBuffer.create(fbb, slots)
         for e, role in engines:
-            if role == "prefill":
+            if role == EngineRole.PREFILL:
                 self._landing[e] = HostBuffer.create(cfg.pe_hbm_bytes, 1)
         segments = {e: (b.name, b.slot_bytes * b.num_slots) for e, b in self._buffers.items()}
         router_ep = ipc_endpoint(self._tmp, "router")
@@ -100,7 +102,7 @@ class LocalCluster:
         ctx = mp.get_context("spawn")
         plan = self.cpu_plan
         for e, role in engines:
-            landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == "prefill" else ()
+            landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == EngineRole.PREFILL else ()
             spec = EngineSpec(e, role, ipc_endpoint(self._tmp, f"e{e}"), router_ep, cfg, segments, landing, store_root, fingerprint,
                               plan.cpus_by_engine[e], plan.threads_by_engine[e])
             p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)

@@ -24,9 +24,17 @@ Engines report loads with every state change they own (`EngineReport`).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from .transport.messages import message
+
+
+class EngineRole(enum.StrEnum):
+    """What an engine process is (a str, so it travels in messages as its value)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
 
 
 @message
@@ -35,7 +43,7 @@ class Hello:
     """Engine -> router at start: who it is and what it holds."""
 
     engine: int
-    role: str  # "prefill" | "decode"
+    role: EngineRole  # arrives as its str value
     endpoint: str
     kv_capacity_tokens: int  # DE: KV cache (HBM) size; PE: 0
     buffer_bytes: int

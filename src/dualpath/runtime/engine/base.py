@@ -8,6 +8,7 @@ engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`
 from __future__ import annotations
 
 import collections
+import enum
 import gc
 import os
 import queue
@@ -25,7 +26,7 @@ from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
 from ..transport.transfer import SpanCopy
 from ..model import load_model
-from ..protocol import Counters, Persisted, Reconfigure, Reconfigured
+from ..protocol import Counters, EngineRole, Persisted, Reconfigure, Reconfigured
 from ..store import BlockStore, PutOutcome
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
@@ -40,7 +41,7 @@ class EngineSpec:
     """Everything a spawned engine process needs (picklable)."""
 
     engine: int
-    role: str  # "prefill" | "decode"
+    role: EngineRole
     endpoint: str
     router_endpoint: str
     config: RuntimeConfig
@@ -62,14 +63,22 @@ class ReadFinished:
     nbytes: int
 
 
+class CopyKind(enum.StrEnum):
+    """Which copy of an engine's a `CopyDone` reports."""
+
+    H2D = "h2d"  # DE: the prompt's KV, host buffer -> KV cache
+    D2H = "d2h"  # DE: a full block, KV cache -> host, to persist
+    PD = "pd"  # PE: one layer's new KV -> the DE's region
+
+
 @message
 @dataclass(frozen=True, slots=True)
 class CopyDone:
     """Arbiter thread -> own inbox: a tagged copy finished."""
 
     rid: int
-    kind: str
-    layer: int
+    kind: CopyKind  # arrives as its str value
+    layer: int | None  # the layer of a PD copy; None for whole-prompt copies
 
 
 def kv_dtype(config: RuntimeConfig) -> torch.dtype:

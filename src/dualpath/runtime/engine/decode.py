@@ -24,12 +24,12 @@ import torch
 
 from ...core.blocks import ROOT_DIGEST, block_digest
 from ...core.snapshot import ReadSide
-from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
+from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
 from ..model import PagedKVCache
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+from ..protocol import (Cancel, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
 from ..transport.messages import Stop
@@ -65,7 +65,7 @@ class DecodeEngine(EngineBase):
 
     def run(self) -> None:
         # HBM in whole blocks: the router reserves prompt + max_tokens rounded up to blocks
-        self.to_router(Hello(self.spec.engine, "decode", self.spec.endpoint, self.cache.num_blocks * self.cfg.block_tokens,
+        self.to_router(Hello(self.spec.engine, EngineRole.DECODE, self.spec.endpoint, self.cache.num_blocks * self.cfg.block_tokens,
                              self.buffers[self.node].nbytes, 0.0, 0.0))
         while not self._stop:
             while True:
@@ -144,14 +144,14 @@ class DecodeEngine(EngineBase):
         rid = m.rid
         r.pending_copies += 1
         self.copy(self.buffers[self.node], src_spans, self.cache_bytes, dst_spans,
-                  lambda _res: self.to_self(CopyDone(rid, "h2d", -1)))
+                  lambda _res: self.to_self(CopyDone(rid, CopyKind.H2D, None)))
 
     def _copy_done(self, m: CopyDone) -> None:
         r = self.reqs.get(m.rid)
         if r is None:
             return
         r.pending_copies -= 1
-        if m.kind == "h2d":
+        if m.kind == CopyKind.H2D:
             if not r.cancelled:
                 self._persist_full_blocks(r)  # announced before PromptLoaded (a 1-token request ends there)
             self.to_router(PromptLoaded(m.rid))
@@ -218,7 +218,7 @@ class DecodeEngine(EngineBase):
 
             def done(_res, d=digest, s=staging, rid=rid) -> None:
                 self.persist(d, s)
-                self.to_self(CopyDone(rid, "d2h", -1))
+                self.to_self(CopyDone(rid, CopyKind.D2H, None))
 
             self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ..protocol import EngineRole
 from .base import EngineSpec
 from .cpus import apply_affinity
 from .decode import DecodeEngine
@@ -14,5 +15,5 @@ from .prefill import PrefillEngine
 def engine_main(spec: EngineSpec) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     apply_affinity(spec.cpus)  # before the engine starts its threads: they inherit the CPU set
-    engine = PrefillEngine(spec) if spec.role == "prefill" else DecodeEngine(spec)
+    engine = PrefillEngine(spec) if spec.role == EngineRole.PREFILL else DecodeEngine(spec)
     engine.run()

@@ -28,12 +28,12 @@ import torch
 from ...core.policy import Budget, form_prefill_batch, prefill_budgets
 from ...core.snapshot import BatchCandidate, ReadSide
 from ...core.request import RequestId
-from .base import CopyDone, EngineBase, EngineSpec, ReadFinished, as_tensor
+from .base import CopyDone, CopyKind, EngineBase, EngineSpec, ReadFinished, as_tensor
 from .kv_region import contiguous, layer_spans
 from ..model import LayerKV, layer_kv_to_bytes
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
+from ..protocol import (Cancel, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
                        PromptReady, ReadDone)
 from ..transport.messages import Stop
 
@@ -47,7 +47,7 @@ class PrefillRequest:
     hit_sent: bool = False
     pending_pd: int = 0
     computed: bool = False
-    first_token: int = -1
+    first_token: int | None = None  # sampled when the last chunk is computed
     cancelled: bool = False
     prompt: list = field(default_factory=list)
 
@@ -117,7 +117,7 @@ class PrefillEngine(EngineBase):
 
     # --- control loop ---------------------------------------------------------------------
     def run(self) -> None:
-        self.to_router(Hello(self.spec.engine, "prefill", self.spec.endpoint, 0, self.buffers[self.node].nbytes,
+        self.to_router(Hello(self.spec.engine, EngineRole.PREFILL, self.spec.endpoint, 0, self.buffers[self.node].nbytes,
                              self.prefill_tokens_per_s, self.attn_flops_per_s))
         while not self._stop:
             batch = self._form_batch()
@@ -287,7 +287,7 @@ class PrefillEngine(EngineBase):
     def _pd(self, r: PrefillRequest, l: int, src: np.ndarray, src_spans, dst: np.ndarray, dst_spans) -> None:
         r.pending_pd += 1
         rid = r.assign.rid
-        self.copy(src, src_spans, dst, dst_spans, lambda _res: self.to_self(CopyDone(rid, "pd", l)))
+        self.copy(src, src_spans, dst, dst_spans, lambda _res: self.to_self(CopyDone(rid, CopyKind.PD, l)))
 
     def _copy_done(self, msg: CopyDone) -> None:
         r = self.reqs.get(msg.rid)

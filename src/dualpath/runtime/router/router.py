@@ -35,7 +35,7 @@ from ...core.snapshot import QueuedRequest, ReadSide
 from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, TokenEvent
-from ..protocol import (Cancel, Counters, DecodeAssign, DecodeDone, FirstToken, Hello, PersistQueued, Persisted,
+from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Hello, PersistQueued, Persisted,
                         PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Reconfigure, Reconfigured, Token)
 from ..transport.channel import Inbox, Outbox
 from ..transport.shm import HostBuffer
@@ -115,8 +115,8 @@ class Router:
         """alpha from the configured SNIC rate, beta from the slowest PE's profiled rate
         (derive_thresholds); the mode's rules; the engines as groups of one."""
         cfg = self.cfg
-        pes = sorted(e.engine for e in self.engines.values() if e.role == "prefill")
-        des = sorted(e.engine for e in self.engines.values() if e.role == "decode")
+        pes = sorted(e.engine for e in self.engines.values() if e.role == EngineRole.PREFILL)
+        des = sorted(e.engine for e in self.engines.values() if e.role == EngineRole.DECODE)
         rate = min(self.engines[e].prefill_tokens_per_s for e in pes)
         snic = None if self.features.io_free else cfg.snic_bytes_per_s
         thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, self.kv_bytes_per_token, rate)
@@ -286,7 +286,7 @@ class Router:
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Hello):
-            e = EngineState(msg.engine, msg.role, msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
+            e = EngineState(msg.engine, EngineRole(msg.role), msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
                             prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint))
             self.engines[msg.engine] = e
             return

@@ -13,7 +13,7 @@ from typing import Iterable
 from ...core.scheduler import ClusterView
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..api import GenerationRequest
-from ..protocol import FirstToken
+from ..protocol import EngineRole, FirstToken
 from ..transport.channel import Outbox
 from .placement import Placement
 
@@ -21,7 +21,7 @@ from .placement import Placement
 @dataclass(slots=True)
 class EngineState:
     engine: int
-    role: str
+    role: EngineRole
     endpoint: str
     kv_capacity_tokens: int = 0
     kv_reserved_tokens: int = 0
@@ -112,7 +112,7 @@ def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequ
             raise AssertionError(f"engine {e.engine} load ledger off")
         if e.kv_reserved_tokens != kv[e.engine]:
             raise AssertionError(f"engine {e.engine} HBM ledger off")
-        if e.role == "decode" and e.kv_reserved_tokens > e.kv_capacity_tokens:
+        if e.role == EngineRole.DECODE and e.kv_reserved_tokens > e.kv_capacity_tokens:
             raise AssertionError(f"engine {e.engine} HBM overcommitted")
         if e.read_queue_tokens != readq[e.engine]:
             raise AssertionError(f"engine {e.engine} read queue ledger off")
