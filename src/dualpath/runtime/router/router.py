@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from ...config import RuntimeConfig
+from ...core.phase import Phase
 from ...core.request import RequestId
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules, derive_thresholds
 from ...core.snapshot import QueuedRequest, ReadSide
@@ -184,7 +185,7 @@ class Router:
         return rr
 
     def _cancel(self, rr: RouterRequest) -> None:
-        rr.finished = True
+        rr.finished = rr.cancelled = True
         self.metrics.cancelled(rr.rid)
         if rr in self.unscheduled:
             self.unscheduled.remove(rr)
@@ -221,6 +222,7 @@ class Router:
         for a in p.prefill:
             rr: RouterRequest = a.ref
             rr.pe = self.engines[a.engine]
+            rr.advance(Phase.PE_ASSIGNED)
             rr.pe.num_seqs += 1
             rr.pe.num_tokens += rr.qview.num_tokens
             self.metrics.pe_assigned(rr.rid)
@@ -255,7 +257,7 @@ class Router:
         hit = self.placement.hit_tokens(prompt, rr.digests)  # a persist may have landed since the pass
         rr.side_engine.read_queue_tokens += hit - rr.read_charged_tokens
         rr.hit_tokens = rr.read_charged_tokens = hit
-        rr.placed = True
+        rr.advance(Phase.READING if hit else Phase.PREFILL_READY)
         self._send_assignments(rr, prompt)
         self.metrics.placed(rr.rid, hit, rr.side)
         return True
@@ -307,10 +309,12 @@ class Router:
         if rr is None:
             return
         if isinstance(msg, FirstToken):
+            rr.advance(Phase.KV_TO_DECODE)  # the prompt's last chunk is computed
             self._first_token(rr, msg)
         elif isinstance(msg, Token):
             self._token(rr, msg)
         elif isinstance(msg, ReadDone):
+            rr.advance(Phase.PREFILL_READY)
             self._read_ended(rr)
             self.metrics.read_done(rr.rid, msg.engine == rr.pe.engine, msg.nbytes)
         elif isinstance(msg, PrefillDone):
@@ -321,7 +325,7 @@ class Router:
         elif isinstance(msg, PromptLoaded):
             self.placement.free(rr.de.engine, rr.de_regions)
             rr.de_regions = []
-            rr.prompt_loaded = True
+            rr.advance(Phase.DECODING)
             if rr.final_first_token is not None:
                 self._first_token(rr, rr.final_first_token)
         elif isinstance(msg, DecodeDone):
@@ -329,6 +333,7 @@ class Router:
                 self.placement.free(rr.de.engine, rr.de_regions)
                 rr.de_regions = []
             self._de_release(rr)
+            rr.advance(Phase.FINISHED)
             rr.de_done = True
         if rr.pe_done and rr.de_done:
             self._read_ended(rr)  # a read cancelled before it ran never reports

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ...core.scheduler import ClusterView
+from ...core.phase import Phase, check_transition
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..api import GenerationRequest
 from ..protocol import EngineRole, FirstToken
@@ -54,13 +55,39 @@ class RouterRequest:
     de_regions: list = field(default_factory=list)
     pe_regions: list = field(default_factory=list)
     generated: int = 0
-    finished: bool = False
-    placed: bool = False  # assignments sent to both engines
-    pe_done: bool = False
-    de_done: bool = False
-    prompt_loaded: bool = False  # the DE has the prompt (and has announced its prompt blocks' persists)
+    # The furthest step of the request's path (core.phase) the router has seen, advanced with
+    # check_transition. Two engines report it, and their messages may arrive in either order, so
+    # `advance` walks forward and a step already passed is a no-op.
+    phase: Phase = Phase.QUEUED
+    finished: bool = False  # the token stream has ended (last token, or the client went away)
+    cancelled: bool = False  # the client went away: the phase stops where it was
+    pe_done: bool = False  # the PE has let the request go (PrefillDone): its load is released
+    de_done: bool = False  # the DE has let it go (DecodeDone): its load and HBM are released
     final_first_token: FirstToken | None = None  # a 1-token answer, held until prompt_loaded
     persist_wait_since_s: float | None = None  # placement waits for a block still being written
+
+    def advance(self, target: Phase) -> None:
+        """Walk the path forward to `target`: READING only with a hit, DECODING only for more than
+        one token (core.phase.LEGAL_TRANSITIONS)."""
+        while not self.cancelled and self.phase < target:
+            self.phase = check_transition(self.phase, self._next_phase())
+
+    def _next_phase(self) -> Phase:
+        if self.phase is Phase.PE_ASSIGNED:
+            return Phase.READING if self.hit_tokens else Phase.PREFILL_READY
+        if self.phase is Phase.KV_TO_DECODE:
+            return Phase.FINISHED if self.req.params.max_tokens == 1 else Phase.DECODING
+        return Phase(self.phase + 1)
+
+    @property
+    def placed(self) -> bool:
+        """Both engines have their assignments (placement done)."""
+        return self.phase > Phase.PE_ASSIGNED
+
+    @property
+    def prompt_loaded(self) -> bool:
+        """The DE has the prompt's KV (and has announced its prompt blocks' persists)."""
+        return self.phase >= Phase.DECODING
 
     @property
     def side_engine(self) -> EngineState:
@@ -98,6 +125,8 @@ def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequ
     kv = dict(tok)
     readq = dict(tok)
     for rr in requests:
+        if (rr.phase > Phase.QUEUED) != (rr.pe is not None) or (rr.placed and rr.de is None):
+            raise AssertionError(f"request {rr.rid}: phase {rr.phase.name} but engines {rr.pe}, {rr.de}")
         if rr.read_charged_tokens:
             readq[rr.side_engine.engine] += rr.read_charged_tokens
         if rr.pe is not None and not rr.pe_done:
