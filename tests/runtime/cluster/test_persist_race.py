@@ -31,9 +31,9 @@ async def conversation_without_waits(cfg: RuntimeConfig) -> tuple[list[int], lis
             context = list(prompt) + out  # no wait: the next turn goes out at once
         c.router.check_invariants()
         deadline = asyncio.get_running_loop().time() + 30.0
-        while c.router.persisting and asyncio.get_running_loop().time() < deadline:
+        while c.router.placement.persisting and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.02)  # the last turn's writes are still landing
-        left = sum(c.router.persisting.values())
+        left = sum(c.router.placement.persisting.values())
     return cached, lengths, left
 
 

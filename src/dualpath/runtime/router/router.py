@@ -1,11 +1,9 @@
-"""The router: runs the shared core policy over the live cluster and streams tokens back.
-
-It owns the truth the policy needs (engine loads, node read queues, HBM reservations, host-buffer
-slots) and changes it only on its event loop. Engines report through ZeroMQ; a receiver thread
-hands each message to the loop.
+"""The router: applies the one scheduling pass to the live cluster and streams tokens back. It owns
+the truth the pass needs (engine loads, node read queues, HBM reservations, host-buffer slots) and
+changes it only on its event loop; a receiver thread hands each engine message to the loop.
 
 Numbered path of one request through the router (the engines' side is in protocol.py):
-  1. `generate`: tokens in, an id out; the request joins the global FIFO queue.
+  1. `generate` -> `admit`: tokens in, an id out; the request joins the global FIFO queue.
   2. A scheduling pass (coalesced, after any change): `core.scheduler.GlobalScheduler` picks the
      PE (Algorithm 1 or round robin), the DE (two phases with HBM fit) and the read side (shorter
      node read queue, counting the request's hit: the longest stored prefix of chained block
@@ -13,9 +11,9 @@ Numbered path of one request through the router (the engines' side is in protoco
   3. `_place` (placement.py): host-buffer regions (DE region always; PE region on the PE path),
      after any block of the prompt still being persisted lands. A request that finds no buffer
      room waits, in FIFO order, for the next pass.
-  4. `DecodeAssign` to the DE, `PrefillAssign` to the PE; loads and read queues grow.
-  5. `FirstToken` / `Token` become `TokenEvent`s on the request's queue; `ReadDone`, `PrefillDone`,
-     `PromptLoaded`, `DecodeDone` shrink read queues, PE loads, regions and HBM reservations.
+  4. `DecodeAssign` to the DE, `PrefillAssign` to the PE.
+  5. `FirstToken` / `Token` become `TokenEvent`s; `ReadDone`, `PrefillDone`, `PromptLoaded`,
+     `DecodeDone` shrink read queues, PE loads, regions and HBM reservations, and advance `phase`.
   6. A consumer that stops iterating cancels the request on every engine it touched.
 """
 
@@ -80,10 +78,6 @@ class Router:
     @property
     def store(self) -> Any:
         return self.placement.store
-
-    @property
-    def persisting(self) -> dict[bytes, int]:
-        return self.placement.persisting
 
     # --- life cycle ------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
