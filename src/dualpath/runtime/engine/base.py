@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import enum
 import gc
-import os
 import queue
 import threading
 from dataclasses import dataclass, replace
