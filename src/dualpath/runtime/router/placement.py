@@ -30,10 +30,11 @@ class Placement:
     def lookup(self, prompt: list[int]) -> tuple[list[bytes], int]:
         """(the prompt's block digests, the usable hit in tokens)."""
         digests = chain_digests(prompt, self.block_tokens)
-        return digests, self.hit_tokens(prompt, digests)
+        return digests, self.hit_tokens(prompt, self.store.lookup(digests))
 
-    def hit_tokens(self, prompt: list[int], digests: list[bytes]) -> int:
-        return usable_hit_tokens(self.store.lookup(digests) * self.block_tokens, len(prompt), self.block_tokens)
+    def hit_tokens(self, prompt: list[int], stored_blocks: int) -> int:
+        """The usable hit of a prompt whose first `stored_blocks` blocks are stored."""
+        return usable_hit_tokens(stored_blocks * self.block_tokens, len(prompt), self.block_tokens)
 
     # 2. persists in flight
     def persist_queued(self, digests: list[bytes]) -> None:
@@ -45,10 +46,9 @@ class Placement:
         if left > 0:
             self.persisting[digest] = left
 
-    def blocked_by_persist(self, prompt: list[int], digests: list[bytes]) -> bool:
+    def blocked_by_persist(self, prompt: list[int], digests: list[bytes], stored_blocks: int) -> bool:
         usable = (len(prompt) - 1) // self.block_tokens  # the hit leaves a token to compute
-        stored = self.store.lookup(digests)
-        return stored < min(usable, len(digests)) and digests[stored] in self.persisting
+        return stored_blocks < min(usable, len(digests)) and digests[stored_blocks] in self.persisting
 
     # 3. buffers
     def allocate_regions(self, pe_node: int, de_node: int, num_tokens: int,

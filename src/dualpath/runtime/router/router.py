@@ -242,13 +242,14 @@ class Router:
 
     def _try_place(self, rr: RouterRequest) -> bool:
         prompt = list(rr.req.prompt_ids)
-        if self._wait_for_persist(rr, prompt):
+        stored = self.placement.store.lookup(rr.digests)  # a persist may have landed since the pass
+        if self._wait_for_persist(rr, prompt, stored):
             return False
         regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side)
         if regions is None:
             return False
         rr.de_regions, rr.pe_regions = regions
-        hit = self.placement.hit_tokens(prompt, rr.digests)  # a persist may have landed since the pass
+        hit = self.placement.hit_tokens(prompt, stored)
         rr.side_engine.read_queue_tokens += hit - rr.read_charged_tokens
         rr.hit_tokens = rr.read_charged_tokens = hit
         rr.advance(Phase.READING if hit else Phase.PREFILL_READY)
@@ -268,17 +269,18 @@ class Router:
                                         p.temperature, p.top_p, seed, p.min_tokens > 0 or p.ignore_eos,
                                         self.features.layerwise_prefill))
 
-    def _wait_for_persist(self, rr: RouterRequest, prompt: list[int]) -> bool:
+    def _wait_for_persist(self, rr: RouterRequest, prompt: list[int], stored: int) -> bool:
         """True while the block after the stored prefix is still being written by a DE (PAPER.md
         A.4: a turn hits the client's whole earlier context). `Persisted` kicks the next pass; after
         `persist_wait_s` the request goes on with what is stored (a write that never reports)."""
-        if not self.placement.blocked_by_persist(prompt, rr.digests):
+        if not self.placement.blocked_by_persist(prompt, rr.digests, stored):
             return False
         now = self.clock.now_s()
         if rr.persist_wait_since_s is None:
             rr.persist_wait_since_s = now
             self._loop.call_later(self.cfg.persist_wait_s, self._kick)
         return now - rr.persist_wait_since_s < self.cfg.persist_wait_s
+
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Hello):
