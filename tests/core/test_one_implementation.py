@@ -66,3 +66,23 @@ def test_one_prometheus_writer():
     writers = {rel for rel, tree in _modules().items() for node in ast.walk(tree)
                if isinstance(node, ast.Constant) and isinstance(node.value, str) and "# TYPE" in node.value}
     assert writers <= {"metrics/prometheus.py"}, sorted(writers)
+
+
+def _attribute_reads(attr: str, package: str) -> dict[str, int]:
+    """module -> how many times it reads `x.<attr>` (package: a folder under src/dualpath)."""
+    out: dict[str, int] = {}
+    for rel, tree in _modules().items():
+        if rel.startswith(package + "/"):
+            n = sum(1 for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == attr)
+            if n:
+                out[rel] = n
+    return out
+
+
+def test_the_simulator_picks_its_mode_strategies_once():
+    """The oracle is a free network (sim/kv_io.py) and a compute-only pipeline (sim/prefill.py),
+    chosen in constructors: no mechanism asks `features.io_free` or `layerwise_prefill` per event."""
+    assert _attribute_reads("io_free", "sim") == {"sim/simulator.py": 1, "sim/prefill.py": 1}
+    assert _attribute_reads("layerwise_prefill", "sim") == {"sim/prefill.py": 2}  # the HBM budget, the pipeline
+    calls = _callers({"kv_io_for", "pipeline_for"})
+    assert calls == {"kv_io_for": {"sim/simulator.py"}, "pipeline_for": {"sim/prefill.py"}}

@@ -48,6 +48,7 @@ def _transformers_speed(model_name: str, ids: list[int], decode_tokens: int, bat
         from transformers import LlamaForCausalLM
     except ImportError:
         return {"transformers": "not installed"}
+    from ..runtime.apps.calibrate import best_time_s
     from ..runtime.model.loader import smollm2_gguf_path
 
     if model_name != "smollm2-135m":

@@ -13,7 +13,8 @@ from ..config import DEMO_AGENTS
 from ..errors import InputError
 from ..progress import reporter
 from .io import console, out
-from .runtime import DeviceOption, _device, plot_runtime, print_runtime_runs
+from .results import RUNTIME_COLUMNS, print_runs
+from .runtime import DeviceOption, _device, plot_runtime
 
 
 def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float]):
@@ -70,7 +71,7 @@ def demo(
         progress.log(f"starting a local 1P1D cluster ({model} on {device})")
         result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan))
     console.print(f"demo: {result['config']['cpus']}")
-    print_runtime_runs(out, result, _title(result, model, device))
+    print_runs(result, _title(result, model, device), 1e6, "MB", RUNTIME_COLUMNS)
     runs = {r["mode"]: r for r in result["runs"]}
     if "basic" in runs and "dualpath" in runs:
         b, d = runs["basic"], runs["dualpath"]
@@ -156,7 +157,7 @@ def bench_cold(
     plan = _plan(model, device, DEMO_AGENTS, None, None)
     with reporter("cold", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
         result = asyncio.run(run_demo(model=model, device=device, plan=plan, cold_rounds=rounds, on_turn=progress.update))
-    print_runtime_runs(out, result, f"cold workload (nothing to load), {_title(result, model, device)}")
+    print_runs(result, f"cold workload (nothing to load), {_title(result, model, device)}", 1e6, "MB", RUNTIME_COLUMNS)
     runs = {r["mode"]: r for r in result["runs"]}
     out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
     _write_json(result, json_path)

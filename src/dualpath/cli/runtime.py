@@ -8,36 +8,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ..errors import InputError
 from ..progress import reporter
 from .io import console, out
-
-
-def _mb(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e6:.0f}"
-
-
-def _hit_percent(run: dict) -> str:
-    """Share of the replayed prompt tokens that hit the store (a cold window shows 0)."""
-    prompt = run.get("prompt_tokens") or 0
-    return f"{100 * run.get('cached_tokens', 0) / prompt:.1f}" if prompt else "-"
-
-
-def print_runtime_runs(out, result: dict, title: str) -> None:
-    table = Table(title=title)
-    for col in ("mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "hit %", "PE-path MB", "DE-path MB", "SNIC util PE",
-                "SNIC util DE", "turns"):
-        table.add_column(col, justify="right")
-    for r in result["runs"]:
-        util = [v.get("utilisation") for v in r.get("snic", {}).values()]
-        util += [None] * (2 - len(util))
-        table.add_row(r["mode"], f"{r['jct_s']:.1f}", f"{r['ttft_s']['p50']:.2f}", f"{r['ttft_s']['p90']:.2f}",
-                      f"{r['tpot_s']['mean'] * 1e3:.0f}", _hit_percent(r), _mb(r["bytes"]["storage_to_prefill"]),
-                      _mb(r["bytes"]["storage_via_decode"]), *("-" if u is None else f"{u:.2f}" for u in util[:2]),
-                      str(r["num_turns"]))
-    out.print(table)
+from .results import RUNTIME_COLUMNS, print_runs
 
 
 def plot_runtime(result: dict, path: Path, title: str) -> None:
@@ -141,6 +116,6 @@ def run(
         progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
         result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
                                        on_turn=progress.update))
-    print_runtime_runs(out, result, f"replay of {trace.name}")
+    print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
     if json_path:
         write_json(result, json_path)

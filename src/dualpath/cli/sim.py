@@ -17,6 +17,7 @@ from ..config import ClusterConfig, SimConfig, WorkloadConfig, apply_overrides, 
 from ..errors import InputError
 from ..progress import reporter
 from .io import console, out
+from .results import SIM_COLUMNS, print_runs
 
 
 def _positive(value: int, option: str) -> int:
@@ -43,21 +44,6 @@ def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, s
                              "`sim --trajectories` takes agent trajectory JSONL (docs/structure.md); "
                              "`dualpath run` replays Mooncake traces on the local cluster")
     return SimConfig(cluster=cluster, workload=workload)
-
-
-def print_runs(result: dict) -> None:
-    table = Table(title="simulated runs")
-    for col in ("mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "PE-path TB", "DE-path TB", "SNIC max/avg", "PE busy", "turns", "wall s"):
-        table.add_column(col, justify="right")
-    for r in result["runs"]:
-        bal = r["snic_max_over_avg"]
-        table.add_row(
-            r["mode"], f"{r['jct_s']:.0f}", f"{r['ttft_s']['p50']:.2f}", f"{r['ttft_s']['p90']:.2f}",
-            f"{r['tpot_s']['mean'] * 1e3:.1f}", f"{r['bytes']['storage_to_prefill'] / 1e12:.1f}",
-            f"{r['bytes']['storage_via_decode'] / 1e12:.1f}", "-" if bal != bal else f"{bal:.2f}",
-            f"{r['gpu_busy']['prefill_mean']:.2f}", str(r["num_turns"]), f"{r['wall_s']:.1f}",
-        )
-    out.print(table)
 
 
 def sim(
@@ -91,7 +77,7 @@ def sim(
     else:
         with reporter("sim", "agents", console) as progress:
             result = run_modes(cfg, modes, progress.update, turns_csv=turns)
-    print_runs(result)
+    print_runs(result, "simulated runs", 1e12, "TB", SIM_COLUMNS)
     if turns is not None:
         console.print(f"wrote {turns}")
     if json_path:

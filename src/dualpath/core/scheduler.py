@@ -294,8 +294,11 @@ class GlobalScheduler:
         elif not rules.de_read_path:
             side = ReadSide.PREFILL
         elif rules.dualpath:
-            side = choose_read_side(view.read_queue_tokens(pe_node) + reads.get(pe_node, 0),
-                                    view.read_queue_tokens(de_node) + reads.get(de_node, 0))
+            pe_queue, de_queue = view.read_queue_tokens(pe_node), view.read_queue_tokens(de_node)
+            if reads:  # what this pass already sent to either node
+                pe_queue += reads.get(pe_node, 0)
+                de_queue += reads.get(de_node, 0)
+            side = choose_read_side(pe_queue, de_queue)
         else:
             side, self._rr_side = round_robin_read_side(self._rr_side)
         tokens = view.read_tokens(ref)

@@ -21,6 +21,7 @@ from ..core.policy import PrefillThresholds
 from ..core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules
 from ..core.snapshot import EngineLoad, ReadSide
 from .events import PRIO_SCHEDULE
+from .kv_io import KvIo
 from .lifecycle import SimContext, TurnLifecycle
 from .reads import StorageReads
 from .state import Engine, Node, SimRequest
@@ -29,11 +30,11 @@ from .state import Engine, Node, SimRequest
 class SimView(ClusterView):
     """The cluster as the scheduler sees it: engine snapshots, node read queues, hits."""
 
-    def __init__(self, nodes: Sequence[Node], life: TurnLifecycle, io_free: bool) -> None:
+    def __init__(self, nodes: Sequence[Node], life: TurnLifecycle, io: KvIo) -> None:
         assert all(n.nid == i for i, n in enumerate(nodes))
         self._nodes = list(nodes)  # by node id
         self._life = life
-        self._io_free = io_free
+        self._io = io
 
     def pe_loads(self, group: int) -> list[EngineLoad]:
         return [e.load() for e in self._nodes[group].engines]
@@ -46,9 +47,9 @@ class SimView(ClusterView):
 
     def read_tokens(self, req: SimRequest) -> int:
         """The hit is resolved here, when the DE is chosen (`Simulator.resolve_hit`); nothing is read
-        when it is empty or the network is free."""
+        when it is empty or the network is free (kv_io.py)."""
         self._life.resolve_hit(req)
-        return 0 if self._io_free else req.hit_tokens
+        return self._io.tokens_to_read(req)
 
 
 class Dispatch:
@@ -63,7 +64,7 @@ class Dispatch:
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)
-        self.view = SimView(nodes, life, f.io_free)
+        self.view = SimView(nodes, life, ctx.io)
         self._pending = False
         self.policy_cpu_s = 0.0  # wall time inside scheduling passes (instrumentation, not sim time)
 

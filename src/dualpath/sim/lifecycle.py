@@ -2,14 +2,14 @@
 imports the `Simulator` (REDESIGN.md).
 
 `SimContext` is frozen and built once: the event loop, the network, the compute model, the mode's
-features, the config and the sizes every component reads. `TurnLifecycle` is the numbered path of a
+features and KV I/O model (kv_io.py), the config and the sizes every component reads. `TurnLifecycle` is the numbered path of a
 turn as the components report it (a mypyc trait, so compiled calls stay native); `Simulator`
 implements it (simulator.py holds the bodies and the numbers):
 
   2. `resolve_hit`       the DE is chosen: the hit is fixed (dispatch.py)
   3. `prefill_ready`     the hit KV is in a host buffer, or there is nothing to read (reads.py)
   4. `kick_prefill`      a PE group may start a forward (a request became ready, a buffer freed)
-     `de_buffer_need_at_prefill`, `release_buffer`: DE- and PE-buffer reservations (prefill.py)
+     `release_buffer`   a PE- or DE-buffer reservation ends (prefill.py)
      `prefill_computed`  the last chunk computed: first token (prefill.py)
   5. `kv_landed`         the prompt KV is whole in the DE buffer (prefill.py)
   6. `decode_finished`   the last token (decode.py)
@@ -25,6 +25,7 @@ from mypy_extensions import trait
 from ..config import Features, SimConfig
 from .compute import ComputeModel
 from .events import EventLoop
+from .kv_io import KvIo
 from .links import Link, Network
 from .state import Node, SimRequest
 
@@ -39,6 +40,7 @@ class SimContext:
     kv_bytes_per_token: int  # of the model, all layers
     pe_kv_hbm_bytes: float  # a PE GPU's HBM for KV (the non-layerwise batch limit)
     storage_egress: Optional[Link]  # the storage cluster's egress link, None = unlimited
+    io: KvIo  # the network and buffers the mode's KV moves through (kv_io.py; the oracle's are free)
 
 
 @trait
@@ -50,9 +52,6 @@ class TurnLifecycle:
         raise NotImplementedError
 
     def kick_prefill(self, node_id: int) -> None:
-        raise NotImplementedError
-
-    def de_buffer_need_at_prefill(self, req: SimRequest) -> int:
         raise NotImplementedError
 
     def release_buffer(self, node: Node, nbytes: float) -> None:

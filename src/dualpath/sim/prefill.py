@@ -62,13 +62,14 @@ class PrefillGroup:
         hbm = None if f.layerwise_prefill else Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, ctx.pe_kv_hbm_bytes)
         self.budgets = prefill_budgets(f.dualpath_scheduler, cm.attention_time_s, sched.compute_quota_s,
                                        sched.basic_tokens_per_forward, hbm)
+        self.pipeline = pipeline_for(f.io_free, f.layerwise_prefill)
 
     # --- 1. batch formation ----------------------------------------------------------------
     def _candidates(self, eng: Engine, picked: list[SimRequest]) -> Iterator[BatchCandidate]:
         """FIFO over the GPU's ready requests. One whose DE buffer is full is passed over for this
         forward (and the group waits on that buffer): holding the line for it could deadlock with
         DE-path requests behind it that occupy the same buffer and only free it after prefill."""
-        need_of = self.life.de_buffer_need_at_prefill
+        need_of = self.ctx.io.de_buffer_need_at_prefill
         tentative: dict[int, float] = {}
         for req in eng.batch_queue:
             need = need_of(req)
@@ -97,7 +98,7 @@ class PrefillGroup:
             batch = form_prefill_batch(self._candidates(eng, picked), self.budgets)
             attn_s = 0.0
             for req, be in zip(picked, batch):
-                need = self.life.de_buffer_need_at_prefill(req)
+                need = self.ctx.io.de_buffer_need_at_prefill(req)
                 if need:
                     assert req.de is not None
                     req.de.node.reserve(need)
@@ -119,16 +120,7 @@ class PrefillGroup:
             req.to(Phase.PREFILLING)
             if req.t_prefill_start < 0:
                 req.t_prefill_start = now
-        if ctx.features.io_free:
-            self._start_compute(fwd)
-        elif ctx.features.layerwise_prefill:
-            self._start_streams(fwd)
-            self._start_pd(fwd)
-            self._start_compute(fwd)
-        else:
-            self._start_streams(fwd)
-            if fwd.pending == 0:
-                self._start_compute(fwd)
+        self.pipeline.start(self, fwd)
 
     # --- 2. streams and compute ------------------------------------------------------------
     def _start_streams(self, fwd: Forward) -> None:
@@ -169,16 +161,11 @@ class PrefillGroup:
         fwd = flow.tag
         fwd.pending -= 1
         if fwd.pending == 0:
-            if self.ctx.features.layerwise_prefill:
-                self._forward_done(fwd)
-            else:
-                self._free_loaded_host_copies(fwd)
-                self._start_compute(fwd)
+            self.pipeline.loaded(self, fwd)
 
     def _free_loaded_host_copies(self, fwd: Forward) -> None:
         """Not layerwise: once a request's whole hit KV is in HBM, its PE-buffer copy is no longer
         needed, unless a later chunk will load it again."""
-        ctx = self.ctx
         for eng, req, ntok in fwd.entries:
             if req.pe_buffer_bytes and ntok == req.remaining_tokens:
                 self.life.release_buffer(eng.node, req.pe_buffer_bytes)
@@ -198,16 +185,7 @@ class PrefillGroup:
 
     def _compute_done(self, fwd: Forward) -> None:
         fwd.pending -= 1
-        ctx = self.ctx
-        if ctx.features.io_free or ctx.features.layerwise_prefill:
-            if fwd.pending == 0:
-                self._forward_done(fwd)
-            return
-        # not layerwise: compute done, now move the whole KV to the DE; the GPU waits for it
-        self._start_pd(fwd)
-        self._advance_chunks(fwd)
-        if fwd.pd_flows == 0:
-            self._release(fwd)
+        self.pipeline.computed(self, fwd)
 
     def _start_pd(self, fwd: Forward) -> None:
         """KV of this forward to the DE buffers: per PE GPU one flow, rate-limited on its CNIC-out
@@ -239,8 +217,8 @@ class PrefillGroup:
             if req.pending_pd == 0 and req.computed:
                 self.life.kv_landed(req)
         fwd.pd_flows -= 1
-        if fwd.pd_flows == 0 and not self.ctx.features.layerwise_prefill:
-            self._release(fwd)
+        if fwd.pd_flows == 0:
+            self.pipeline.sent(self, fwd)
 
     # --- 3. completion ---------------------------------------------------------------------
     def _forward_done(self, fwd: Forward) -> None:
@@ -248,18 +226,12 @@ class PrefillGroup:
         self._release(fwd)
 
     def _advance_chunks(self, fwd: Forward) -> None:
-        ctx = self.ctx
-        io_free = ctx.features.io_free
         for eng, req, ntok in fwd.entries:
             req.cached_tokens += ntok
             req.remaining_tokens -= ntok
-            if io_free:
-                req.delivered_bytes += ntok * ctx.kv_bytes_per_token
             if req.remaining_tokens > 0:
                 req.to(Phase.PREFILL_READY)
                 continue
-            if io_free:
-                req.delivered_bytes += req.hit_tokens * ctx.kv_bytes_per_token
             self.life.prefill_computed(req)
 
     def _release(self, fwd: Forward) -> None:
@@ -268,3 +240,72 @@ class PrefillGroup:
                 eng.batch_queue = deque(r for r in eng.batch_queue if not r.computed)
         self.busy = False
         self.life.kick_prefill(self.node.nid)
+
+
+# --- how a forward's KV moves around its compute: one pipeline per mode, chosen once ------------
+class Pipeline:
+    """Layerwise (PAPER.md 3.3): the cached KV streams in and the new KV streams out while the
+    layers compute; the forward ends when compute and the incoming streams are done, and the GPU
+    does not wait for the outgoing streams."""
+
+    def start(self, g: PrefillGroup, fwd: Forward) -> None:
+        g._start_streams(fwd)
+        g._start_pd(fwd)
+        g._start_compute(fwd)
+
+    def loaded(self, g: PrefillGroup, fwd: Forward) -> None:
+        """Every incoming stream and the compute are done (`fwd.pending` reached 0 on a stream)."""
+        g._forward_done(fwd)
+
+    def computed(self, g: PrefillGroup, fwd: Forward) -> None:
+        if fwd.pending == 0:
+            g._forward_done(fwd)
+
+    def sent(self, g: PrefillGroup, fwd: Forward) -> None:
+        """Every outgoing PD flow of the forward has landed (`_pd_done` counted its bytes)."""
+
+
+class WholeKvPipeline(Pipeline):
+    """Not layerwise: the whole cached KV loads first, then compute, then the whole new KV (PE
+    path: and the hit) goes to the DE; the GPU starts nothing until its KV has left HBM."""
+
+    def start(self, g: PrefillGroup, fwd: Forward) -> None:
+        g._start_streams(fwd)
+        if fwd.pending == 0:
+            g._start_compute(fwd)
+
+    def loaded(self, g: PrefillGroup, fwd: Forward) -> None:
+        g._free_loaded_host_copies(fwd)
+        g._start_compute(fwd)
+
+    def computed(self, g: PrefillGroup, fwd: Forward) -> None:
+        g._start_pd(fwd)
+        g._advance_chunks(fwd)
+        if fwd.pd_flows == 0:
+            g._release(fwd)
+
+    def sent(self, g: PrefillGroup, fwd: Forward) -> None:
+        g._release(fwd)
+
+
+class FreePipeline(Pipeline):
+    """The oracle's free network: compute only; the KV is where it is needed at once."""
+
+    def start(self, g: PrefillGroup, fwd: Forward) -> None:
+        g._start_compute(fwd)
+
+    def computed(self, g: PrefillGroup, fwd: Forward) -> None:
+        """The chunk's KV (and, with the last chunk, the hit) is in the DE buffer at once."""
+        kvbpt = g.ctx.kv_bytes_per_token
+        for _, req, ntok in fwd.entries:
+            req.delivered_bytes += ntok * kvbpt
+            if req.remaining_tokens - ntok <= 0:
+                req.delivered_bytes += req.hit_tokens * kvbpt
+        if fwd.pending == 0:
+            g._forward_done(fwd)
+
+
+def pipeline_for(io_free: bool, layerwise: bool) -> Pipeline:
+    if io_free:
+        return FreePipeline()
+    return Pipeline() if layerwise else WholeKvPipeline()

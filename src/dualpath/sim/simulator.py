@@ -36,6 +36,7 @@ from .decode import DecodeGroup
 from .dispatch import Dispatch
 from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
 from .links import Flow, Link, Network
+from .kv_io import kv_io_for
 from .lifecycle import SimContext, TurnLifecycle
 from .prefill import PrefillGroup
 from .reads import StorageReads
@@ -69,8 +70,9 @@ class Simulator(TurnLifecycle):
             Link("storage_egress", cl.storage_egress_bytes_per_s, weights) if cl.storage_egress_bytes_per_s else None
         )
         self._build_topology()
+        self.io = kv_io_for(features.io_free, self.net, self.kv_bytes_per_token)  # the mode's network, once
         self.ctx = ctx = SimContext(self.loop, self.net, self.compute, features, cfg, self.kv_bytes_per_token,
-                                    self.pe_kv_hbm_bytes, self.storage_egress)
+                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io)
         self.reads = StorageReads(ctx, self)
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
@@ -193,13 +195,6 @@ class Simulator(TurnLifecycle):
         self._kick_pending.discard(group.node.nid)
         group.try_start()
 
-    def de_buffer_need_at_prefill(self, req: SimRequest) -> int:
-        """DE-buffer bytes a request must reserve before its first forward (PE path and no-hit
-        requests; the DE path reserved at its read). Zero when already reserved or I/O is free."""
-        if self.features.io_free or req.de_buffer_bytes:
-            return 0
-        return req.input_tokens * self.kv_bytes_per_token
-
     def prefill_computed(self, req: SimRequest) -> None:
         req.computed = True
         req.t_first = self.loop.now_s
@@ -225,13 +220,12 @@ class Simulator(TurnLifecycle):
             req.t_second = req.t_first
             self._finish(req)
             return
-        if self.features.io_free:
-            self._join(req)
-            return
         de = req.de
         assert de is not None
-        self.h2d_bytes += expect
-        self.net.start(expect, Lane.KV, (de.cnic_out, de.cnic_in), self._h2d_done, req)
+        if self.io.to_decode_hbm(req, expect, (de.cnic_out, de.cnic_in), self._h2d_done):
+            self.h2d_bytes += expect
+        else:  # a free network: the KV is in HBM now
+            self._join(req)
 
     def _h2d_done(self, flow: Flow) -> None:
         req = flow.tag
@@ -300,9 +294,8 @@ class Simulator(TurnLifecycle):
         durable = agent.context_tokens // b * b
         new_bytes = (durable - agent.persisted_tokens) * self.kv_bytes_per_token
         agent.persisted_tokens = max(agent.persisted_tokens, durable)
-        if new_bytes > 0 and not self.features.io_free:
-            self.net.book(node.snic_out, Lane.KV, new_bytes)
-            self.persisted_bytes += new_bytes
+        if new_bytes > 0:
+            self.persisted_bytes += self.io.persist(node.snic_out, new_bytes)
 
     # --- sampling and run ----------------------------------------------------------------------
     def _sample(self, _: object) -> None:

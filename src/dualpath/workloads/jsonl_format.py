@@ -25,6 +25,7 @@ from typing import Iterable
 
 from dualpath.core.request import TurnSpec
 from dualpath.errors import InputError
+from dualpath.workloads.jsonl import int_at_least, jsonl_objects
 from dualpath.workloads.trajectory import Trajectory
 
 _KEYS_REQUIRED = frozenset({"agent", "rounds"})
@@ -49,41 +50,25 @@ def read_trajectories(path: str | Path) -> tuple[Trajectory, ...]:
     """Parse and validate a trajectory JSONL file (format in the module docstring)."""
     trajs: list[Trajectory] = []
     first_line_of_agent: dict[int, int] = {}
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read trajectory file {path}: {e.strerror}") from None
-    with f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            traj = _parse_line(line, f"{path} line {line_no}")
-            if traj.agent in first_line_of_agent:
-                raise InputError(
-                    f"{path} line {line_no}: agent {traj.agent} already defined on line "
-                    f"{first_line_of_agent[traj.agent]}"
-                )
-            first_line_of_agent[traj.agent] = line_no
-            trajs.append(traj)
+    for obj, where, line_no in jsonl_objects(path, "trajectory file"):
+        traj = _parse_object(obj, where)
+        if traj.agent in first_line_of_agent:
+            raise InputError(f"{where}: agent {traj.agent} already defined on line {first_line_of_agent[traj.agent]}")
+        first_line_of_agent[traj.agent] = line_no
+        trajs.append(traj)
     if not trajs:
         raise InputError(f"{path}: no trajectories (file is empty)")
     return tuple(trajs)
 
 
-def _parse_line(line: str, where: str) -> Trajectory:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{where}: bad JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def _parse_object(obj: dict, where: str) -> Trajectory:
     missing = sorted(_KEYS_REQUIRED - obj.keys())
     if missing:
         raise InputError(f"{where}: missing key(s) {', '.join(missing)}")
     unknown = sorted(obj.keys() - _KEYS_ALLOWED)
     if unknown:
         raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    agent = _int_at_least(obj["agent"], 0, "agent", where)
+    agent = int_at_least(obj["agent"], 0, "agent", where)
     rounds = obj["rounds"]
     if not isinstance(rounds, list) or not rounds:
         raise InputError(f"{where}: rounds must be a non-empty list of [append_tokens, gen_tokens]")
@@ -91,8 +76,8 @@ def _parse_line(line: str, where: str) -> Trajectory:
     for i, rnd in enumerate(rounds):
         if not isinstance(rnd, list) or len(rnd) != 2:
             raise InputError(f"{where}: round {i} must be [append_tokens, gen_tokens], got {rnd!r}")
-        append = _int_at_least(rnd[0], 0, f"round {i} append_tokens", where)
-        gen = _int_at_least(rnd[1], 1, f"round {i} gen_tokens", where)
+        append = int_at_least(rnd[0], 0, f"round {i} append_tokens", where)
+        gen = int_at_least(rnd[1], 1, f"round {i} gen_tokens", where)
         turns.append(TurnSpec(append, gen))
     arrival_s = None
     if "arrival_s" in obj:
@@ -102,12 +87,3 @@ def _parse_line(line: str, where: str) -> Trajectory:
             raise InputError(f"{where}: arrival_s must be a finite number >= 0, got {arrival_s!r}")
         arrival_s = float(arrival_s)
     return Trajectory(agent, tuple(turns), arrival_s)
-
-
-def _int_at_least(value: object, minimum: int, name: str, where: str) -> int:
-    # bool is an int subclass in Python; `true` is not a token count.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InputError(f"{where}: {name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InputError(f"{where}: {name} must be >= {minimum}, got {value}")
-    return value

@@ -17,13 +17,13 @@ latest. Requests that continue none start a conversation (an agent).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from dualpath.errors import InputError
 from dualpath.workloads._checks import require_int
+from dualpath.workloads.jsonl import int_at_least, jsonl_objects
 
 MOONCAKE_BLOCK_TOKENS = 512
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -46,38 +46,24 @@ class MooncakeRecord:
 
 def read_mooncake(path: str | Path) -> tuple[MooncakeRecord, ...]:
     """Parse and validate every line; `InputError` names the file, 1-based line and problem."""
-    records: list[MooncakeRecord] = []
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read Mooncake trace {path}: {e.strerror}") from None
-    with f:
-        for line_no, line in enumerate(f, start=1):
-            if line.strip():
-                records.append(_parse_line(line, f"{path} line {line_no}"))
+    records = [_parse_object(obj, where) for obj, where, _ in jsonl_objects(path, "Mooncake trace")]
     if not records:
         raise InputError(f"{path}: no requests (file is empty)")
     return tuple(records)
 
 
-def _parse_line(line: str, where: str) -> MooncakeRecord:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{where}: bad JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def _parse_object(obj: dict, where: str) -> MooncakeRecord:
     missing = [k for k in _FIELDS if k not in obj]
     if missing:
         raise InputError(f"{where}: missing field(s) {', '.join(missing)}")
-    timestamp_ms = _int_at_least(obj["timestamp"], 0, "timestamp", where)
-    input_tokens = _int_at_least(obj["input_length"], 1, "input_length", where)
-    output_tokens = _int_at_least(obj["output_length"], 0, "output_length", where)
+    timestamp_ms = int_at_least(obj["timestamp"], 0, "timestamp", where)
+    input_tokens = int_at_least(obj["input_length"], 1, "input_length", where)
+    output_tokens = int_at_least(obj["output_length"], 0, "output_length", where)
     hash_ids = obj["hash_ids"]
     if not isinstance(hash_ids, list):
         raise InputError(f"{where}: hash_ids must be a list of integers")
     for j, h in enumerate(hash_ids):
-        _int_at_least(h, 0, f"hash_ids[{j}]", where)
+        int_at_least(h, 0, f"hash_ids[{j}]", where)
     expected = math.ceil(input_tokens / MOONCAKE_BLOCK_TOKENS)
     if len(hash_ids) != expected:
         raise InputError(
@@ -85,14 +71,6 @@ def _parse_line(line: str, where: str) -> MooncakeRecord:
             f"ceil({input_tokens} / {MOONCAKE_BLOCK_TOKENS}) = {expected}"
         )
     return MooncakeRecord(timestamp_ms / 1000.0, input_tokens, output_tokens, tuple(hash_ids))
-
-
-def _int_at_least(value: object, minimum: int, name: str, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InputError(f"{where}: {name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InputError(f"{where}: {name} must be >= {minimum}, got {value}")
-    return value
 
 
 class Rechunker:

@@ -33,8 +33,6 @@ order): a conversation is a root request and its descendants, playing the trajec
 from __future__ import annotations
 
 import bisect
-import enum
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +41,7 @@ import numpy as np
 from dualpath.core.blocks import BLOCK_TOKENS_DEFAULT
 from dualpath.errors import InputError
 from dualpath.workloads._checks import require_int
+from dualpath.workloads.jsonl import WorkloadFormat, detect_format
 from dualpath.workloads.jsonl_format import read_trajectories
 from dualpath.workloads.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
@@ -160,37 +159,6 @@ def _mooncake_hits(recs: Sequence[MooncakeRecord], rechunker: Rechunker) -> tupl
 def _ratio(num: int, den: int) -> float:
     # A workload whose prompts are all shorter than one block has nothing to hit: ratio 0.
     return num / den if den else 0.0
-
-
-class WorkloadFormat(enum.Enum):
-    TRAJECTORY = "trajectory"
-    MOONCAKE = "mooncake"
-
-
-def detect_format(path: str | Path) -> WorkloadFormat:
-    """From the first non-empty line's keys: `rounds` -> trajectory JSONL, `hash_ids` -> Mooncake."""
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read workload file {path}: {e.strerror}") from None
-    with f:
-        for line_no, line in enumerate(f, start=1):
-            if line.strip():
-                break
-        else:
-            raise InputError(f"{path}: empty workload file")
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path} line {line_no}: bad JSON ({e.msg} at column {e.colno})") from None
-    if isinstance(obj, dict) and "rounds" in obj:
-        return WorkloadFormat.TRAJECTORY
-    if isinstance(obj, dict) and "hash_ids" in obj:
-        return WorkloadFormat.MOONCAKE
-    raise InputError(
-        f"{path} line {line_no}: unknown workload format: expected a 'rounds' key (trajectory JSONL) "
-        f"or a 'hash_ids' key (Mooncake trace)"
-    )
 
 
 def load_any(path: str | Path) -> tuple[Trajectory, ...] | tuple[MooncakeRecord, ...]:

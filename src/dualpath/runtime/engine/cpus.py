@@ -45,7 +45,7 @@ def plan_cpus(engines: Sequence[int], cpus: Sequence[int], threads: int | None =
     share = (len(cpus) - spare) // n
     router = cpus[:spare]
     sets = {e: cpus[spare + i * share: spare + (i + 1) * share] for i, e in enumerate(engines)}
-    note = (f"engine CPU sets: " + ", ".join(f"e{e}={_span(s)}" for e, s in sets.items())
+    note = ("engine CPU sets: " + ", ".join(f"e{e}={_span(s)}" for e, s in sets.items())
             + (f"; router/I-O on {_span(router)}" if router else "; router/I-O share the engines' CPUs"))
     return CpuPlan(sets, {e: threads or share for e in engines}, router, note)
 

@@ -8,7 +8,7 @@ Numbered path of one request through a PE (protocol.py has the whole picture):
      `core.policy.form_prefill_batch` (DualPath: the attention work of the paper's 300 ms quota,
      see RuntimeConfig; basic: a token budget), chunking the last request; the cached KV of the
      batch must fit the landing zone.
-  3. Per layer l: the cached KV of every item lands in the landing zone ("HBM") - PE path: copied
+  3. (`kv_stream.PrefillKvStream`) Per layer l: the cached KV of every item lands in the landing zone ("HBM") - PE path: copied
      from this node's buffer by this engine's CNIC arbiter; DE path: pulled from the DE, whose
      arbiter writes it here - while layer l-1 computes (layerwise; otherwise all layers load first).
      Layer l's new KV goes to the DE's buffer (PE path: the hit as well), through the arbiter.
@@ -20,44 +20,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ...core.policy import Budget, form_prefill_batch, prefill_budgets
-from ...core.snapshot import BatchCandidate, ReadSide
+from ...core.snapshot import BatchCandidate
 from ...core.request import RequestId
-from .base import CopyDone, CopyKind, EngineBase, EngineSpec, ReadFinished, as_tensor
-from .kv_region import contiguous, layer_spans
-from ..model import LayerKV, layer_kv_to_bytes
+from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
+from .kv_stream import PrefillKvStream
+from .prefill_request import PrefillRequest
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerPull, LayerReady, PrefillAssign, PrefillDone,
+from ..protocol import (Cancel, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerReady, PrefillAssign, PrefillDone,
                        PromptReady, ReadDone)
 from ..transport.messages import Stop
-
-
-@dataclass(slots=True)
-class PrefillRequest:
-    assign: PrefillAssign
-    hit_tokens: int
-    cached: int = 0
-    ready: bool = False
-    hit_sent: bool = False
-    pending_pd: int = 0
-    computed: bool = False
-    first_token: int | None = None  # sampled when the last chunk is computed
-    cancelled: bool = False
-    prompt: list = field(default_factory=list)
-
-    @property
-    def remaining(self) -> int:
-        return len(self.prompt) - self.cached
-
-    @property
-    def pe_path(self) -> bool:
-        return self.assign.read_side == ReadSide.PREFILL
 
 
 class PrefillEngine(EngineBase):
@@ -71,7 +47,6 @@ class PrefillEngine(EngineBase):
         self.node = spec.engine
         self.reqs: dict[int, PrefillRequest] = {}
         self.queue: deque[PrefillRequest] = deque()
-        self._layer_pending: dict[int, int] = {}
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
         self.tbpl = self.layout.kv_bytes_per_token_per_layer
         self.on_reconfigured()
@@ -85,10 +60,11 @@ class PrefillEngine(EngineBase):
         self.budgets = prefill_budgets(self.features.dualpath_scheduler, self.attention_flops,
                                        cfg.scheduler.compute_quota_s * cfg.quota_attention_flops_per_s,
                                        cfg.scheduler.basic_tokens_per_forward, landing)
-        self.depth = depth
+        self.kv = PrefillKvStream(self, self.landing, self.features.layerwise_prefill, depth, self.model.dtype)
 
     def release_views(self) -> None:
         self.landing = None
+        self.kv.release_views()
 
     # --- profile: the "profiled curve" behind the quota and beta (PAPER.md 3.2, 3.5) -------------
     def attention_flops(self, cached: int, n: int) -> float:
@@ -142,7 +118,7 @@ class PrefillEngine(EngineBase):
             else:
                 self.stash(msg.rid, msg)
         elif isinstance(msg, LayerReady):
-            self._layer_pending[msg.layer] -= 1
+            self.kv.layer_ready(msg)
         elif isinstance(msg, CopyDone):
             self._copy_done(msg)
         elif isinstance(msg, Cancel):
@@ -195,49 +171,23 @@ class PrefillEngine(EngineBase):
         entries = form_prefill_batch(cands, self.budgets)
         return [(eligible[i], e.compute_tokens) for i, e in enumerate(entries)]
 
-    # --- forward -------------------------------------------------------------------------------
+    # --- forward: per layer, wait for its KV, compute, save (kv_stream.py) ----------------------
     def _forward(self, batch: list[tuple[PrefillRequest, int]]) -> None:
         t_start = time.perf_counter()
-        L = self.mcfg.num_layers
-        items = [(r.cached, r.prompt[r.cached : r.cached + n]) for r, n in batch]
-        zone = []  # per item: byte offset of its cached KV within one layer's zone
-        pos = 0
-        for r, _ in batch:
-            zone.append(pos)
-            pos += r.cached * self.tbpl
-        layer_zone_bytes = pos
-        state = self.model.begin_prefill(items)
-        self._layer_pending = {}
-        issued = -1
+        stream = self.kv
+        stream.start_load(batch)
+        state = self.model.begin_prefill([(r.cached, r.prompt[r.cached : r.cached + n]) for r, n in batch])
         compute_s = 0.0
-        deferred: list[list[LayerKV]] = []
-        shape = (self.mcfg.num_kv_heads, self.mcfg.head_dim)
-        for l in range(L):
-            want = min(L - 1, l + self.depth - 1)
-            while issued < want:
-                issued += 1
-                self._issue_layer(issued, batch, zone, layer_zone_bytes)
-            self.pump(lambda: self._layer_pending[l] == 0, timeout_s=0.05)
-            base = (l % self.depth) * layer_zone_bytes
-            cached_kv = []
-            for (r, _), off in zip(batch, zone):
-                if r.cached == 0:
-                    cached_kv.append(None)
-                    continue
-                buf = self.landing[base + off : base + off + r.cached * self.tbpl]
-                cached_kv.append(LayerKV(as_tensor(buf, self.dtype, (r.cached, 2, *shape)).to(self.model.dtype)))
+        for l in range(self.mcfg.num_layers):
+            cached_kv = stream.wait_for_layer_load(l)
             t0 = time.perf_counter()
             new = self.model.prefill_layer(state, l, cached_kv)
             compute_s += time.perf_counter() - t0
-            if self.features.layerwise_prefill:
-                self._send_layer(l, batch, new)
-            else:
-                deferred.append(new)
+            stream.save_kv_layer(l, new)
         t0 = time.perf_counter()
         logits = self.model.finish_prefill(state)
         compute_s += time.perf_counter() - t0
-        for l, new in enumerate(deferred):  # not layerwise: the whole KV leaves after compute
-            self._send_layer(l, batch, new)
+        stream.flush_saves()
         self.counters["busy_s"] += compute_s
         self.counters["forwards"] += 1
         for i, (r, n) in enumerate(batch):
@@ -246,48 +196,8 @@ class PrefillEngine(EngineBase):
                 r.hit_sent = True
             if r.remaining == 0:
                 self._first_token(r, logits[i])
-        if not self.features.layerwise_prefill:
-            # the batch's KV occupies HBM until it has left: the next forward waits for it
-            self.pump(lambda: all(r.pending_pd == 0 for r, _ in batch), timeout_s=0.05)
+        stream.wait_for_save()
         self.last_forward_s = time.perf_counter() - t_start
-
-    def _issue_layer(self, l: int, batch: list[tuple[PrefillRequest, int]], zone: list[int], layer_zone_bytes: int) -> None:
-        base = (l % self.depth) * layer_zone_bytes
-        pending = 0
-        for (r, _), off in zip(batch, zone):
-            if r.cached == 0:
-                continue
-            pending += 1
-            nbytes = r.cached * self.tbpl
-            if r.pe_path:
-                src = self.buffers[self.node]
-                spans = layer_spans(self.layout, r.assign.pe_offsets, l, 0, r.cached)
-                self.copy(src, spans, self.landing, contiguous(base + off, nbytes),
-                          lambda _res, rid=r.assign.rid, l=l: self.to_self(LayerReady(rid, l)))
-            else:
-                self.send(r.assign.de_endpoint, LayerPull(r.assign.rid, l, r.cached, self.spec.landing[0], base + off, self.spec.endpoint))
-        self._layer_pending[l] = pending
-
-    def _send_layer(self, l: int, batch: list[tuple[PrefillRequest, int]], new: list[LayerKV]) -> None:
-        """Layer l's KV to the DE buffer: the new tokens (and, PE path, the hit once)."""
-        for (r, n), kv in zip(batch, new):
-            a = r.assign
-            de_buf = self.buffers[a.de_engine]
-            data = np.frombuffer(layer_kv_to_bytes(kv, self.dtype), dtype=np.uint8)  # D2H on a GPU
-            self._pd(r, l, data, contiguous(0, data.nbytes), de_buf, layer_spans(self.layout, a.de_offsets, l, r.cached, r.cached + n))
-            if r.pe_path and not r.hit_sent and r.hit_tokens:
-                own = self.buffers[self.node]
-                self._pd(r, l, own, layer_spans(self.layout, a.pe_offsets, l, 0, r.hit_tokens),
-                         de_buf, layer_spans(self.layout, a.de_offsets, l, 0, r.hit_tokens))
-            if r.pe_path and r.cached + n < len(r.prompt):
-                # a later chunk reloads this chunk's KV from the PE buffer
-                self._pd(r, l, data, contiguous(0, data.nbytes), self.buffers[self.node],
-                         layer_spans(self.layout, a.pe_offsets, l, r.cached, r.cached + n))
-
-    def _pd(self, r: PrefillRequest, l: int, src: np.ndarray, src_spans, dst: np.ndarray, dst_spans) -> None:
-        r.pending_pd += 1
-        rid = r.assign.rid
-        self.copy(src, src_spans, dst, dst_spans, lambda _res: self.to_self(CopyDone(rid, CopyKind.PD, l)))
 
     def _copy_done(self, msg: CopyDone) -> None:
         r = self.reqs.get(msg.rid)

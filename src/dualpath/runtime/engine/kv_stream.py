@@ -1,0 +1,165 @@
+"""The KV side of one prefill forward, in the four hooks vLLM's KV connector names
+(`start_load_kv`, `wait_for_layer_load`, `save_kv_layer`, `wait_for_save`).
+
+The PE's forward is, for each layer: wait for that layer's cached KV, compute, save the new KV:
+
+    stream.start_load(batch)                   # 1. the first `depth` layers start loading
+    for l in range(num_layers):
+        cached = stream.wait_for_layer_load(l) # 2. layer l is in the landing zone; l + depth - 1 issued
+        new = model.prefill_layer(state, l, cached)
+        stream.save_kv_layer(l, new)           # 3. layerwise: layer l leaves for the DE now
+    logits = model.finish_prefill(state)
+    stream.flush_saves()                       # 4. whole-KV mode: every layer leaves now
+    ... sample first tokens ...
+    stream.wait_for_save()                     # 5. whole-KV mode: HBM holds the KV until it left
+
+Loads. The landing zone ("HBM") holds `depth` layers of the batch's cached KV, one slot per layer
+mod depth: 2 in layerwise mode (layer l + 1 loads while layer l computes, PAPER.md 3.3), every
+layer otherwise (the whole cached KV loads before compute). PE path: this engine's CNIC arbiter
+copies the layer from the node's host buffer; DE path: a `LayerPull` asks the DE, whose arbiter
+writes it here and answers `LayerReady`, which the engine hands to `layer_ready`.
+
+Saves. Layer l's new KV goes to the DE's host buffer through the arbiter (PE path: the hit once,
+too, and, when a later chunk follows, back into this node's buffer for it). Each copy counts in the
+request's `pending_pd`; the engine's `CopyDone` handling counts it down. The mode is fixed when the
+stream is built (`on_reconfigured`), not asked per call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .base import CopyDone, CopyKind, EngineBase, as_tensor
+from .kv_region import contiguous, layer_spans
+from ..model import LayerKV, layer_kv_to_bytes
+from ..protocol import LayerPull, LayerReady
+from .prefill_request import PrefillRequest
+
+Batch = list[tuple[PrefillRequest, int]]  # (request, tokens computed in this forward)
+
+
+class PrefillKvStream:
+    def __init__(self, engine: EngineBase, landing: np.ndarray, layerwise: bool, depth_layers: int,
+                 compute_dtype: torch.dtype) -> None:
+        self._engine = engine
+        self._landing = landing
+        self.layerwise = layerwise
+        self.depth_layers = depth_layers
+        self._compute_dtype = compute_dtype
+        mcfg = engine.mcfg
+        self._num_layers = mcfg.num_layers
+        self._kv_shape = (mcfg.num_kv_heads, mcfg.head_dim)
+        self._bytes_per_token_layer = engine.layout.kv_bytes_per_token_per_layer
+        self._batch: Batch = []
+        self._zone: list[int] = []  # per item: byte offset of its cached KV within one layer slot
+        self._slot_bytes = 0
+        self._loads_pending: dict[int, int] = {}  # layer -> copies not yet landed
+        self._issued = -1
+        self._deferred: list[list[LayerKV]] = []
+
+    def release_views(self) -> None:
+        self._landing = None  # type: ignore[assignment]
+
+    # --- 1, 2: loads ------------------------------------------------------------------------------
+    def start_load(self, batch: Batch) -> None:
+        self._batch = batch
+        self._zone = []
+        pos = 0
+        for r, _ in batch:
+            self._zone.append(pos)
+            pos += r.cached * self._bytes_per_token_layer
+        self._slot_bytes = pos
+        self._loads_pending = {}
+        self._issued = -1
+        self._deferred = []
+        self._issue_through(min(self._num_layers, self.depth_layers) - 1)
+
+    def wait_for_layer_load(self, layer: int) -> list[LayerKV | None]:
+        """Layer `layer`'s cached KV per item (None where an item has none), as views of the zone."""
+        self._issue_through(min(self._num_layers - 1, layer + self.depth_layers - 1))
+        self._engine.pump(lambda: self._loads_pending[layer] == 0, timeout_s=0.05)
+        base = (layer % self.depth_layers) * self._slot_bytes
+        views: list[LayerKV | None] = []
+        for (r, _), off in zip(self._batch, self._zone):
+            if r.cached == 0:
+                views.append(None)
+                continue
+            buf = self._landing[base + off : base + off + r.cached * self._bytes_per_token_layer]
+            kv = as_tensor(buf, self._engine.dtype, (r.cached, 2, *self._kv_shape))
+            views.append(LayerKV(kv.to(self._compute_dtype)))
+        return views
+
+    def layer_ready(self, msg: LayerReady) -> None:
+        self._loads_pending[msg.layer] -= 1
+
+    def _issue_through(self, layer: int) -> None:
+        while self._issued < layer:
+            self._issued += 1
+            self._issue(self._issued)
+
+    def _issue(self, layer: int) -> None:
+        eng = self._engine
+        base = (layer % self.depth_layers) * self._slot_bytes
+        pending = 0
+        for (r, _), off in zip(self._batch, self._zone):
+            if r.cached == 0:
+                continue
+            pending += 1
+            a = r.assign
+            if r.pe_path:
+                spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, r.cached)
+                done = _post(eng, LayerReady(a.rid, layer))
+                eng.copy(eng.buffers[eng.spec.engine], spans, self._landing,
+                         contiguous(base + off, r.cached * self._bytes_per_token_layer), done)
+            else:
+                eng.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], base + off, eng.spec.endpoint))
+        self._loads_pending[layer] = pending
+
+    # --- 3, 4, 5: saves ---------------------------------------------------------------------------
+    def save_kv_layer(self, layer: int, new: list[LayerKV]) -> None:
+        if self.layerwise:
+            self._send(layer, new)
+        else:
+            self._deferred.append(new)
+
+    def flush_saves(self) -> None:
+        """Whole-KV mode: the deferred layers leave now (nothing is deferred in layerwise mode)."""
+        for layer, new in enumerate(self._deferred):
+            self._send(layer, new)
+        self._deferred = []
+
+    def wait_for_save(self) -> None:
+        """Whole-KV mode: the batch's KV occupies HBM until it has left, so the next forward waits.
+        Layerwise mode: each layer was copied out as it was saved; nothing to wait for."""
+        if not self.layerwise:
+            self._engine.pump(lambda: all(r.pending_pd == 0 for r, _ in self._batch), timeout_s=0.05)
+
+    def _send(self, layer: int, new: list[LayerKV]) -> None:
+        """Layer `layer`'s KV to the DE buffer: the new tokens (and, PE path, the hit once)."""
+        eng = self._engine
+        own = eng.buffers[eng.spec.engine]
+        for (r, n), kv in zip(self._batch, new):
+            a = r.assign
+            de_buf = eng.buffers[a.de_engine]
+            data = np.frombuffer(layer_kv_to_bytes(kv, eng.dtype), dtype=np.uint8)  # D2H on a GPU
+            new_spans = layer_spans(eng.layout, a.de_offsets, layer, r.cached, r.cached + n)
+            self._copy(r, layer, data, contiguous(0, data.nbytes), de_buf, new_spans)
+            if r.pe_path and not r.hit_sent and r.hit_tokens:
+                self._copy(r, layer, own, layer_spans(eng.layout, a.pe_offsets, layer, 0, r.hit_tokens),
+                           de_buf, layer_spans(eng.layout, a.de_offsets, layer, 0, r.hit_tokens))
+            if r.pe_path and r.cached + n < len(r.prompt):
+                # a later chunk reloads this chunk's KV from the PE buffer
+                self._copy(r, layer, data, contiguous(0, data.nbytes), own,
+                           layer_spans(eng.layout, a.pe_offsets, layer, r.cached, r.cached + n))
+
+    def _copy(self, r: PrefillRequest, layer: int, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list) -> None:
+        r.pending_pd += 1
+        self._engine.copy(src, src_spans, dst, dst_spans, _post(self._engine, CopyDone(r.assign.rid, CopyKind.PD, layer)))
+
+
+def _post(engine: EngineBase, msg: object) -> Callable[[object], None]:
+    """A copy's completion callback (on the arbiter's thread): post `msg` to the engine's inbox."""
+    return lambda _result: engine.to_self(msg)

@@ -1,0 +1,30 @@
+"""A prefill engine's record of one request (shared by the engine loop and its KV stream)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.snapshot import ReadSide
+from ..protocol import PrefillAssign
+
+
+@dataclass(slots=True)
+class PrefillRequest:
+    assign: PrefillAssign
+    hit_tokens: int
+    cached: int = 0
+    ready: bool = False
+    hit_sent: bool = False
+    pending_pd: int = 0
+    computed: bool = False
+    first_token: int | None = None  # sampled when the last chunk is computed
+    cancelled: bool = False
+    prompt: list = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.prompt) - self.cached
+
+    @property
+    def pe_path(self) -> bool:
+        return self.assign.read_side == ReadSide.PREFILL
