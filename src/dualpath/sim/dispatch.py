@@ -36,11 +36,11 @@ class SimView(ClusterView):
         self._life = life
         self._io = io
 
-    def pe_loads(self, group: int) -> tuple[EngineLoad, ...]:
-        return self._nodes[group].loads()
+    def pe_loads(self, group: int) -> list[EngineLoad]:
+        return [e.load() for e in self._nodes[group].engines]
 
-    def de_loads(self, group: int) -> tuple[EngineLoad, ...]:
-        return self._nodes[group].loads()
+    def de_loads(self, group: int) -> list[EngineLoad]:
+        return [e.load() for e in self._nodes[group].engines]
 
     def read_queue_tokens(self, node: int) -> int:
         return self._nodes[node].read_queue_tokens

@@ -370,8 +370,6 @@ class Simulator(TurnLifecycle):
                 raise AssertionError(f"node {n.nid}: buffer used {used} != reservations {pe_buf[n.nid] + de_buf[n.nid]}")
             if n.read_queue_tokens != readq[n.nid]:
                 raise AssertionError(f"node {n.nid}: read queue {n.read_queue_tokens} != {readq[n.nid]} tokens")
-            if n.loads() != tuple(e.load() for e in n.engines):
-                raise AssertionError(f"node {n.nid}: cached group snapshot is stale")
         for eid, e in self.engines_by_id.items():
             if e.load() != EngineLoad(eid, e.node.nid, e.num_seqs, e.num_tokens, int(e.hbm_free_bytes)):
                 raise AssertionError(f"engine {eid}: cached load snapshot is stale")

@@ -98,14 +98,12 @@ class Engine:
         self.num_tokens += tokens
         self.hbm_free_bytes -= hbm_bytes
         self._load = None
-        self.node.group_load = None
 
     def release(self, tokens: int, hbm_bytes: int = 0) -> None:
         self.num_seqs -= 1
         self.num_tokens -= tokens
         self.hbm_free_bytes += hbm_bytes
         self._load = None
-        self.node.group_load = None
 
     def load(self) -> EngineLoad:
         if self._load is None:
@@ -118,7 +116,7 @@ class Node:
 
     __slots__ = (
         "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
-        "read_queue", "read_queue_tokens", "reads_active", "waiters", "group_load",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters",
     )
 
     def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
@@ -134,14 +132,6 @@ class Node:
         self.reads_active = 0
         # things blocked on this node's buffer, by id: a Node (its reader) or a PrefillGroup
         self.waiters: dict[int, Any] = {}
-        # the engines' snapshots as one tuple, rebuilt after any engine's take/release (Engine
-        # clears it); what the scheduler's view hands out (dispatch.py)
-        self.group_load: tuple[EngineLoad, ...] | None = None
-
-    def loads(self) -> tuple[EngineLoad, ...]:
-        if self.group_load is None:
-            self.group_load = tuple([e.load() for e in self.engines])
-        return self.group_load
 
     def reserve(self, nbytes: float) -> bool:
         if nbytes > self.buffer_free_bytes:
