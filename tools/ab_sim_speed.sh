@@ -1,7 +1,12 @@
 #!/bin/bash
 # Simulator speed of two revisions side by side, in one run on one machine (issue 14's check):
 #
-#   tools/ab_sim_speed.sh OLD_REV [ROUNDS] [AGENTS]      e.g. tools/ab_sim_speed.sh 5a08861 4 1024,2048
+#   tools/ab_sim_speed.sh OLD_REV [ROUNDS] [AGENTS] [PAIRED]   e.g. tools/ab_sim_speed.sh 5a08861 4 1024,2048
+#
+# PAIRED=paired runs the old and the new build at the same time, one per CPU (taskset), swapping
+# CPUs every round, and reports the median of the rounds' ratios new / old: whatever else slows
+# the machine during a round slows both alike, so the paired ratio is steadier than ratios of
+# separate runs (it needs 2 idle CPUs).
 #
 # Exports OLD_REV and the working tree's HEAD into a temporary folder, builds a compiled copy of
 # each (tools/compile_sim.py of that revision), then runs one simulation per build and agent count
@@ -13,6 +18,7 @@ set -euo pipefail
 OLD=${1:?usage: tools/ab_sim_speed.sh OLD_REV [ROUNDS] [AGENTS]}
 ROUNDS=${2:-4}
 AGENTS=${3:-1024,2048}
+PAIRED=${4:-}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$REPO/.venv/bin/python}
 WORK=$(mktemp -d -t dualpath-ab-XXXXXX)
@@ -24,11 +30,23 @@ for side in old new; do
   cp -r "$WORK/$side/src" "$WORK/${side}_c"
   "$PY" "$WORK/$side/tools/compile_sim.py" --src "$WORK/${side}_c" > "$WORK/${side}_c.log" 2>&1
 done
+src_of() { [ -d "$WORK/$1/src" ] && echo "$WORK/$1/src" || echo "$WORK/$1"; }
 for round in $(seq 1 "$ROUNDS"); do
-  for t in old_c new_c old new; do
-    src=$([ -d "$WORK/$t/src" ] && echo "$WORK/$t/src" || echo "$WORK/$t")
+  for pair in "old_c new_c" "old new"; do
     for n in ${AGENTS//,/ }; do
-      PYTHONPATH=$src "$PY" "$REPO/tools/sim_speed_driver.py" "$n" >> "$WORK/r_${t}.jsonl"
+      if [ "$PAIRED" = paired ]; then
+        set -- $pair
+        cpu_old=$((round % 2)); cpu_new=$((1 - round % 2))
+        PYTHONPATH=$(src_of $1) taskset -c $cpu_old "$PY" "$REPO/tools/sim_speed_driver.py" "$n" > "$WORK/p_$1" &
+        PYTHONPATH=$(src_of $2) taskset -c $cpu_new "$PY" "$REPO/tools/sim_speed_driver.py" "$n" > "$WORK/p_$2" &
+        wait
+        cat "$WORK/p_$1" >> "$WORK/r_$1.jsonl"
+        cat "$WORK/p_$2" >> "$WORK/r_$2.jsonl"
+      else
+        for t in $pair; do
+          PYTHONPATH=$(src_of $t) "$PY" "$REPO/tools/sim_speed_driver.py" "$n" >> "$WORK/r_${t}.jsonl"
+        done
+      fi
     done
   done
 done
@@ -43,13 +61,14 @@ for f in sorted(glob.glob(f"{work}/r_*.jsonl")):
         runs.setdefault((build, row["agents"]), []).append(row)
         jct.setdefault(row["agents"], set()).add(row["jct_s"])
 assert all(len(v) == 1 for v in jct.values()), f"builds disagree on JCT: {jct}"
-print("| build | agents | time | old s | new s | best new / best old | median new / median old |")
-print("|---|---|---|---|---|---|---|")
+print("| build | agents | time | old s | new s | best new / best old | median new / median old | median of round ratios |")
+print("|---|---|---|---|---|---|---|---|")
 for kind, old, new in (("compiled", "old_c", "new_c"), ("pure", "old", "new")):
     for n in sorted({a for _, a in runs}):
         for key in ("wall_s", "cpu_s"):
             o = [r[key] for r in runs[(old, n)]]
             w = [r[key] for r in runs[(new, n)]]
             print(f"| {kind} | {n} | {key[:-2]} | {' '.join(f'{x:.2f}' for x in o)} | {' '.join(f'{x:.2f}' for x in w)} "
-                  f"| {min(w) / min(o):.3f} | {statistics.median(w) / statistics.median(o):.3f} |")
+                  f"| {min(w) / min(o):.3f} | {statistics.median(w) / statistics.median(o):.3f} "
+                  f"| {statistics.median(x / y for x, y in zip(w, o)):.3f} |")
 EOF
