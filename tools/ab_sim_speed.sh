@@ -8,6 +8,12 @@
 # the machine during a round slows both alike, so the paired ratio is steadier than ratios of
 # separate runs (it needs 2 idle CPUs).
 #
+# PAIRED=callgrind counts instructions instead (valgrind --tool=callgrind, PYTHONHASHSEED=0): per
+# build and agent count, the instructions of a run less those of building the simulator
+# (sim_speed_driver.py --setup-only). Other load on the machine does not change a count, so one
+# round suffices and the ratio is exact for those instructions (not for cache misses or branch
+# prediction, which a count does not see). About 130x slower than a run: use small AGENTS (256).
+#
 # Exports OLD_REV and the working tree's HEAD into a temporary folder, builds a compiled copy of
 # each (tools/compile_sim.py of that revision), then runs one simulation per build and agent count
 # ROUNDS times in alternation (old compiled, new compiled, old pure, new pure), all timed by this
@@ -31,6 +37,24 @@ for side in old new; do
   "$PY" "$WORK/$side/tools/compile_sim.py" --src "$WORK/${side}_c" > "$WORK/${side}_c.log" 2>&1
 done
 src_of() { [ -d "$WORK/$1/src" ] && echo "$WORK/$1/src" || echo "$WORK/$1"; }
+if [ "$PAIRED" = callgrind ]; then
+  ir() {  # instructions of one driver invocation
+    PYTHONHASHSEED=0 PYTHONPATH=$(src_of $1) valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+      "$PY" "$REPO/tools/sim_speed_driver.py" "${@:2}" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+  }
+  echo "| build | agents | old instructions (run) | new instructions (run) | new / old |"
+  echo "|---|---|---|---|---|"
+  for pair in "old_c new_c" "old new"; do
+    set -- $pair
+    for n in ${AGENTS//,/ }; do
+      o=$(( $(ir $1 "$n") - $(ir $1 "$n" --setup-only) ))
+      w=$(( $(ir $2 "$n") - $(ir $2 "$n" --setup-only) ))
+      kind=$([ $1 = old_c ] && echo compiled || echo pure)
+      echo "| $kind | $n | $o | $w | $(python3 -c "print(f'{$w / $o:.4f}')") |"
+    done
+  done
+  exit 0
+fi
 for round in $(seq 1 "$ROUNDS"); do
   for pair in "old_c new_c" "old new"; do
     for n in ${AGENTS//,/ }; do

@@ -1,7 +1,11 @@
 """One simulator run, timed two ways; used by tools/ab_sim_speed.sh so that the old and the new
 revision are timed by the same code (whatever that revision's own `bench sim-speed` prints).
 
-    PYTHONPATH=SRC python tools/sim_speed_driver.py AGENTS   -> one JSON line {agents, wall_s, cpu_s, ...}
+    PYTHONPATH=SRC python tools/sim_speed_driver.py AGENTS [--setup-only]   -> one JSON line {agents, wall_s, cpu_s, ...}
+
+--setup-only builds the simulator and stops before running it: under `valgrind --tool=callgrind`
+the difference of the two instruction counts is the run's, a count no other load on the machine
+changes (tools/ab_sim_speed.sh's `callgrind` mode).
 
 cpu_s is this process's CPU time (time.process_time) inside Simulator.run(): on a shared machine it
 moves less than wall time when another process takes the core away.
@@ -25,6 +29,9 @@ def main() -> None:
                     workload=WorkloadConfig(max_len_tokens=parse_tokens("64k"), num_agents=agents, seed=1))
     trajs, arrivals = load_trajectories(cfg)
     sim = Simulator(cfg, parse_mode("dualpath"), trajs, arrivals)
+    if "--setup-only" in sys.argv[2:]:
+        print(json.dumps({"agents": agents, "setup_only": True, "build": build_kind()}))
+        return
     wall0, cpu0 = time.perf_counter(), time.process_time()
     r = sim.run()
     wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
