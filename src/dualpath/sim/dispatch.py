@@ -20,6 +20,7 @@ from ..core.phase import Phase
 from ..core.policy import PrefillThresholds
 from ..core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules
 from ..core.snapshot import EngineLoad, ReadSide
+from ..metrics.decisions import DecisionLog
 from .events import PRIO_SCHEDULE
 from .kv_io import KvIo
 from .lifecycle import SimContext, TurnLifecycle
@@ -66,6 +67,9 @@ class Dispatch:
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)
         self.view = SimView(nodes, life, ctx.io)
         self._pending = False
+        # every decision as metrics/decisions.py writes it; None (the default): not recorded
+        self.decisions: DecisionLog | None = None
+        self._first_de_engine = min(e.eid for n in nodes if not n.is_prefill for e in n.engines)
         self.policy_cpu_s = 0.0  # wall time inside scheduling passes (instrumentation, not sim time)
 
     def submit(self, req: SimRequest) -> None:
@@ -111,6 +115,10 @@ class Dispatch:
             eng.take(req.de_len_tokens, req.hbm_bytes)
             req.t_de = now
             req.side = d.side
+            if self.decisions is not None:
+                assert req.pe is not None
+                self.decisions.record(str(req.rid), now, req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
+                                      d.read_tokens)
             if d.read_tokens == 0:  # nothing to read, or a free network
                 self.life.prefill_ready(req)
             else:

@@ -23,7 +23,7 @@ from typing import Optional
 from mypy_extensions import trait
 
 from ..config import Features, SimConfig
-from .compute import ComputeModel
+from .compute import StepTimes
 from .events import EventLoop
 from .kv_io import KvIo
 from .links import Link, Network
@@ -34,7 +34,7 @@ from .state import Node, SimRequest
 class SimContext:
     loop: EventLoop  # the one clock and event queue
     net: Network  # every flow and booked byte
-    compute: ComputeModel  # seconds of forwards and decode steps
+    compute: StepTimes  # seconds of forwards and decode steps (compute.py or compute_measured.py)
     features: Features  # the mode
     cfg: SimConfig
     kv_bytes_per_token: int  # of the model, all layers

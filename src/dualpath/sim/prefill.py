@@ -57,11 +57,8 @@ class PrefillGroup:
         f = ctx.features
         sched = ctx.cfg.scheduler
         cm = ctx.compute
-        kvbpt = ctx.kv_bytes_per_token
-        # without layerwise prefill the whole batch's KV (cached and new) sits in PE HBM
-        hbm = None if f.layerwise_prefill else Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, ctx.pe_kv_hbm_bytes)
-        self.budgets = prefill_budgets(f.dualpath_scheduler, cm.attention_time_s, sched.compute_quota_s,
-                                       sched.basic_tokens_per_forward, hbm)
+        self.budgets = prefill_budgets(f.dualpath_scheduler, cm.quota_attention_s, sched.compute_quota_s,
+                                       sched.basic_tokens_per_forward, _memory_budget(ctx))
         self.pipeline = pipeline_for(f.io_free, f.layerwise_prefill)
 
     # --- 1. batch formation ----------------------------------------------------------------
@@ -303,6 +300,22 @@ class FreePipeline(Pipeline):
                 req.delivered_bytes += req.hit_tokens * kvbpt
         if fwd.pending == 0:
             g._forward_done(fwd)
+
+
+def _memory_budget(ctx: SimContext) -> Budget | None:
+    """What a PE's memory holds of a batch. Paper cluster: without layerwise prefill the whole
+    batch's KV (cached and new) sits in HBM; layerwise, a layer at a time (no limit). `local`
+    preset: the runtime's landing zone holds the batch's cached KV, two layers of it when
+    layerwise, every layer otherwise (runtime/engine/prefill.py: `on_reconfigured`)."""
+    kvbpt = ctx.kv_bytes_per_token
+    layerwise = ctx.features.layerwise_prefill
+    if ctx.cfg.local is not None:
+        layers = ctx.cfg.cluster.model_spec.num_layers
+        depth = min(2, layers) if layerwise else layers
+        return Budget("landing_bytes", lambda c, n: c * kvbpt * depth / layers, ctx.pe_kv_hbm_bytes)
+    if layerwise:
+        return None
+    return Budget("hbm_bytes", lambda c, n: (c + n) * kvbpt, ctx.pe_kv_hbm_bytes)
 
 
 def pipeline_for(io_free: bool, layerwise: bool) -> Pipeline:

@@ -31,7 +31,7 @@ from ..core.request import usable_hit_tokens
 from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
 from ..metrics import TurnRecorder
-from .compute import ComputeModel
+from .compute_measured import compute_for
 from .decode import DecodeGroup
 from .dispatch import Dispatch
 from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
@@ -60,12 +60,7 @@ class Simulator(TurnLifecycle):
         self.net = Network(self.loop)
         weights = cfg.scheduler.lane_weights
         self._weights = weights
-        self.compute = ComputeModel(
-            self.model, cl.gpu_spec, cfg.compute, cl.node.gpus_per_node,
-            cl.weight_shards(cl.num_prefill_nodes), cl.weight_shards(cl.num_decode_nodes),
-        )
-        self.pe_kv_hbm_bytes = cl.kv_hbm_bytes_per_gpu(cl.num_prefill_nodes)
-        self.de_kv_hbm_bytes = cl.kv_hbm_bytes_per_gpu(cl.num_decode_nodes)
+        self.compute, self.pe_kv_hbm_bytes, self.de_kv_hbm_bytes = compute_for(cfg)  # the paper's or measured
         self.storage_egress: Link | None = (
             Link("storage_egress", cl.storage_egress_bytes_per_s, weights) if cl.storage_egress_bytes_per_s else None
         )

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ...config import DEMO_AGENTS, RuntimeConfig
 from ...core.request import TurnSpec
+from ...metrics.decisions import DecisionLog
 from ...workloads import Trajectory
 from .calibrate import Calibration, load_or_measure
 from ..clock import MonotonicClock
@@ -110,11 +111,16 @@ def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = F
 
 
 async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
-                       on_turn: Callable[[int, Mapping[str, int]], None] | None = None, cold: bool = False) -> dict[str, Any]:
+                       on_turn: Callable[[int, Mapping[str, int]], None] | None = None, cold: bool = False,
+                       record_decisions: bool = False) -> dict[str, Any]:
+    """`record_decisions`: the result's "decisions" holds the scheduler's decisions
+    (metrics/decisions.py) with times from the replay's start."""
     cfg = cluster.cfg
     clock = MonotonicClock()
     router = cluster.router
     vocab = router.tokenizer.vocab_size
+    if record_decisions:
+        router.metrics.decisions = DecisionLog(router.clock.now_s())
     t0 = time.perf_counter()
     cb = None if on_turn is None else (lambda n: on_turn(n, storage_read_bytes(router)))  # turns done, bytes per node
     records = await replay_trajectories(router, trajectories, [0.0] * len(trajectories), vocab, clock, cfg.seed, cb, cold)
@@ -133,6 +139,9 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
         for e, c in sorted(counters.items())
     }
     result["engine_busy_s"] = {str(e): c.busy_s for e, c in sorted(counters.items())}
+    if record_decisions:
+        result["decisions"] = [asdict(d) for d in router.metrics.decisions.decisions]
+        result["ttft_samples_s"] = [r.first_s - r.arrival_s for r in records]
     return result
 
 
@@ -140,7 +149,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    model: str = "smollm2-135m", seed: int = 0,
                    on_turn: Callable[[str, int, int, Mapping[str, int]], None] | None = None,
                    num_agents: int = DEMO_AGENTS, rounds: int | None = None, device: str = "cpu",
-                   plan: DemoPlan | None = None, cold_rounds: int = 0) -> dict:
+                   plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False) -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
     `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates."""
@@ -161,7 +170,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
             if i:
                 await cluster.switch_mode(mode)
             cb = None if on_turn is None else (lambda n, snic, m=mode: on_turn(m, n, total, snic))
-            runs.append(await run_workload(cluster, trajectories, cb, cold=bool(cold_rounds)))
+            runs.append(await run_workload(cluster, trajectories, cb, cold=bool(cold_rounds), record_decisions=record_decisions))
     for r in runs:  # the DE path must not slow the PE's forward: its busy seconds per turn, side by side
         r["pe_busy_s_per_turn"] = r["engine_busy_s"].get("0", 0.0) / max(1, r["num_turns"])
     cal = plan.calibration

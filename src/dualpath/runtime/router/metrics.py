@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...metrics import turn_latencies
+from ...metrics.decisions import DecisionLog
 from ...metrics.prometheus import Family, Sample, family, summary_samples
 from ..protocol import Counters
-
-
 
 @dataclass(frozen=True, slots=True)
 class QueueGauges:
@@ -40,6 +39,9 @@ class RouterMetrics:
         self.engine_counters: dict[int, Counters] = {}
         self.num_cancelled = 0
         self.started_s = clock.now_s()
+        # metrics/decisions.py; None (the default): not recorded. engine id -> index within its role
+        self.decisions: DecisionLog | None = None
+        self.engine_index: dict[int, int] = {}
 
     def arrived(self, rid: int) -> None:
         self.reqs[rid] = _Req(self.clock.now_s())
@@ -47,8 +49,11 @@ class RouterMetrics:
     def pe_assigned(self, rid: int) -> None:
         pass
 
-    def de_assigned(self, rid: int) -> None:
-        pass
+    def de_assigned(self, rr: Any, side: int, read_tokens: int) -> None:
+        """A pass chose the DE and read side of `rr` (a RouterRequest): the decision log's line."""
+        if self.decisions is not None:
+            self.decisions.record(rr.req.request_id, self.clock.now_s(), self.engine_index[rr.pe.engine],
+                                  self.engine_index[rr.de.engine], side, read_tokens)
 
     def placed(self, rid: int, hit_tokens: int, side: int) -> None:
         r = self.reqs[rid]

@@ -118,6 +118,7 @@ class Router:
         forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
         rules = SchedulerRules(thresholds, self.features.dualpath_scheduler, self.features.de_read_path, cfg.scheduler.z_factor, forced)
         self.scheduler = GlobalScheduler(pes, des, rules)
+        self.metrics.engine_index = {e: i for ids in (pes, des) for i, e in enumerate(ids)}
         while self.unscheduled:
             rr = self.unscheduled.popleft()
             self.scheduler.submit(rr.qview, rr)
@@ -230,7 +231,7 @@ class Router:
             rr.read_charged_tokens = d.read_tokens
             rr.side_engine.read_queue_tokens += d.read_tokens
             self.placing.append(rr)
-            self.metrics.de_assigned(rr.rid)
+            self.metrics.de_assigned(rr, int(d.side), d.read_tokens)
 
     # --- 3. placement and assignment ----------------------------------------------------------------
     def _place(self) -> None:

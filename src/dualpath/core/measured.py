@@ -1,0 +1,48 @@
+"""A machine described by measurement instead of by its datasheet: the simulator's `local` preset.
+
+The runtime's compute profile (runtime/apps/calibrate.py: `dualpath calibrate`) fits an engine's
+step times on this machine, with the model, device and thread count it really uses:
+
+    prefill_s(n, c) = prefill_fixed_s + prefill_per_token_s * n + prefill_per_key_s * keys(n, c)
+    decode_s(b, c)  = decode_fixed_s + decode_per_seq_s * b + decode_per_key_s * b * c
+
+keys(n, c) = n * c + n * (n + 1) / 2: the (query, key) pairs of n new tokens over c cached ones,
+causal. A forward of several requests adds their tokens and keys (one fixed cost per forward);
+a decode step adds its sequences' contexts. The rest is what the runtime is configured with: the
+compute quota's attention work (RuntimeConfig.quota_attention_flops_per_s), a PE's landing zone,
+a DE's KV-cache capacity. Nothing here is fitted to a run of the system it predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def causal_keys(new_tokens: int, cached_tokens: int) -> float:
+    """(query, key) pairs of `new_tokens` over `cached_tokens` cached ones, causal."""
+    n = new_tokens
+    return n * cached_tokens + n * (n + 1) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredMachine:
+    prefill_fixed_s: float  # per forward
+    prefill_per_token_s: float  # per new token
+    prefill_per_key_s: float  # per (query, key) pair
+    decode_fixed_s: float  # per step
+    decode_per_seq_s: float  # per sequence in the step
+    decode_per_key_s: float  # per (sequence, context token)
+    quota_attention_flops_per_s: float  # the runtime's quota: compute_quota_s of attention at this rate
+    attention_flops_per_key: float  # the model's attention FLOPs per (query, key) pair, all layers
+    pe_landing_bytes: float  # a PE's landing zone ("HBM") for the batch's cached KV
+    de_kv_tokens: int  # a DE's KV cache ("HBM") in tokens
+    source: str  # where the numbers come from (profile file, measurement command)
+
+    def __post_init__(self) -> None:
+        for name in ("quota_attention_flops_per_s", "attention_flops_per_key", "pe_landing_bytes", "de_kv_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+    def prefill_s(self, new_tokens: int, cached_tokens: int) -> float:
+        return (self.prefill_fixed_s + self.prefill_per_token_s * new_tokens
+                + self.prefill_per_key_s * causal_keys(new_tokens, cached_tokens))

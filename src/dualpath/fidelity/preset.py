@@ -1,0 +1,52 @@
+"""The simulator's `local` preset: the local runtime cluster as the simulator sees it.
+
+Every value is what the runtime really is or measured without looking at a run of it:
+  - step times: the compute profile of this machine (runtime/apps/calibrate.py, the file the demo
+    reads; `dualpath calibrate` prints it), a fit of prefill and decode step times;
+  - the emulated SNIC and CNIC rates of the run (runtime/apps/emulation.py), one engine per node;
+  - the runtime config: block size, host buffers, the PE landing zone, the DE's KV tokens, the
+    scheduler config (alpha, beta, quota, basic batch, lane weights), the quota's attention rate;
+  - the model's KV bytes per token and attention FLOPs (core/models.py, checked against the
+    runtime's loader by tests/sim/test_local_preset.py);
+  - storage reads: one reader per node, strict FIFO (the engine's reader thread).
+Not modelled (so counted in the reported error, not tuned away): per-message and per-copy
+overheads of the runtime's processes, the DE's decode batch cap (RuntimeConfig.max_decode_batch),
+the time a persist takes before a later lookup sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..config import ClusterConfig, RuntimeConfig, SimConfig, WorkloadConfig
+from ..core.hardware import NodeSpec
+from ..core.measured import MeasuredMachine
+from ..core.models import get_model
+from ..errors import InputError
+
+
+def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, source: str,
+                     max_len_tokens: int = 65536) -> SimConfig:
+    """`profile`: a runtime ComputeProfile (prefill_fit, decode_fit: fixed_s, per_item_s, per_key_s)."""
+    if runtime.snic_bytes_per_s is None or runtime.cnic_rate is None:
+        raise InputError("the local preset needs emulated SNIC and CNIC rates (a run at real speed has no rate to model)")
+    try:
+        model = get_model(runtime.model)
+    except KeyError:
+        raise InputError(f"model {runtime.model!r} has no simulator spec (core/models.py)") from None
+    if model.kv_bytes_per_token != kv_bytes_per_token:
+        raise InputError(f"{runtime.model}: the simulator's spec holds {model.kv_bytes_per_token} KV bytes per token, the "
+                         f"runtime {kv_bytes_per_token} (kv_dtype {runtime.kv_dtype}); the preset assumes float32 KV")
+    node = NodeSpec(gpus_per_node=1, cnic_bytes_per_s=runtime.cnic_rate, snic_bytes_per_s=runtime.snic_bytes_per_s,
+                    dram_buffer_bytes=float(runtime.host_buffer_bytes), storage_read_bytes_per_s=None)
+    cluster = ClusterConfig(model=model.name, num_prefill_nodes=runtime.num_prefill, num_decode_nodes=runtime.num_decode,
+                            node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
+                            expert_parallel=False)
+    pf, df = profile.prefill_fit, profile.decode_fit
+    machine = MeasuredMachine(
+        prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,
+        decode_fixed_s=df.fixed_s, decode_per_seq_s=df.per_item_s, decode_per_key_s=df.per_key_s,
+        quota_attention_flops_per_s=runtime.quota_attention_flops_per_s, attention_flops_per_key=model.attn_flops_per_key,
+        pe_landing_bytes=float(runtime.pe_hbm_bytes), de_kv_tokens=runtime.de_kv_tokens, source=source)
+    return SimConfig(cluster=cluster, scheduler=replace(runtime.scheduler), local=machine,
+                     workload=WorkloadConfig(max_len_tokens=max_len_tokens))

@@ -1,0 +1,109 @@
+"""The scheduling decisions of a run, written the same way by both worlds (issue: the simulator
+predicts the real system; `dualpath fidelity` compares the two logs request by request).
+
+A decision is complete when a pass picks a request's DE and read side (its PE was picked by an
+earlier or the same pass, PAPER.md 3.1-3.4). One JSON object per line:
+
+    {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920}
+
+- `request`: the request's name: `a<agent>t<turn>` for a trajectory turn (the simulator's
+  `RequestId`, the runtime replay's request id), `m<index>` for a Mooncake record.
+- `t_s`: seconds since the log was opened (the run's start: the simulator's t = 0; the runtime's
+  clock when the replay began).
+- `pe`, `de`: the engine's index among the engines of its role, in id order (0-based), the same
+  numbering in both worlds (the simulator's engine ids count GPUs over nodes; the runtime's one
+  engine per node).
+- `side`: "prefill" or "decode"; `hit_tokens`: the tokens the pass counted in that side's read
+  queue (0: nothing to read).
+
+Lines appear in decision order (within one pass, the pass's order).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..errors import InputError
+
+_SIDES = ("prefill", "decode")  # by ReadSide value
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    request: str
+    t_s: float
+    pe: int
+    de: int
+    side: str
+    hit_tokens: int
+
+
+class DecisionLog:
+    """Decisions in memory; `write_jsonl` at the end of a run. `t0_s`: the clock's time at the start."""
+
+    def __init__(self, t0_s: float = 0.0) -> None:
+        self.t0_s = t0_s
+        self.decisions: list[Decision] = []
+
+    def record(self, request: str, now_s: float, pe: int, de: int, side: int, hit_tokens: int) -> None:
+        self.decisions.append(Decision(request, now_s - self.t0_s, pe, de, _SIDES[side], hit_tokens))
+
+    def write_jsonl(self, path: str | Path) -> None:
+        write_decisions(path, self.decisions)
+
+
+def write_decisions(path: str | Path, decisions: Iterable[Decision]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8") as f:
+        for d in decisions:
+            f.write(json.dumps(asdict(d), separators=(",", ":")) + "\n")
+
+
+def read_decisions(path: str | Path) -> list[Decision]:
+    from ..workloads.jsonl import jsonl_objects
+
+    out = []
+    for obj, where, _ in jsonl_objects(path, "decision log"):
+        try:
+            d = Decision(**obj)
+        except TypeError as e:
+            raise InputError(f"{where}: not a decision ({e})") from None
+        if d.side not in _SIDES:
+            raise InputError(f"{where}: side must be prefill or decode, got {d.side!r}")
+        out.append(d)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """How often two logs of the same work decided alike, over the requests both decided."""
+
+    num_common: int  # requests in both logs
+    num_only_a: int
+    num_only_b: int
+    same_side: float  # fraction of common requests read on the same side
+    same_pe: float
+    same_de: float
+    same_hit: float  # fraction with equal hit tokens
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def agreement(a: Sequence[Decision], b: Sequence[Decision]) -> Agreement:
+    """Match by request name (a name decided twice keeps its last decision: a retried request)."""
+    da = {d.request: d for d in a}
+    db = {d.request: d for d in b}
+    common = sorted(da.keys() & db.keys())
+    n = len(common)
+
+    def frac(same) -> float:
+        return sum(1 for r in common if same(da[r], db[r])) / n if n else float("nan")
+
+    return Agreement(n, len(da.keys() - db.keys()), len(db.keys() - da.keys()),
+                     frac(lambda x, y: x.side == y.side), frac(lambda x, y: x.pe == y.pe),
+                     frac(lambda x, y: x.de == y.de), frac(lambda x, y: x.hit_tokens == y.hit_tokens))

@@ -1,0 +1,55 @@
+"""Step times measured on this machine (core/measured.py): the `local` preset's compute model.
+
+One engine per node (a node's "GPU" is the engine process): a forward takes the fixed cost, the
+new tokens and the attention keys of its entries; a decode step the fixed cost and, per running
+sequence, its per-sequence cost and its context. The compute quota counts attention FLOPs at the
+runtime's quota rate, as the runtime's PE does (runtime/engine/prefill.py: `attention_flops`), so
+both worlds form the same batches.
+"""
+
+from __future__ import annotations
+
+from ..config import SimConfig
+from ..core.measured import MeasuredMachine, causal_keys
+from .compute import ComputeModel, StepTimes
+
+
+class MeasuredCompute(StepTimes):
+    def __init__(self, machine: MeasuredMachine) -> None:
+        self.m = machine
+        self._quota_s_per_key = machine.attention_flops_per_key / machine.quota_attention_flops_per_s
+
+    def attention_time_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        return self.m.prefill_per_key_s * causal_keys(compute_tokens, cached_tokens)
+
+    def quota_attention_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        return self._quota_s_per_key * causal_keys(compute_tokens, cached_tokens)
+
+    def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
+        return self.m.prefill_fixed_s + self.m.prefill_per_token_s * total_compute_tokens + max_gpu_attention_s
+
+    def decode_request_cost(self, context_tokens: float) -> tuple[float, float]:
+        return self.m.decode_per_seq_s + self.m.decode_per_key_s * context_tokens, 0.0
+
+    def decode_step_s(self, max_gpu_attention_s: float, total_requests: int) -> float:
+        return self.m.decode_fixed_s + max_gpu_attention_s
+
+    def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
+        return max(attn_compute_s)
+
+    def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
+        attn = self.attention_time_s(context_tokens - miss_tokens, miss_tokens) * batch_requests
+        return context_tokens * batch_requests / self.prefill_forward_s(attn, miss_tokens * batch_requests)
+
+
+def compute_for(cfg: SimConfig) -> tuple[StepTimes, float, float]:
+    """The run's compute model and (PE, DE) HBM bytes for KV per GPU, chosen once: measured step
+    times, a landing zone and a KV cache in tokens for the `local` preset; the paper cluster's
+    FLOPs model and the GPU's HBM less its weight shard otherwise."""
+    cl = cfg.cluster
+    if cfg.local is not None:
+        kvbpt = cl.model_spec.kv_bytes_per_token
+        return MeasuredCompute(cfg.local), cfg.local.pe_landing_bytes, float(cfg.local.de_kv_tokens * kvbpt)
+    compute = ComputeModel(cl.model_spec, cl.gpu_spec, cfg.compute, cl.node.gpus_per_node,
+                           cl.weight_shards(cl.num_prefill_nodes), cl.weight_shards(cl.num_decode_nodes))
+    return compute, cl.kv_hbm_bytes_per_gpu(cl.num_prefill_nodes), cl.kv_hbm_bytes_per_gpu(cl.num_decode_nodes)

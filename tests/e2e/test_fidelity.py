@@ -1,0 +1,59 @@
+"""`dualpath fidelity` on the tiny model and workload: the report's structure, errors computed from
+the two runs (recomputed here from the values the report holds), decision logs of both worlds,
+and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from dualpath.fidelity.compare import GOALS
+from dualpath.metrics.decisions import Decision, agreement
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dualpath.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fid") / "f.json"
+    p = _cli("fidelity", "--workload", "tiny", "--model", "tiny", "--repeat", "2", "--mode", "basic", "--mode", "dualpath",
+             "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_report_structure_and_errors_come_from_the_runs(report):
+    assert set(report["modes"]) == {"basic", "dualpath"}
+    for mode, r in report["modes"].items():
+        for name, m in r["metrics"].items():
+            if name == "snic_utilisation":
+                continue
+            assert len(m["runtime_runs"]) == 2
+            mean = sum(m["runtime_runs"]) / 2
+            assert m["runtime_mean"] == pytest.approx(mean)
+            err = m["rel_error"]  # JSON null: infinite (the runtime's value is 0, the simulator's not)
+            if mean:
+                assert err == pytest.approx(m["sim"] / mean - 1)
+            else:
+                assert (err is None) == (m["sim"] != 0)
+            if name in GOALS:
+                assert m["met"] == (err is not None and abs(err) <= GOALS[name])
+        logs = r["decision_logs"]
+        sim = [Decision(**d) for d in logs["sim"]]
+        real = [[Decision(**d) for d in log] for log in logs["runtime"]]
+        assert len(sim) == report["num_turns"] and all(len(log) == report["num_turns"] for log in real)
+        assert r["decisions"]["vs_sim"][0]["same_side"] == agreement(real[0], sim).same_side
+        assert not math.isnan(r["metrics"]["jct_s"]["sim"])
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args, needle in ((("--workload", "nope"), "unknown workload"), (("--repeat", "0"), "--repeat")):
+        p = _cli("fidelity", "--model", "tiny", *args, timeout=300)
+        assert p.returncode == 2, p.stderr[-2000:]
+        assert needle in p.stderr and "Traceback" not in p.stderr

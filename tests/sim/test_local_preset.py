@@ -1,0 +1,107 @@
+"""The simulator's `local` preset (core/measured.py, sim/compute_measured.py, fidelity/preset.py):
+measured step times drive forwards and decode steps; the runtime's models have specs that match
+the runtime's loader; the budgets follow the runtime's rules."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dualpath.config import RuntimeConfig, parse_mode
+from dualpath.core.measured import MeasuredMachine, causal_keys
+from dualpath.core.models import SMOLLM2_135M, TINY
+from dualpath.core.request import TurnSpec
+from dualpath.errors import InputError
+from dualpath.fidelity.preset import local_sim_config
+from dualpath.metrics.decisions import DecisionLog
+from dualpath.sim.compute_measured import MeasuredCompute
+from dualpath.sim.simulator import Simulator
+from dualpath.workloads import Trajectory
+
+
+def _machine(**kw) -> MeasuredMachine:
+    base = dict(prefill_fixed_s=0.01, prefill_per_token_s=1e-4, prefill_per_key_s=1e-7, decode_fixed_s=0.005,
+                decode_per_seq_s=1e-3, decode_per_key_s=1e-6, quota_attention_flops_per_s=640e12,
+                attention_flops_per_key=TINY.attn_flops_per_key, pe_landing_bytes=64 * 2**20, de_kv_tokens=32768,
+                source="test")
+    base.update(kw)
+    return MeasuredMachine(**base)
+
+
+def test_measured_compute_is_the_profile_fit():
+    m = _machine()
+    cm = MeasuredCompute(m)
+    # one entry of 64 new tokens over 128 cached: fixed + tokens + keys
+    attn = cm.attention_time_s(128, 64)
+    assert attn == pytest.approx(1e-7 * (64 * 128 + 64 * 65 / 2))
+    assert cm.prefill_forward_s(attn, 64) == pytest.approx(m.prefill_s(64, 128))
+    # decode: fixed + per sequence + per context token, summed over the batch
+    costs = [cm.decode_request_cost(c)[0] for c in (100, 300)]
+    one_gpu = cm.max_gpu_attention_s([sum(costs)], [0.0])  # one engine per node: every sequence on it
+    assert cm.decode_step_s(one_gpu, 2) == pytest.approx(0.005 + 2 * 1e-3 + 1e-6 * 400)
+    # the quota counts attention FLOPs at the runtime's quota rate
+    assert cm.quota_attention_s(128, 64) == pytest.approx(TINY.attn_flops_per_key * causal_keys(64, 128) / 640e12)
+
+
+@pytest.mark.parametrize("spec,name", [(TINY, "tiny"), (SMOLLM2_135M, "smollm2-135m")])
+def test_model_specs_match_the_runtime_loader(spec, name):
+    from dualpath.runtime.model import load_model
+
+    try:
+        c = load_model(name, device="cpu").model.config
+    except Exception as e:  # the SmolLM2 wheel is a runtime extra
+        pytest.skip(f"{name} not loadable here: {e}")
+    assert spec.num_layers == c.num_layers
+    assert spec.kv_bytes_per_token_per_layer == c.kv_bytes_per_token_per_layer(__import__("torch").float32)
+    assert spec.attn_flops_per_key == 4 * c.num_heads * c.head_dim * c.num_layers
+
+
+def _profile(machine: MeasuredMachine):
+    fit = SimpleNamespace
+    return SimpleNamespace(prefill_fit=fit(fixed_s=machine.prefill_fixed_s, per_item_s=machine.prefill_per_token_s,
+                                           per_key_s=machine.prefill_per_key_s),
+                           decode_fit=fit(fixed_s=machine.decode_fixed_s, per_item_s=machine.decode_per_seq_s,
+                                          per_key_s=machine.decode_per_key_s))
+
+
+def test_preset_carries_the_runtime_config():
+    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=5e6, pe_hbm_bytes=2**20, de_kv_tokens=4096, host_buffer_bytes=2**24)
+    cfg = local_sim_config(rt, _profile(_machine()), TINY.kv_bytes_per_token, "test")
+    node = cfg.cluster.node
+    assert (node.gpus_per_node, node.snic_read_bytes_per_s, node.cnic_bytes_per_s) == (1, 5e6, 8 * 5e6)
+    assert cfg.local.pe_landing_bytes == 2**20 and cfg.local.de_kv_tokens == 4096
+    assert cfg.scheduler.basic_tokens_per_forward == rt.scheduler.basic_tokens_per_forward
+    with pytest.raises(InputError, match="emulated SNIC"):
+        local_sim_config(RuntimeConfig(model="tiny"), _profile(_machine()), TINY.kv_bytes_per_token, "test")
+    with pytest.raises(InputError, match="KV bytes per token"):
+        local_sim_config(rt, _profile(_machine()), 2 * TINY.kv_bytes_per_token, "test")
+
+
+def _run(mode: str, machine: MeasuredMachine, rounds: int = 4):
+    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=2e6, pe_hbm_bytes=int(machine.pe_landing_bytes), de_kv_tokens=4096)
+    cfg = local_sim_config(rt, _profile(machine), TINY.kv_bytes_per_token, "test")
+    trajs = [Trajectory(a, (TurnSpec(126, 3),) + (TurnSpec(61, 3),) * (rounds - 1)) for a in range(3)]
+    sim = Simulator(cfg, parse_mode(mode), trajs, [0.0] * 3)
+    sim.driver.decisions = log = DecisionLog()
+    return sim.run(), log.decisions, sim
+
+
+def test_a_local_run_is_timed_by_the_machine_and_logs_every_decision():
+    fast, _, _ = _run("dualpath", _machine())
+    slow, log, sim = _run("dualpath", _machine(prefill_fixed_s=0.1))
+    assert slow["jct_s"] > fast["jct_s"] + 0.1  # a slower forward slows the run
+    assert sorted(d.request for d in log) == sorted(f"a{a}t{t}" for a in range(3) for t in range(4))
+    assert all(d.pe == 0 and d.de == 0 for d in log)  # 1P1D: index 0 of each role
+    hits = {d.request: d.hit_tokens for d in log}
+    assert hits["a0t0"] == 0 and hits["a0t1"] == 128  # 126 + 2 generated tokens' KV = 2 full blocks
+    assert [d.t_s for d in log] == sorted(d.t_s for d in log)
+    sim.check_invariants()
+
+
+def test_the_landing_zone_budget_chunks_a_basic_forward():
+    """Basic mode (not layerwise) holds every layer of the batch's cached KV in the landing zone:
+    a zone smaller than one request's cached KV makes the PE take fewer requests per forward."""
+    roomy, _, a = _run("basic", _machine(pe_landing_bytes=64 * 2**20))
+    tight, _, b = _run("basic", _machine(pe_landing_bytes=TINY.kv_bytes_per_token * 200))
+    assert b.prefill_groups[0].num_forwards > a.prefill_groups[0].num_forwards
