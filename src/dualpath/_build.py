@@ -40,6 +40,7 @@ COMPILED_MODULES = (
     "dualpath/sim/compute_measured.py",
     "dualpath/sim/decode.py",
     "dualpath/sim/events.py",
+    "dualpath/sim/hits.py",
     "dualpath/sim/kv_io.py",
     "dualpath/sim/lifecycle.py",
     "dualpath/sim/links.py",

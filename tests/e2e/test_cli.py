@@ -48,12 +48,12 @@ def test_malformed_trace_line_names_the_line(tmp_path):
     assert "Traceback" not in p.stderr
 
 
-def test_sim_refuses_a_mooncake_trace_as_trajectories_naming_the_format(tmp_path):
-    f = tmp_path / "mc.jsonl"
-    f.write_text('{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}\n')
+def test_sim_refuses_a_workload_file_of_neither_format_naming_the_keys(tmp_path):
+    f = tmp_path / "other.jsonl"
+    f.write_text('{"prompt": "hello"}\n')
     p = cli("sim", "--trajectories", str(f), "--agents", "1", "--quiet")
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "is a Mooncake trace" in p.stderr and "dualpath run" in p.stderr
+    assert "unknown workload format" in p.stderr and "'hash_ids'" in p.stderr
 
 
 def test_max_len_smaller_than_a_first_round_is_a_clear_error(tmp_path):

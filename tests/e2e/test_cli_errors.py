@@ -29,21 +29,19 @@ def long_dir(tmp_path, min_chars=200):
 
 
 @pytest.mark.parametrize("columns", [None, 40, 80])
-def test_mooncake_as_trajectories_is_one_line_from_a_200_char_directory(tmp_path, columns):
+def test_a_mooncake_trace_error_is_one_line_from_a_200_char_directory(tmp_path, columns):
     d = long_dir(tmp_path)
     (d / "mc.jsonl").write_text(MOONCAKE_LINE)
-    p = cli("sim", "--trajectories", str(d / "mc.jsonl"), "--agents", "1", "--quiet", cwd=d, columns=columns)
+    p = cli("sim", "--trajectories", str(d / "mc.jsonl"), "--max-len", "512", "--quiet", cwd=d, columns=columns)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.splitlines() == [
-        f"error: {d / 'mc.jsonl'} is a Mooncake trace (open-loop requests with timestamps); `sim --trajectories` "
-        "takes agent trajectory JSONL (docs/structure.md); `dualpath run` replays Mooncake traces on the local cluster"]
+    assert p.stderr.splitlines() == [f"error: {d / 'mc.jsonl'}: no request fits --max-len 512 (input + output tokens)"]
 
 
 def test_a_long_input_error_is_one_line_at_40_columns(tmp_path):
     missing = long_dir(tmp_path) / "missing.jsonl"
     p = cli("sim", "--trajectories", str(missing), "--agents", "1", "--quiet", columns=40)
     assert p.returncode == 2
-    assert p.stderr.splitlines() == [f"error: trajectory file not found: {missing}"]
+    assert p.stderr.splitlines() == [f"error: workload file not found: {missing}"]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -78,7 +76,7 @@ def test_an_error_on_a_terminal_is_one_line_too(tmp_path):
         chunks.append(chunk)
     os.close(leader)
     text = b"".join(chunks).decode()
-    assert text.splitlines() == [f"error: trajectory file not found: {missing}"]
+    assert text.splitlines() == [f"error: workload file not found: {missing}"]
 
 
 def test_error_line_joins_embedded_line_breaks():

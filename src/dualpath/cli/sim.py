@@ -36,13 +36,10 @@ def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, s
     )
     if trajectories is not None:
         if not trajectories.is_file():
-            raise InputError(f"trajectory file not found: {trajectories}")
-        from ..workloads import WorkloadFormat, detect_format
+            raise InputError(f"workload file not found: {trajectories}")
+        from ..workloads import detect_format
 
-        if detect_format(trajectories) is WorkloadFormat.MOONCAKE:
-            raise InputError(f"{trajectories} is a Mooncake trace (open-loop requests with timestamps); "
-                             "`sim --trajectories` takes agent trajectory JSONL (docs/structure.md); "
-                             "`dualpath run` replays Mooncake traces on the local cluster")
+        detect_format(trajectories)  # neither format: a one-line error before anything runs
     return SimConfig(cluster=cluster, workload=workload)
 
 
@@ -50,11 +47,15 @@ def sim(
     model: Annotated[str, typer.Option(help="ds-v3.2-660b, ds-27b, qwen2.5-32b, ...")] = "ds-v3.2-660b",
     pd: Annotated[Optional[str], typer.Option(help="P/D shape, e.g. 2P4D (default: the paper's for the model)")] = None,
     max_len: Annotated[str, typer.Option(help="trajectory MaxLen, e.g. 64k")] = "64k",
-    agents: Annotated[int, typer.Option(help="number of agents")] = 1024,
+    agents: Annotated[int, typer.Option(help="number of agents (generated, or the first of a trajectory file)")] = 1024,
     mode: Annotated[Optional[list[str]], typer.Option(help="basic | dualpath | oracle | basic+layerwise[+de_read][+scheduler]; repeat")] = None,
     seed: Annotated[int, typer.Option(help="workload seed")] = 1,
     aps: Annotated[Optional[float], typer.Option(help="online: Poisson agent arrivals per second (default: offline)")] = None,
-    trajectories: Annotated[Optional[Path], typer.Option(help="trajectory JSONL instead of the generator")] = None,
+    trajectories: Annotated[Optional[Path], typer.Option(
+        "--trajectories", "--trace",
+        help="trajectory JSONL or a Mooncake trace (auto-detected) instead of the generator")] = None,
+    limit: Annotated[int, typer.Option(help="Mooncake: the first N requests that fit --max-len (as `dualpath run`)")] = 8,
+    time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps (as `dualpath run`)")] = 1.0,
     append_scale: Annotated[float, typer.Option(help="multiply every round's append (Fig. 9)")] = 1.0,
     gen_scale: Annotated[float, typer.Option(help="multiply every round's generation (Fig. 9)")] = 1.0,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
@@ -63,9 +64,12 @@ def sim(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
     turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
 ) -> None:
-    """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode."""
-    from ..sim.runner import plot_runs, run_modes, write_json
+    """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode.
 
+    A Mooncake trace is replayed open loop, as `dualpath run` replays it (sim/runner.py)."""
+    from ..sim.runner import TraceReplay, plot_runs, run_modes, write_json
+
+    replay = TraceReplay(time_scale, limit)
     modes = mode or ["basic", "dualpath", "oracle"]
     for m in modes:
         parse_mode(m)
@@ -73,10 +77,10 @@ def sim(
     if turns is not None:
         turns.parent.mkdir(parents=True, exist_ok=True)
     if quiet:
-        result = run_modes(cfg, modes, turns_csv=turns)
+        result = run_modes(cfg, modes, turns_csv=turns, replay=replay)
     else:
         with reporter("sim", "agents", console) as progress:
-            result = run_modes(cfg, modes, progress.update, turns_csv=turns)
+            result = run_modes(cfg, modes, progress.update, turns_csv=turns, replay=replay)
     print_runs(result, "simulated runs", 1e12, "TB", SIM_COLUMNS)
     if turns is not None:
         console.print(f"wrote {turns}")
@@ -84,7 +88,7 @@ def sim(
         write_json(result, json_path)
         console.print(f"wrote {json_path}")
     if plot:
-        plot_runs(result, plot, f"{cfg.cluster.model} {cfg.cluster.pd} {max_len} {agents} agents")
+        plot_runs(result, plot, f"{cfg.cluster.model} {cfg.cluster.pd} {max_len} {result['runs'][0]['num_agents']} agents")
         console.print(f"wrote {plot}")
 
 

@@ -1,7 +1,14 @@
 """Run the simulator for a config and a list of modes; JSON result and a plot.
 
 JSON layout (the runtime's `dualpath demo` writes the same keys): `config` (the resolved config
-tree), `workload` (its Table-2 statistics), `runs` (one object per mode; see results.py).
+tree), `workload` (its Table-2 statistics; for a Mooncake trace `mooncake_stats` of the replayed
+requests, with the replay's `time_scale` and `limit`), `runs` (one object per mode; see results.py).
+
+The workload file (`workload.trajectory_file`) is trajectory JSONL or a Mooncake trace, told
+apart by `workloads.detect_format`. A trace is replayed open loop as `dualpath run` replays it
+(`runtime/apps/run.py:run_trace`, `replay.py:replay_mooncake`): the first `limit` records with
+input + output <= max_len, each a one-turn agent (`sim.hits.TraceRequest`) arriving at
+(timestamp - first timestamp) * time_scale; hits come from a simulated store (`sim.hits.StoreHits`).
 """
 
 from __future__ import annotations
@@ -9,14 +16,70 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..config import SimConfig, parse_mode
 from ..errors import InputError
+from .hits import TraceRequest
 from .simulator import Simulator
 
 Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceReplay:
+    """How a Mooncake trace is replayed: `dualpath run`'s options, meanings and defaults
+    (cli/runtime.py:run)."""
+
+    time_scale: float = 1.0  # request i arrives at (timestamp_i - first timestamp) * time_scale, s
+    limit: int = 8  # replay the first `limit` records whose input + output tokens fit max_len
+
+    def __post_init__(self) -> None:
+        if not self.time_scale >= 0:  # also refuses NaN
+            raise InputError(f"--time-scale must be >= 0, got {self.time_scale}")
+        if self.limit <= 0:
+            raise InputError(f"--limit must be positive, got {self.limit}")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    agents: tuple[Any, ...]  # Trajectory, or TraceRequest (one-turn agents of a trace)
+    arrivals_s: tuple[float, ...]  # one per agent, simulated seconds
+    stats: dict[str, Any]  # the result's `workload` block
+
+
+def load_workload(cfg: SimConfig, replay: TraceReplay = TraceReplay()) -> Workload:
+    """The run's agents, arrivals and statistics from the workload config (module docstring)."""
+    from ..workloads import WorkloadFormat, detect_format, trajectory_stats
+
+    path = cfg.workload.trajectory_file
+    if path and detect_format(path) is WorkloadFormat.MOONCAKE:
+        return load_trace(cfg, replay)
+    trajs, arrivals = load_trajectories(cfg)
+    return Workload(tuple(trajs), tuple(arrivals), trajectory_stats(trajs, cfg.cluster.block_tokens))
+
+
+def load_trace(cfg: SimConfig, replay: TraceReplay) -> Workload:
+    """A Mooncake trace's requests as `run_trace` picks them, arriving at their scaled timestamps."""
+    from ..workloads import mooncake_stats, read_mooncake
+
+    w = cfg.workload
+    path = w.trajectory_file
+    assert path is not None
+    if w.arrival_aps is not None:
+        raise InputError("--aps is for trajectories: a Mooncake trace's requests arrive at their timestamps "
+                         "(scale them with --time-scale)")
+    if w.append_scale != 1.0 or w.gen_scale != 1.0:
+        raise InputError("--append-scale and --gen-scale are for trajectories, not a Mooncake trace")
+    recs = [r for r in read_mooncake(path) if r.input_tokens + r.output_tokens <= w.max_len_tokens][: replay.limit]
+    if not recs:
+        raise InputError(f"{path}: no request fits --max-len {w.max_len_tokens} (input + output tokens)")
+    first_s = min(r.timestamp_s for r in recs)
+    arrivals = tuple((r.timestamp_s - first_s) * replay.time_scale for r in recs)
+    stats = {**mooncake_stats(recs, cfg.cluster.block_tokens), "time_scale": replay.time_scale, "limit": replay.limit}
+    return Workload(tuple(TraceRequest.of(r) for r in recs), arrivals, stats)
 
 
 def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...]]:
@@ -39,16 +102,14 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
 
 
 def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None,
-              turns_csv: str | Path | None = None) -> dict[str, Any]:
+              turns_csv: str | Path | None = None, replay: TraceReplay = TraceReplay()) -> dict[str, Any]:
     """One simulation per mode on the same workload; `turns_csv` also writes every finished turn
-    of every mode (TurnRecorder.write_csv)."""
-    from ..workloads import trajectory_stats
-
+    of every mode (TurnRecorder.write_csv); `replay` applies to a Mooncake trace."""
     features = [(m, parse_mode(m)) for m in modes]
-    trajs, arrivals = load_trajectories(cfg)
+    work = load_workload(cfg, replay)
     runs = []
     for i, (name, feat) in enumerate(features):
-        sim = Simulator(cfg, feat, trajs, arrivals)
+        sim = Simulator(cfg, feat, work.agents, work.arrivals_s)
         cb = None if progress is None else (lambda done, total, _n=name: progress(_n, done, total))
         result = sim.run(progress=cb)
         result["mode"] = name
@@ -57,7 +118,7 @@ def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = 
             sim.recorder.write_csv(turns_csv, name, append=i > 0)
     return {
         "config": cfg.to_dict(),
-        "workload": trajectory_stats(trajs, cfg.cluster.block_tokens),
+        "workload": work.stats,
         "runs": runs,
     }
 

@@ -11,6 +11,7 @@ Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details
      `DecodeGroup.join` (decode.py).
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
      agent's next turn (tool and think time are zero, PAPER.md 4.2).
+The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and 6.
 
 Determinism: no wall clock, no global counters, no unseeded randomness; ties follow events.py.
 """
@@ -27,7 +28,6 @@ from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds
 from ..core.scheduler import derive_thresholds
-from ..core.request import usable_hit_tokens
 from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
 from ..metrics import TurnRecorder
@@ -35,6 +35,7 @@ from .compute_measured import compute_for
 from .decode import DecodeGroup
 from .dispatch import Dispatch
 from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
+from .hits import hit_model_for
 from .links import Flow, Link, Network
 from .kv_io import kv_io_for
 from .lifecycle import SimContext, TurnLifecycle
@@ -72,6 +73,7 @@ class Simulator(TurnLifecycle):
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
         self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
+        self.hits = hit_model_for(trajectories, self.block_tokens)  # the workload's hit model, once
         self._validate_fit()
         self.inflight: dict = {}
         self.driver = Dispatch(ctx, self, self.reads, self.nodes, self.engines_by_id, self._profile_thresholds())
@@ -157,11 +159,9 @@ class Simulator(TurnLifecycle):
 
     # --- 2. hit ------------------------------------------------------------------------------
     def resolve_hit(self, req: SimRequest) -> None:
-        """The hit is every full block of the agent's earlier turns, as the paper's client computes
-        it (PAPER.md 1.5, A.4: hits within a trajectory, nothing evicted). Persist writes still take
-        their SNIC time; the few ms by which the last block's write may trail the next turn's
-        lookup are not modelled as a miss."""
-        hit = usable_hit_tokens(req.agent.context_tokens, req.input_tokens, self.block_tokens)
+        """The hit model's answer (hits.py): trajectories, the agent's earlier context as the paper's
+        client computes it; a Mooncake trace, the longest stored prefix of the prompt's blocks."""
+        hit = self.hits.hit_tokens(req)
         req.hit_tokens = hit
         req.cached_tokens = hit
         req.remaining_tokens = req.input_tokens - hit
@@ -231,6 +231,7 @@ class Simulator(TurnLifecycle):
         req.to(Phase.DECODING)
         de = req.de
         assert de is not None
+        self._persist(self.hits.prompt_in_cache(req), de.node)
         self.decode_groups[de.node.nid].join(req, de)
 
     def _release_de_buffer(self, req: SimRequest) -> None:
@@ -269,7 +270,7 @@ class Simulator(TurnLifecycle):
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens
-        self._persist(agent, de.node)
+        self._persist(self.hits.turn_finished(req), de.node)
         agent.next_turn += 1
         if agent.next_turn < len(agent.turns):
             self._start_turn(agent)
@@ -279,16 +280,13 @@ class Simulator(TurnLifecycle):
             if self.num_agents_done == len(self.agents):
                 self.loop.halt()
 
-    def _persist(self, agent: Agent, node: Node) -> None:
-        """Every new full block goes to storage through the DE node's SNIC (PAPER.md 1.4).
-
-        Nothing waits on a persist (the hit is client-computed, see `resolve_hit`) and the write
-        direction of a SNIC carries nothing else, so writes are booked on the link's ledger
-        rather than simulated as flows (~1% of read bytes: a turn adds ~300 tokens, reads ~32K)."""
-        b = self.block_tokens
-        durable = agent.context_tokens // b * b
-        new_bytes = (durable - agent.persisted_tokens) * self.kv_bytes_per_token
-        agent.persisted_tokens = max(agent.persisted_tokens, durable)
+    def _persist(self, num_tokens: int, node: Node) -> None:
+        """New full blocks (which: the hit model's) go to storage through the DE node's SNIC
+        (PAPER.md 1.4). Nothing waits on a persist (the hit model counts a block as stored when
+        its write is queued) and the write direction of a SNIC carries nothing else, so writes
+        are booked on the link's ledger rather than simulated as flows (~1% of read bytes: a
+        turn adds ~300 tokens, reads ~32K)."""
+        new_bytes = num_tokens * self.kv_bytes_per_token
         if new_bytes > 0:
             self.persisted_bytes += self.io.persist(node.snic_out, new_bytes)
 
