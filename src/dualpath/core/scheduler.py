@@ -124,8 +124,16 @@ class SchedulePass:
 
 
 _EMPTY_PASS = SchedulePass(_NONE, _NONE)
-_Queued = tuple[QueuedRequest, Any]  # a request and the world's record of it
-_Waiting = tuple[QueuedRequest, Any, int]  # ... past its PE, with its PE's node
+class _Entry:
+    """A queued request: the scheduler's view of it and the world's record, one object from the
+    global PE queue through the DE queues (not a tuple per queue: passes stay allocation-light)."""
+
+    __slots__ = ("req", "ref", "pe_node")
+
+    def __init__(self, req: QueuedRequest, ref: Any) -> None:
+        self.req = req
+        self.ref = ref
+        self.pe_node = 0  # its PE's node; set when the PE is chosen, read only in the DE queues
 
 
 class GlobalScheduler:
@@ -137,9 +145,9 @@ class GlobalScheduler:
         self._de_groups = tuple(de_groups)
         self._pe_pos = {g: i for i, g in enumerate(self._pe_groups)}  # a group's place in the rotation
         self._de_pos = {g: i for i, g in enumerate(self._de_groups)}
-        self._pe_queue: deque[_Queued] = deque()  # the global FIFO queue
-        self._de_queue: deque[_Waiting] = deque()  # PE chosen, no DE group yet
-        self._private: dict[int, deque[_Waiting]] = {g: deque() for g in self._de_groups}  # phase-1 queues
+        self._pe_queue: deque[_Entry] = deque()  # the global FIFO queue
+        self._de_queue: deque[_Entry] = deque()  # PE chosen, no DE group yet
+        self._private: dict[int, deque[_Entry]] = {g: deque() for g in self._de_groups}  # phase-1 queues
         self._dirty: set[int] = set()  # DE groups whose queue or HBM changed since their last fetch
         self._pe_open: set[int] = set(self._pe_groups)  # PE groups with an engine at or under beta
         self._de_totals = {g: 0 for g in self._de_groups}  # phase 1's sum of tok_e per DE group
@@ -155,17 +163,17 @@ class GlobalScheduler:
     def submit(self, req: QueuedRequest, ref: Any) -> None:
         """A new request joins the global FIFO queue; `ref` (the world's record of it) comes back
         with its assignments, so that applying them needs no lookup."""
-        self._pe_queue.append((req, ref))
+        self._pe_queue.append(_Entry(req, ref))
 
     def cancel(self, rid: RequestId) -> bool:
         """Drop a request that no engine has taken from its queue; True if it was queued."""
         for queued in self._pe_queue:
-            if queued[0].rid == rid:
+            if queued.req.rid == rid:
                 self._pe_queue.remove(queued)
                 return True
         for q in (self._de_queue, *self._private.values()):
             for item in q:
-                if item[0].rid == rid:
+                if item.req.rid == rid:
                     q.remove(item)
                     return True
         return False
@@ -218,18 +226,20 @@ class GlobalScheduler:
                 break
             group = groups[(start + k) % n]
             loads = view.pe_loads(group)
-            queue = (w[0] for w in self._pe_queue)
+            queue = (w.req for w in self._pe_queue)
             if rules.dualpath:
                 got = select_prefill(loads, {group: view.read_queue_tokens(group)}, queue, rules.thresholds)
             else:
                 got, self._rr_pe = round_robin_prefill(loads, queue, rules.thresholds.beta_tokens, self._rr_pe)
             added: dict[int, int] = {}
             for a in got:
-                req, ref = self._pe_queue.popleft()
+                entry = self._pe_queue.popleft()
+                req = entry.req
                 assert req.rid is a.rid, "PE assignment must follow FIFO order"
                 added[a.engine] = added.get(a.engine, 0) + req.num_tokens
-                self._de_queue.append((req, ref, group))
-                out.append(PrefillAssignment(req, ref, a.engine))
+                entry.pe_node = group
+                self._de_queue.append(entry)
+                out.append(PrefillAssignment(req, entry.ref, a.engine))
             if added:
                 least = min(e.num_tokens + added[e.engine] if e.engine in added else e.num_tokens for e in loads)
                 self._set_open(group, least)
@@ -245,9 +255,9 @@ class GlobalScheduler:
     # 2. DE selection
     def _fetch_decode_dualpath(self, view: ClusterView, out: list[DecodeAssignment]) -> None:
         if self._de_queue:
-            for ga in distribute_to_groups(self._de_totals, (w[0] for w in self._de_queue)):
+            for ga in distribute_to_groups(self._de_totals, (w.req for w in self._de_queue)):
                 item = self._de_queue.popleft()
-                assert item[0].rid is ga.rid
+                assert item.req.rid is ga.rid
                 self._private[ga.group].append(item)
                 self._dirty.add(ga.group)
         groups = self._de_groups
@@ -263,13 +273,13 @@ class GlobalScheduler:
             if not q:
                 continue
             loads = view.de_loads(group)
-            if max(e.free_hbm_bytes for e in loads) < q[0][0].hbm_bytes:
+            if max(e.free_hbm_bytes for e in loads) < q[0].req.hbm_bytes:
                 continue  # no DE fits the head: phase 2 would assign nothing
             snap = GroupLoad(group, tuple(loads))
             for a in select_decode(snap, _fitting_prefix(q, snap), self.rules.z_factor):
-                req, ref, pe_node = q.popleft()
-                assert req.rid is a.rid
-                out.append(self._decided(req, ref, pe_node, group, a.engine, view, reads))
+                w = q.popleft()
+                assert w.req.rid is a.rid
+                out.append(self._decided(w, group, a.engine, view, reads))
 
     def _fetch_decode_round_robin(self, view: ClusterView, out: list[DecodeAssignment]) -> None:
         self._dirty.clear()
@@ -277,16 +287,16 @@ class GlobalScheduler:
             return
         loads = [e for g in self._de_groups for e in view.de_loads(g)]
         node_of = {e.engine: e.node for e in loads}
-        got, self._rr_de = round_robin_decode(loads, (w[0] for w in self._de_queue), self._rr_de)
+        got, self._rr_de = round_robin_decode(loads, (w.req for w in self._de_queue), self._rr_de)
         reads: dict[int, int] = {}
         for a in got:
-            req, ref, pe_node = self._de_queue.popleft()
-            assert req.rid is a.rid
-            out.append(self._decided(req, ref, pe_node, node_of[a.engine], a.engine, view, reads))
+            w = self._de_queue.popleft()
+            assert w.req.rid is a.rid
+            out.append(self._decided(w, node_of[a.engine], a.engine, view, reads))
 
     # 3. read side
-    def _decided(self, req: QueuedRequest, ref: Any, pe_node: int, de_node: int, engine: int, view: ClusterView,
-                 reads: dict[int, int]) -> DecodeAssignment:
+    def _decided(self, w: _Entry, de_node: int, engine: int, view: ClusterView, reads: dict[int, int]) -> DecodeAssignment:
+        req, ref, pe_node = w.req, w.ref, w.pe_node
         self._de_totals[de_node] += req.decode_tokens
         rules = self.rules
         if rules.forced_side is not None:
@@ -319,20 +329,21 @@ class GlobalScheduler:
         for g in self._de_groups:
             if self._de_totals[g] != sum(e.num_tokens for e in view.de_loads(g)):
                 raise AssertionError(f"DE group {g}: phase-1 total {self._de_totals[g]} is stale")
-        rids = [w[0].rid for w in self._pe_queue] + [w[0].rid for w in self._de_queue]
-        rids += [w[0].rid for q in self._private.values() for w in q]
+        rids = [w.req.rid for w in self._pe_queue] + [w.req.rid for w in self._de_queue]
+        rids += [w.req.rid for q in self._private.values() for w in q]
         if len(rids) != len(set(rids)):
             raise AssertionError("a request is queued twice")
 
 
-def _fitting_prefix(q: Iterable[_Waiting], group: GroupLoad) -> list[QueuedRequest]:
+def _fitting_prefix(q: Iterable[_Entry], group: GroupLoad) -> list[QueuedRequest]:
     """The head of a private queue that phase 2 can touch: the requests whose running HBM sum
     fits the group's total free HBM (step 1's R), plus the first that does not. Nothing past it
     can be assigned in this fetch, and R over this prefix equals R over the whole queue, so
     passing only this prefix is exact and keeps a pass O(assignable) instead of O(queue)."""
     free = sum(e.free_hbm_bytes for e in group.engines)
     out = []
-    for req, _, _ in q:
+    for w in q:
+        req = w.req
         out.append(req)
         free -= req.hbm_bytes
         if free < 0:
