@@ -76,7 +76,7 @@ def write_report(ctx: Context) -> None:
         "experiments": {s["name"]: {"wall_s": s["wall_s"], "sim_wall_s": s.get("sim_wall_s"), "num_sims": s.get("num_sims"),
                                     "sim_builds": s.get("sim_builds", []), **_counts(s["headlines"])} for s in sections},
         "wall_s_total": sum(s["wall_s"] for s in sections),
-        **_counts(headlines),
+        "counts": _counts(headlines),
         "headlines": headlines,
         "knobs": [k.to_dict() for k in all_knob_rows()],
     }
