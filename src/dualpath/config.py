@@ -1,7 +1,9 @@
 """One typed config tree for the simulator (and, later, the runtime). Validated on construction.
 
 Every field with a number carries its unit in its name and its source in a comment; the CLI
-derives its options from these fields and presets.
+derives its options from these fields and presets. A knob's comment opens with `fitted (FIGURE;
+hardware-only: section.field=value):` when its value is fitted to the paper's own data, or with
+`choice:` when it is this project's choice; else it cites its source (read by experiments/knobs.py).
 """
 
 from __future__ import annotations
@@ -101,9 +103,10 @@ class ComputeKnobs:
     # + combine latency. DeepEP low-latency kernels at EP32: ~120 + 170 us (HARDWARE.md 1.2,
     # [S-DEP]: 77-194 us and 114-369 us from EP8 to EP256) -> 0.29 ms per layer.
     ep_latency_per_layer_s: float = 0.29e-3
-    # Extra fixed cost per prefill forward, seconds. None: derived from PAPER.md 4.1 Fig. 3 right
-    # [F] (one engine's throughput x2.6 / x2.9 / x3.0 at 5 / 10 / 20 requests of 30K context +
-    # 300 new tokens over 1 request fits t(b) = t0 + b * t1 with t0 = 2.5 * t1).
+    # fitted (Fig. 3 right; hardware-only: compute.prefill_forward_overhead_s=0): extra fixed cost
+    # per prefill forward, s. None: from PAPER.md 4.1 Fig. 3 right [F] (one engine's throughput x2.6 /
+    # x2.9 / x3.0 at 5 / 10 / 20 requests of 30K context + 300 new tokens over 1 fits t(b) = t0 + b * t1
+    # with t0 = 2.5 * t1): 0.267 s for DS 660B; 0 leaves the EP term alone (61 x 0.29 ms = 17.7 ms).
     prefill_forward_overhead_s: float | None = None
     fig3_overhead_per_request_ratio: float = 2.5
     # FlashMLA memory-bound decode reaches 3,000 of 3,350 GB/s = 0.9 (HARDWARE.md 1.2, [S-FMLA]).
@@ -146,13 +149,13 @@ class ClusterConfig:
     num_decode_nodes: int = 4
     node: NodeSpec = field(default_factory=NodeSpec)
     block_tokens: int = 64  # PAPER.md 1.5
-    # Aggregate storage-cluster egress; None = unlimited. 3FS total bandwidth of the testbed is
+    # choice: aggregate storage-cluster egress; None = unlimited. 3FS total bandwidth of the testbed is
     # not published (PAPER.md 5); 3FS "can saturate 400 Gbps per SNIC".
     storage_egress_bytes_per_s: float | None = None
-    # Reads a node's storage client runs at once (sharing its SNIC); 1 = strict FIFO at full rate.
+    # choice: reads a node's storage client runs at once (sharing its SNIC); 1 = strict FIFO.
     reads_in_flight_per_node: int = 1
-    # Fraction of HBM usable for weights + KV; the rest is activations and workspace (vLLM's
-    # default gpu_memory_utilization = 0.9).
+    # choice: fraction of HBM usable for weights + KV; the rest is activations and workspace
+    # (vLLM's default gpu_memory_utilization = 0.9).
     hbm_usable_fraction: float = 0.9
     # Weights are sharded across all GPUs of a role by expert parallelism (EP + DP attention for
     # the DeepSeek models, PAPER.md 5); False = every GPU holds a full copy (Qwen 32B: DP only).
@@ -228,10 +231,10 @@ class WorkloadConfig:
 
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
-    # Window for SNIC Max/Avg balance (PAPER.md 6.6: "a short window"; length not given).
+    # choice: window for SNIC Max/Avg balance (PAPER.md 6.6: "a short window"; length not given).
     balance_window_s: float = 10.0
-    # Windows whose mean SNIC read utilisation is below this are skipped: the paper drops the
-    # tail where "both ratios lose meaning once the system is underloaded".
+    # choice: windows whose mean SNIC read utilisation is below this are skipped; the paper drops
+    # the tail where "both ratios lose meaning once the system is underloaded".
     balance_min_utilisation: float = 0.2
 
 

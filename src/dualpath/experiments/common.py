@@ -9,11 +9,12 @@ smallest one that still exercises every code path (the tests).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from ..errors import InputError
+from .knobs import fitted_knob_names
 
 T = TypeVar("T")
 SCALES = ("full", "quick", "smoke")
@@ -86,7 +87,12 @@ class Context:
 @dataclass(frozen=True, slots=True)
 class Headline:
     """One number of the paper against ours. `target` is the tolerance: relative (|ours/paper - 1|)
-    unless `kind` is "points" (|ours - paper| in percentage points) or "max" (ours <= paper)."""
+    unless `kind` is "points" (|ours - paper| in percentage points) or "max" (ours <= paper).
+
+    A headline that depends on knobs fitted to the paper's own data names them (`fitted`) and
+    carries ours with each at its hardware-only estimate (`hardware_only`; None: not simulated,
+    `note` says why). One met by construction says why (`by_construction`): the report lists it
+    apart and does not count it as agreement with the paper."""
 
     experiment: str
     metric: str
@@ -96,29 +102,78 @@ class Headline:
     kind: str = "relative"
     source: str = "[P]"  # provenance of the paper's number (PAPER.md tags)
     note: str = ""
+    fitted: tuple[str, ...] = ()  # fitted knobs (experiments/knobs.py) this number depends on
+    hardware_only: float | None = None  # ours with every fitted knob at its hardware-only estimate
+    by_construction: str = ""  # why the agreement holds by construction; "" = it tests the simulator
 
     @property
     def rel_error(self) -> float | None:
-        if self.ours is None or not math.isfinite(self.ours) or self.paper == 0:
-            return None
-        return self.ours / self.paper - 1
+        return self._rel(self.ours)
 
     @property
     def met(self) -> bool:
-        if self.ours is None or not math.isfinite(self.ours):
+        return self._meets(self.ours)
+
+    @property
+    def counted(self) -> bool:
+        """Counted in "N of M headlines met": not met by construction."""
+        return not self.by_construction
+
+    @property
+    def hardware_only_rel_error(self) -> float | None:
+        return self._rel(self.hardware_only)
+
+    @property
+    def hardware_only_met(self) -> bool | None:
+        """Whether the hardware-only value meets the target; None where there is none."""
+        return None if self.hardware_only is None else self._meets(self.hardware_only)
+
+    def _rel(self, value: float | None) -> float | None:
+        if value is None or not math.isfinite(value) or self.paper == 0:
+            return None
+        return value / self.paper - 1
+
+    def _meets(self, value: float | None) -> bool:
+        if value is None or not math.isfinite(value):
             return False
         if self.kind == "points":
-            return abs(self.ours - self.paper) <= self.target
+            return abs(value - self.paper) <= self.target
         if self.kind == "max":
-            return self.ours <= self.paper
-        rel = self.rel_error
+            return value <= self.paper
+        rel = self._rel(value)
         return rel is not None and abs(rel) <= self.target
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["rel_error"] = self.rel_error
         d["met"] = self.met
+        d["hardware_only_rel_error"] = self.hardware_only_rel_error
+        d["hardware_only_met"] = self.hardware_only_met
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Headline":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["fitted"] = tuple(kw.get("fitted", ()))
+        return cls(**kw)
+
+
+def with_hardware_only(headlines: Sequence[Headline], alternative: Sequence[Headline], why_missing: str = "") -> list[Headline]:
+    """`headlines` with the fitted knobs named and their hardware-only values taken from
+    `alternative` (the same headlines computed from runs with every fitted knob at its hardware-only
+    estimate, `simrun.hardware_only`), matched by metric. Headlines met by construction are left
+    alone; one without an alternative gets `why_missing` added to its note."""
+    alt = {h.metric: h.ours for h in alternative}
+    out = []
+    for h in headlines:
+        if h.by_construction:
+            out.append(h)
+            continue
+        value = alt.get(h.metric)
+        note = h.note if value is not None or not why_missing else "; ".join(p for p in (h.note, why_missing) if p)
+        out.append(replace(h, fitted=fitted_knob_names(), hardware_only=value, note=note))
+    return out
 
 
 @dataclass
@@ -167,18 +222,32 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _error(h: Headline, value: float | None) -> str:
+    rel = h._rel(value)
+    if h.kind == "points":
+        return "-" if value is None or not math.isfinite(value) else f"{value - h.paper:+.1f} pt ({rel:+.0%})"
+    return "-" if rel is None else f"{rel:+.1%}"
+
+
+def _hardware_only_cell(h: Headline) -> str:
+    if h.by_construction or not h.fitted:
+        return "-"
+    if h.hardware_only is None:
+        return "no value"
+    return f"{fmt(h.hardware_only)} ({_error(h, h.hardware_only)}, {'met' if h.hardware_only_met else 'missed'})"
+
+
 def headline_table(headlines: Sequence[Headline]) -> str:
+    """One row per headline; `hardware-only`: ours with every fitted knob at its hardware-only
+    estimate (its error and result), "-" for a headline that depends on no fitted knob."""
     rows = []
     for h in headlines:
-        rel = h.rel_error
-        if h.kind == "points":
-            tol = f"{h.target:g} pt"
-            err = "-" if h.ours is None or not math.isfinite(h.ours) else f"{h.ours - h.paper:+.1f} pt ({rel:+.0%})"
-        else:
-            tol = "<= paper" if h.kind == "max" else f"{h.target:.0%}"
-            err = "-" if rel is None else f"{rel:+.1%}"
-        rows.append([h.metric, h.ours, f"{fmt(h.paper)} {h.source}", err, tol, "**met**" if h.met else "**missed**"])
-    return md_table(["metric", "ours", "paper", "rel. error", "target", "result"], rows)
+        tol = f"{h.target:g} pt" if h.kind == "points" else "<= paper" if h.kind == "max" else f"{h.target:.0%}"
+        result = "**met**" if h.met else "**missed**"
+        rows.append([h.metric, h.ours, f"{fmt(h.paper)} {h.source}", _error(h, h.ours), tol,
+                     f"{result} (by construction, not counted)" if h.by_construction else result,
+                     _hardware_only_cell(h)])
+    return md_table(["metric", "ours", "paper", "rel. error", "target", "result", "hardware-only (error, result)"], rows)
 
 
 def scale_note(ctx: Context) -> str:

@@ -2,7 +2,9 @@
 
 Every knob of a run comes from the paper presets (`config.paper_cluster`, `WorkloadConfig`);
 a spec names only what the paper's experiment varies (model, P/D, MaxLen, agents, mode, append
-and generation scale, APS with its horizon and warm-up) and, for Qwen 32B, the GPU SKU.
+and generation scale, APS with its horizon and warm-up), for Qwen 32B the GPU SKU, and, for the
+hardware-only column of the report, `--set` assignments on the presets (`knobs`, e.g. every
+fitted knob at its hardware-only estimate: `hardware_only`).
 
 Probes are computed from the finished `Simulator` because `build_result` does not expose them
 (see the report's "simulator changes" list): SNIC Max/Avg per window (Fig. 13), attention
@@ -20,7 +22,7 @@ import hashlib
 import inspect
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import config
-from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
+from ..config import SimConfig, WorkloadConfig, apply_overrides, paper_cluster, parse_mode
 from ..sim.runner import _clean, load_trajectories
 from ..sim.simulator import Simulator
+from .knobs import hardware_only_assignments
 
 if TYPE_CHECKING:
     from .common import Context
@@ -59,13 +62,20 @@ class SimSpec:
     horizon_s: float | None = None
     warmup_s: float = 0.0
     gpu: str | None = None  # None = the preset's (h800)
+    knobs: tuple[str, ...] = ()  # `--set` assignments applied to the presets; () = the presets
 
     def label(self) -> str:
         base = f"{self.model} {self.pd} {self.max_len_tokens // 1024}K {self.mode}"
+        knobs = f" [{', '.join(self.knobs)}]" if self.knobs else ""
         if self.aps is not None:
-            return f"{base} {self.aps:.3g} APS"
+            return f"{base} {self.aps:.3g} APS{knobs}"
         extra = "" if self.append_scale == self.gen_scale == 1.0 else f" A x{self.append_scale:g} G x{self.gen_scale:g}"
-        return f"{base} {self.num_agents} agents{extra}"
+        return f"{base} {self.num_agents} agents{extra}{knobs}"
+
+
+def hardware_only(spec: SimSpec) -> SimSpec:
+    """The same run with every fitted knob at its hardware-only estimate (experiments/knobs.py)."""
+    return replace(spec, knobs=hardware_only_assignments())
 
 
 def online_spec(model: str, pd: str, max_len_tokens: int, mode: str, aps: float, horizon_s: float, warmup_s: float,
@@ -84,7 +94,8 @@ def sim_config(spec: SimSpec, seed: int) -> SimConfig:
         append_scale=spec.append_scale, gen_scale=spec.gen_scale, arrival_aps=spec.aps,
         horizon_s=spec.horizon_s, warmup_s=spec.warmup_s,
     )
-    return SimConfig(cluster=cluster, workload=workload)
+    cfg = SimConfig(cluster=cluster, workload=workload)
+    return apply_overrides(cfg, list(spec.knobs)) if spec.knobs else cfg
 
 
 # Sources that cannot change a simulation's numbers: plotting, benchmarks, the runner's JSON and
@@ -116,7 +127,10 @@ def code_fingerprint() -> str:
 
 
 def _cache_key(spec: SimSpec, seed: int) -> str:
-    blob = json.dumps({"spec": asdict(spec), "seed": seed, "code": code_fingerprint(), "probe": PROBE_VERSION}, sort_keys=True)
+    fields = asdict(spec)
+    if not spec.knobs:
+        del fields["knobs"]  # the presets keep the keys they had before specs could carry knobs
+    blob = json.dumps({"spec": fields, "seed": seed, "code": code_fingerprint(), "probe": PROBE_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
