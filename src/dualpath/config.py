@@ -1,9 +1,7 @@
-"""One typed config tree for the simulator (and, later, the runtime). Validated on construction.
-
-Every field with a number carries its unit in its name and its source in a comment; the CLI
-derives its options from these fields and presets. A knob's comment opens with `fitted (FIGURE;
-hardware-only: section.field=value):` when its value is fitted to the paper's own data, or with
-`choice:` when it is this project's choice; else it cites its source (read by experiments/knobs.py).
+"""One typed config tree (simulator and runtime), validated on construction. Every number has its
+unit in its name and its source in a comment; the CLI derives its options from these fields. A
+knob's comment opens with `fitted (FIGURE; hardware-only: section.field=value):` when fitted to the
+paper's own data, `choice:` when it is this project's choice, else cites its source (experiments/knobs.py).
 """
 
 from __future__ import annotations
