@@ -28,9 +28,14 @@ class Placement:
 
     # 1. hit
     def lookup(self, prompt: list[int]) -> tuple[list[bytes], int]:
-        """(the prompt's block digests, the usable hit in tokens)."""
+        """(the prompt's block digests, the usable hit in tokens) as the scheduling pass counts it:
+        a block whose persist is in flight counts as stored, since placement waits for it
+        (`blocked_by_persist`) and so reads it; placement corrects the count if a write fails."""
         digests = chain_digests(prompt, self.block_tokens)
-        return digests, self.hit_tokens(prompt, self.store.lookup(digests))
+        n = self.store.lookup(digests)
+        while n < len(digests) and digests[n] in self.persisting:
+            n += 1 + self.store.lookup(digests[n + 1:])
+        return digests, self.hit_tokens(prompt, n)
 
     def hit_tokens(self, prompt: list[int], stored_blocks: int) -> int:
         """The usable hit of a prompt whose first `stored_blocks` blocks are stored."""
