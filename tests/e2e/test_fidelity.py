@@ -57,3 +57,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         p = _cli("fidelity", "--model", "tiny", *args, timeout=300)
         assert p.returncode == 2, p.stderr[-2000:]
         assert needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_workloads_fit_the_window_and_a_trace_is_refused(tmp_path):
+    from dualpath.core.request import TurnSpec
+    from dualpath.errors import InputError
+    from dualpath.fidelity.run import workload_trajectories
+    from dualpath.workloads import Trajectory, write_trajectories
+
+    agents = workload_trajectories("agents", 2048, None)
+    assert len(agents) == 8 and max(t.total_tokens for t in agents) <= 2048
+    f = tmp_path / "t.jsonl"
+    write_trajectories(f, [Trajectory(0, (TurnSpec(1000, 5), TurnSpec(1000, 5), TurnSpec(100, 5)))])
+    (got,) = workload_trajectories(str(f), 2048, None)
+    assert got.num_turns == 1 and got.total_tokens == 1005  # the second turn would end at 2010 > 2048 - 64
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
+    with pytest.raises(InputError, match="Mooncake"):
+        workload_trajectories(str(trace), 2048, None)

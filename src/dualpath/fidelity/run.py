@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..config import DEMO_AGENTS, parse_mode
@@ -33,7 +34,8 @@ WORKLOADS = ("demo", "agents", "tiny")
 
 def workload_trajectories(name: str, max_context_tokens: int, rounds: int | None) -> list[Trajectory] | None:
     """None for `demo` (the demo's own plan sizes it); `agents`: 8 generated agents (Table 2's 32K
-    calibration) truncated to the model's window; `tiny`: 2 agents x 3 rounds (tests)."""
+    calibration) truncated to the model's window; `tiny`: 2 agents x 3 rounds (tests); else a
+    trajectory JSONL file, truncated to the window."""
     if name == "demo":
         return None
     if name == "tiny":
@@ -44,7 +46,14 @@ def workload_trajectories(name: str, max_context_tokens: int, rounds: int | None
 
         limit = min(max_context_tokens, 2048) - 64
         return [t.truncate(limit) for t in generate(32768, 8, 1, append_scale=limit / 32768)]
-    raise InputError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}")
+    path = Path(name)
+    if path.is_file():
+        from ..workloads import WorkloadFormat, detect_format, read_trajectories
+
+        if detect_format(path) is WorkloadFormat.MOONCAKE:
+            raise InputError(f"{name}: Mooncake traces are not compared by `fidelity` yet (trajectory JSONL only)")
+        return [t.truncate(max_context_tokens - 64) for t in read_trajectories(path)]
+    raise InputError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}, or a trajectory JSONL file")
 
 
 async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: str = "smollm2-135m",
