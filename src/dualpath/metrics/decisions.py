@@ -2,7 +2,8 @@
 predicts the real system; `dualpath fidelity` compares the two logs request by request).
 
 A decision is complete when a pass picks a request's DE and read side (its PE was picked by an
-earlier or the same pass, PAPER.md 3.1-3.4). One JSON object per line:
+earlier or the same pass, PAPER.md 3.1-3.4). `fidelity` writes both worlds' logs into its report
+(`modes.<mode>.decision_logs`), one object per decision:
 
     {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920}
 
@@ -21,12 +22,8 @@ Lines appear in decision order (within one pass, the pass's order).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Iterable, Sequence
-
-from ..errors import InputError
+from typing import Sequence
 
 _SIDES = ("prefill", "decode")  # by ReadSide value
 
@@ -42,7 +39,7 @@ class Decision:
 
 
 class DecisionLog:
-    """Decisions in memory; `write_jsonl` at the end of a run. `t0_s`: the clock's time at the start."""
+    """Decisions in memory, in decision order. `t0_s`: the clock's time at the start."""
 
     def __init__(self, t0_s: float = 0.0) -> None:
         self.t0_s = t0_s
@@ -50,32 +47,6 @@ class DecisionLog:
 
     def record(self, request: str, now_s: float, pe: int, de: int, side: int, hit_tokens: int) -> None:
         self.decisions.append(Decision(request, now_s - self.t0_s, pe, de, _SIDES[side], hit_tokens))
-
-    def write_jsonl(self, path: str | Path) -> None:
-        write_decisions(path, self.decisions)
-
-
-def write_decisions(path: str | Path, decisions: Iterable[Decision]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "w", encoding="utf-8") as f:
-        for d in decisions:
-            f.write(json.dumps(asdict(d), separators=(",", ":")) + "\n")
-
-
-def read_decisions(path: str | Path) -> list[Decision]:
-    from ..workloads.jsonl import jsonl_objects
-
-    out = []
-    for obj, where, _ in jsonl_objects(path, "decision log"):
-        try:
-            d = Decision(**obj)
-        except TypeError as e:
-            raise InputError(f"{where}: not a decision ({e})") from None
-        if d.side not in _SIDES:
-            raise InputError(f"{where}: side must be prefill or decode, got {d.side!r}")
-        out.append(d)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
