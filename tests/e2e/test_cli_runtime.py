@@ -74,10 +74,24 @@ def test_run_replays_a_trajectory_file(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text('{"agent": 0, "rounds": [[150, 3], [40, 3], [70, 2]]}\n{"agent": 1, "rounds": [[90, 2], [64, 4]]}\n')
     j = tmp_path / "run.json"
-    p = cli("run", str(f), "--model", "tiny", "--limit", "2", "--json", str(j))
+    p = cli("run", str(f), "--model", "tiny", "--limit", "2", "--json", str(j), "--decisions", str(tmp_path / "d.jsonl"))
     assert p.returncode == 0, p.stderr[-3000:]
     run = json.loads(j.read_text())["runs"][0]
     assert run["num_turns"] == 5 and run["cached_tokens"] > 0
+    # the decision log: one line per turn, the simulator's schema and request names
+    from dualpath.metrics.decisions import read_jsonl
+
+    real = read_jsonl(tmp_path / "d.dualpath.jsonl")
+    assert run["decisions_file"] == str(tmp_path / "d.dualpath.jsonl")
+    names = {"a0t0", "a0t1", "a0t2", "a1t0", "a1t1"}
+    assert sorted(d.request for d in real) == sorted(names)
+    assert [d.t_s for d in real] == sorted(d.t_s for d in real) and all(d.pe == 0 and d.de == 0 for d in real)
+    assert {d.request: d.hit_tokens for d in real}["a0t0"] == 0 and max(d.hit_tokens for d in real) > 0
+    p = cli("sim", "--trajectories", str(f), "--agents", "2", "--mode", "dualpath", "--quiet",
+            "--decisions", str(tmp_path / "s.jsonl"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    sim = read_jsonl(tmp_path / "s.dualpath.jsonl")
+    assert {d.request for d in sim} == names and len(sim) == 5
 
 
 

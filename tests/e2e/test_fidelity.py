@@ -4,6 +4,7 @@ and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -59,19 +60,86 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert needle in p.stderr and "Traceback" not in p.stderr
 
 
-def test_workloads_fit_the_window_and_a_trace_is_refused(tmp_path):
+def test_workloads_fit_the_window(tmp_path):
     from dualpath.core.request import TurnSpec
-    from dualpath.errors import InputError
-    from dualpath.fidelity.run import workload_trajectories
+    from dualpath.fidelity.workloads import fidelity_workload
     from dualpath.workloads import Trajectory, write_trajectories
 
-    agents = workload_trajectories("agents", 2048, None)
+    agents = fidelity_workload("agents", 2048, None, 64)
     assert len(agents) == 8 and max(t.total_tokens for t in agents) <= 2048
     f = tmp_path / "t.jsonl"
     write_trajectories(f, [Trajectory(0, (TurnSpec(1000, 5), TurnSpec(1000, 5), TurnSpec(100, 5)))])
-    (got,) = workload_trajectories(str(f), 2048, None)
+    (got,) = fidelity_workload(str(f), 2048, None, 64)
     assert got.num_turns == 1 and got.total_tokens == 1005  # the second turn would end at 2010 > 2048 - 64
-    trace = tmp_path / "m.jsonl"
-    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
-    with pytest.raises(InputError, match="Mooncake"):
-        workload_trajectories(str(trace), 2048, None)
+
+
+def _conversation_trace(path):
+    """Conversation c (c = 0..9) has 3 turns 100 s apart; its prompt grows by a block a turn;
+    conversation 3's are too long for a 2,048-token window once rescaled (40 blocks of 64)."""
+    lines = []
+    for c in range(10):
+        blocks = 40 if c == 3 else 2
+        for turn in range(3):
+            ids = [0] + [1000 * c + j for j in range(blocks + turn)]
+            lines.append({"timestamp": 1000 * (100 * turn + c), "input_length": 512 * len(ids) - 200,
+                          "output_length": 256, "hash_ids": ids})
+    lines.sort(key=lambda o: o["timestamp"])
+    path.write_text("".join(json.dumps(o) + "\n" for o in lines))
+    return path
+
+
+def test_a_mooncake_trace_is_sliced_rescaled_and_replayed_in_both_worlds_alike(tmp_path):
+    from dualpath.fidelity.run import _replan, _sim_workload
+    from dualpath.fidelity.workloads import SLICE_CONVERSATIONS, fidelity_workload, trace_turn_costs
+
+    work = fidelity_workload(str(_conversation_trace(tmp_path / "m.jsonl")), 8192, None, 64)
+    convs = [c for c in range(10) if c != 3][:SLICE_CONVERSATIONS]
+    assert [r.block_ids[1] // 1000 for r in work.records] == [c for turn in range(3) for c in convs]
+    assert all(r.block_tokens == 64 and r.input_tokens == 64 * len(r.block_ids) - 25 and r.output_tokens == 32
+               for r in work.records)
+    costs = trace_turn_costs(work.records, 64)
+    # the first turn hits the shared first block, except the very first request; later turns their context
+    assert [c.hit_tokens for c in costs[:2]] == [0, 64]
+    assert all(c.hit_tokens == 64 * (len(r.block_ids) - 2) for c, r in zip(costs[len(convs):], work.records[len(convs):]))
+
+    plan = _replan(_Plan(None, None, _Calibration(_FlatProfile())), work, 1000, 64)
+    span_s = work.records[-1].timestamp_s - work.records[0].timestamp_s
+    assert plan.trajectories.time_scale * span_s == pytest.approx(plan.rates.predicted_basic_jct_s)
+    agents, arrivals = _sim_workload(plan.trajectories)
+    assert len(agents) == len(work.records) and arrivals == sorted(arrivals)
+    assert arrivals[-1] == pytest.approx(plan.rates.predicted_basic_jct_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:  # what _replan reads and replaces of a DemoPlan
+    trajectories: object
+    rates: object
+    calibration: object
+
+
+@dataclasses.dataclass(frozen=True)
+class _Calibration:
+    profile: object
+
+
+class _FlatProfile:
+    def prefill_s(self, new_tokens: int, context_tokens: int) -> float:
+        return 1e-4 * new_tokens
+
+
+def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
+    from dualpath.errors import InputError
+    from dualpath.metrics.decisions import DecisionLog, decisions_path, read_jsonl, write_jsonl
+
+    log = DecisionLog(t0_s=10.0)
+    log.record("a0t0", 10.5, 0, 1, 1, 128)
+    log.record("a1t0", 11.0, 1, 0, 0, 0)
+    path = decisions_path(tmp_path / "out" / "d.jsonl", "basic+layerwise")
+    assert path == tmp_path / "out" / "d.basic+layerwise.jsonl"
+    write_jsonl(log.decisions, path)
+    assert read_jsonl(path) == [Decision("a0t0", 0.5, 0, 1, "decode", 128), Decision("a1t0", 1.0, 1, 0, "prefill", 0)]
+    assert json.loads(path.read_text().splitlines()[0]) == {"request": "a0t0", "t_s": 0.5, "pe": 0, "de": 1,
+                                                            "side": "decode", "hit_tokens": 128}
+    path.write_text(path.read_text() + '{"request": "x"}\n')
+    with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:3"):
+        read_jsonl(path)

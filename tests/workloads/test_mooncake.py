@@ -172,3 +172,25 @@ def test_real_conversation_trace():
     # Pinned from this implementation's conversation rule (mooncake module docstring).
     assert s["num_agents"] == 8_056
     assert 0.3 < s["prefix_hit_ratio"] < 0.45
+
+
+def test_rescale_keeps_blocks_and_prefix_sharing_at_a_smaller_block():
+    from dualpath.workloads import mooncake_stats, rescale
+
+    recs = (
+        MooncakeRecord(0.0, 1400, 300, (0, 1, 2)),  # 2 full blocks + 376 tokens
+        MooncakeRecord(1.0, 1536, 1, (0, 1, 5)),  # 3 full blocks
+        MooncakeRecord(2.0, 700, 0, (0, 9)),
+    )
+    small = rescale(recs, 64)
+    # full blocks stay full; a partial block and the output shrink by 64 / 512 (at least 1 token)
+    assert [(r.input_tokens, r.output_tokens, r.block_ids, r.block_tokens) for r in small] == [
+        (2 * 64 + 47, 38, (0, 1, 2), 64), (3 * 64, 1, (0, 1, 5), 64), (64 + 24, 0, (0, 9), 64)]
+    assert [r.num_full_blocks for r in small] == [r.num_full_blocks for r in recs]
+    # the same sharing: one runtime block per trace block at 64 as at 512
+    big, little = mooncake_stats(recs, 512), mooncake_stats(small, 64)
+    assert little["prefix_hit_ratio"] == big["prefix_hit_ratio"] > 0
+    assert little["num_agents"] == big["num_agents"]
+    assert rechunk(small[1], 32) == rechunk(recs[1], 256)  # two blocks per trace block either way
+    with pytest.raises(InputError, match="id space"):
+        Rechunker(64).rechunk(small[0])

@@ -16,7 +16,7 @@ from .runtime import DeviceOption, _device
 
 
 def fidelity(
-    workload: Annotated[str, typer.Option(help="demo | agents | tiny (built-in workloads)")] = "demo",
+    workload: Annotated[str, typer.Option(help="demo | agents | tiny | mooncake (built-in), or a trajectory or Mooncake JSONL file")] = "demo",
     mode: Annotated[Optional[list[str]], typer.Option(help="modes to compare (repeatable)")] = None,
     repeat: Annotated[int, typer.Option(help="runtime runs per mode (their spread is reported)")] = 3,
     model: Annotated[str, typer.Option(help="smollm2-135m or tiny")] = "smollm2-135m",

@@ -101,6 +101,7 @@ def run(
     time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps")] = 1.0,
     snic_mb_s: Annotated[Optional[float], typer.Option()] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    decisions: Annotated[Optional[Path], typer.Option(help="write every scheduling decision as JSONL, one file per mode: F -> F.<mode>.jsonl (the simulator's schema)")] = None,
     device: DeviceOption = "cpu",
 ) -> None:
     """Replay a trajectory file or a Mooncake trace against the local cluster."""
@@ -115,7 +116,10 @@ def run(
     with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
         progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
         result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
-                                       on_turn=progress.update))
+                                       on_turn=progress.update, decisions=decisions))
     print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
+    for r in result["runs"]:
+        if "decisions_file" in r:
+            console.print(f"wrote {r['decisions_file']}")
     if json_path:
         write_json(result, json_path)

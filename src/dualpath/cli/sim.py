@@ -64,6 +64,7 @@ def sim(
     quiet: Annotated[bool, typer.Option(help="no progress (a bar on a terminal, a line every 5 s otherwise)")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
     turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
+    decisions: Annotated[Optional[Path], typer.Option(help="write every scheduling decision as JSONL, one file per mode: F -> F.<mode>.jsonl")] = None,
 ) -> None:
     """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode.
 
@@ -78,13 +79,16 @@ def sim(
     if turns is not None:
         turns.parent.mkdir(parents=True, exist_ok=True)
     if quiet:
-        result = run_modes(cfg, modes, turns_csv=turns, replay=replay)
+        result = run_modes(cfg, modes, turns_csv=turns, replay=replay, decisions=decisions)
     else:
         with reporter("sim", "agents", console) as progress:
-            result = run_modes(cfg, modes, progress.update, turns_csv=turns, replay=replay)
+            result = run_modes(cfg, modes, progress.update, turns_csv=turns, replay=replay, decisions=decisions)
     print_runs(result, "simulated runs", 1e12, "TB", SIM_COLUMNS)
     if turns is not None:
         console.print(f"wrote {turns}")
+    for r in result["runs"]:
+        if "decisions_file" in r:
+            console.print(f"wrote {r['decisions_file']}")
     if json_path:
         write_json(result, json_path)
         console.print(f"wrote {json_path}")

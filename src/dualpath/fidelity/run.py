@@ -2,13 +2,14 @@
 `local` preset (preset.py), per mode; the errors per metric (compare.py).
 
 Numbered path:
-  1. The workload (`demo`: the demo's agents and rounds; `agents`: a small Table-2-style set
-     truncated to the model's window; or a trajectory file) and its emulated rates, derived from
-     this machine's compute profile as the demo derives them (runtime/apps/demo.py: plan_demo).
+  1. The workload (workloads.py: `demo`, `agents`, `tiny`, `mooncake`, or a file) and its emulated
+     rates, derived from this machine's compute profile as the demo derives them
+     (runtime/apps/demo.py: plan_demo); a trace's time scale from those rates (`_replan`).
   2. The runtime: `repeat` fresh clusters, each running every mode in turn on a fresh store, with
      the scheduler's decisions recorded (runtime/apps/demo.py: run_demo).
-  3. The simulator: the same trajectories, all arriving at t = 0 as the replay sends them, one run
-     per mode on the `local` preset, its decisions recorded (sim/dispatch.py).
+  3. The simulator: the same work arriving as the replay sends it (trajectories at t = 0, a trace
+     at its scaled timestamps), one run per mode on the `local` preset, its decisions recorded
+     (sim/dispatch.py).
   4. compare.py: per mode and metric, the runtime's mean and spread, the simulator's value, the
      relative error against the goal; the decisions' agreement request by request.
 """
@@ -17,44 +18,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..config import DEMO_AGENTS, parse_mode
-from ..core.request import TurnSpec
 from ..errors import InputError
 from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
+from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
 from .compare import compare_decisions, compare_mode
 from .preset import local_sim_config
+from .workloads import fidelity_workload, trace_turn_costs
 
-WORKLOADS = ("demo", "agents", "tiny")
-
-
-def workload_trajectories(name: str, max_context_tokens: int, rounds: int | None) -> list[Trajectory] | None:
-    """None for `demo` (the demo's own plan sizes it); `agents`: 8 generated agents (Table 2's 32K
-    calibration) truncated to the model's window; `tiny`: 2 agents x 3 rounds (tests); else a
-    trajectory JSONL file, truncated to the window."""
-    if name == "demo":
-        return None
-    if name == "tiny":
-        turns = (TurnSpec(60, 3),) + (TurnSpec(61, 3),) * ((rounds or 3) - 1)
-        return [Trajectory(a, turns) for a in range(2)]
-    if name == "agents":
-        from ..workloads import generate
-
-        limit = min(max_context_tokens, 2048) - 64
-        return [t.truncate(limit) for t in generate(32768, 8, 1, append_scale=limit / 32768)]
-    path = Path(name)
-    if path.is_file():
-        from ..workloads import WorkloadFormat, detect_format, read_trajectories
-
-        if detect_format(path) is WorkloadFormat.MOONCAKE:
-            raise InputError(f"{name}: Mooncake traces are not compared by `fidelity` yet (trajectory JSONL only)")
-        return [t.truncate(max_context_tokens - 64) for t in read_trajectories(path)]
-    raise InputError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}, or a trajectory JSONL file")
-
+# A trace slice's arrivals span the time basic mode needs for it (the rates'
+# first-order prediction, emulation.py): requests arrive faster than basic serves them, the
+# paper's loaded regime, without sending everything at once. Chosen, not fitted.
+TRACE_SPAN_OVER_BASIC_JCT = 1.0
 
 async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: str = "smollm2-135m",
                        device: str = "cpu", rounds: int | None = None,
@@ -67,12 +46,12 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     for m in modes:
         parse_mode(m)
     window = load_model(model, device="cpu").model.config.max_position_tokens
-    trajs = workload_trajectories(workload, window, rounds)
     cal, kvbpt, block = calibrate_for(model, device)
+    trajs = fidelity_workload(workload, window, rounds, block)
     plan = plan_demo(cal, kvbpt, block, DEMO_AGENTS, rounds, None)
     if trajs is not None:  # the same rate rule on this workload's turns
         plan = _replan(plan, trajs, kvbpt, block)
-    longest = max(sum(t.append_tokens + t.gen_tokens for t in tr.turns) for tr in plan.trajectories)
+    longest = _longest_context(plan.trajectories)
     if longest > window:
         raise InputError(f"a trajectory of {longest} tokens does not fit {model}'s {window}-token window")
     t0 = time.perf_counter()
@@ -83,7 +62,7 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
                                source=f"profile {cal.path} (dualpath calibrate)")
     report: dict[str, Any] = {"workload": workload, "model": model, "device": device, "repeat": repeat,
                               "rates": plan.rates.to_json(), "profile": None if cal.path is None else str(cal.path),
-                              "num_agents": len(plan.trajectories), "num_turns": sum(len(t.turns) for t in plan.trajectories),
+                              **_workload_size(plan.trajectories),
                               "runtime_wall_s": runtime_wall_s, "local_preset": asdict(sim_cfg.local), "modes": {}}
     for mode in modes:
         sim_run, sim_log = _simulate(sim_cfg, mode, plan.trajectories)
@@ -99,15 +78,44 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     return report
 
 
-def _replan(plan: Any, trajs: list[Trajectory], kvbpt: int, block: int) -> Any:
+def _replan(plan: Any, trajs: list[Trajectory] | TraceWorkload, kvbpt: int, block: int) -> Any:
+    """The demo's rate rule on this workload; a trace's time scale from the resulting rates."""
     from ..runtime.apps.emulation import derive_rates, trajectory_turns
 
+    if isinstance(trajs, TraceWorkload):
+        rates = derive_rates(plan.calibration.profile, trace_turn_costs(trajs.records, block), kvbpt)
+        span_s = trajs.records[-1].timestamp_s - trajs.records[0].timestamp_s
+        scale = TRACE_SPAN_OVER_BASIC_JCT * rates.predicted_basic_jct_s / span_s if span_s > 0 else 0.0
+        return replace(plan, trajectories=replace(trajs, time_scale=scale), rates=rates)
     turns = [c for t in trajs for c in trajectory_turns([(s.append_tokens, s.gen_tokens) for s in t.turns], block)]
     return replace(plan, trajectories=trajs, rates=derive_rates(plan.calibration.profile, turns, kvbpt))
 
 
-def _simulate(cfg: Any, mode: str, trajs: list[Trajectory]) -> tuple[dict, list[Decision]]:
-    sim = Simulator(cfg, parse_mode(mode), trajs, [0.0] * len(trajs))
+def _longest_context(work: list[Trajectory] | TraceWorkload) -> int:
+    if isinstance(work, TraceWorkload):
+        return max(r.input_tokens + r.output_tokens for r in work.records)
+    return max(sum(t.append_tokens + t.gen_tokens for t in tr.turns) for tr in work)
+
+
+def _workload_size(work: list[Trajectory] | TraceWorkload) -> dict[str, Any]:
+    if isinstance(work, TraceWorkload):
+        return {"num_agents": work.num_turns, "num_turns": work.num_turns, "time_scale": work.time_scale}
+    return {"num_agents": len(work), "num_turns": sum(len(t.turns) for t in work)}
+
+
+def _sim_workload(work: list[Trajectory] | TraceWorkload) -> tuple[list[Any], list[float]]:
+    """Agents and arrivals as the runtime replay sends them (replay.py: replay_workload)."""
+    if isinstance(work, TraceWorkload):
+        from ..sim.hits import TraceRequest
+
+        t0 = work.records[0].timestamp_s
+        return [TraceRequest.of(r) for r in work.records], [(r.timestamp_s - t0) * work.time_scale for r in work.records]
+    return list(work), [0.0] * len(work)
+
+
+def _simulate(cfg: Any, mode: str, work: list[Trajectory] | TraceWorkload) -> tuple[dict, list[Decision]]:
+    agents, arrivals = _sim_workload(work)
+    sim = Simulator(cfg, parse_mode(mode), agents, arrivals)
     log = DecisionLog()
     sim.driver.decisions = log
     result = sim.run()

@@ -2,13 +2,14 @@
 predicts the real system; `dualpath fidelity` compares the two logs request by request).
 
 A decision is complete when a pass picks a request's DE and read side (its PE was picked by an
-earlier or the same pass, PAPER.md 3.1-3.4). `fidelity` writes both worlds' logs into its report
-(`modes.<mode>.decision_logs`), one object per decision:
+earlier or the same pass, PAPER.md 3.1-3.4). `dualpath sim --decisions F` and `dualpath run
+--decisions F` write one JSONL file per mode (`decisions_path`); `fidelity` keeps both worlds' logs
+in its report (`modes.<mode>.decision_logs`). One object per decision:
 
     {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920}
 
-- `request`: the request's name: `a<agent>t<turn>` for a trajectory turn (the simulator's
-  `RequestId`, the runtime replay's request id), `m<index>` for a Mooncake record.
+- `request`: the request's name, `a<agent>t<turn>` (the simulator's `RequestId`, the runtime
+  replay's request id); record i of a Mooncake trace is the one-turn agent `a<i>t0`.
 - `t_s`: seconds since the log was opened (the run's start: the simulator's t = 0; the runtime's
   clock when the replay began).
 - `pe`, `de`: the engine's index among the engines of its role, in id order (0-based), the same
@@ -22,7 +23,9 @@ Lines appear in decision order (within one pass, the pass's order).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Sequence
 
 _SIDES = ("prefill", "decode")  # by ReadSide value
@@ -78,3 +81,33 @@ def agreement(a: Sequence[Decision], b: Sequence[Decision]) -> Agreement:
     return Agreement(n, len(da.keys() - db.keys()), len(db.keys() - da.keys()),
                      frac(lambda x, y: x.side == y.side), frac(lambda x, y: x.pe == y.pe),
                      frac(lambda x, y: x.de == y.de), frac(lambda x, y: x.hit_tokens == y.hit_tokens))
+
+
+def decisions_path(base: str | Path, mode: str) -> Path:
+    """Where `--decisions BASE` writes one mode's log: `out/d.jsonl` -> `out/d.<mode>.jsonl`."""
+    base = Path(base)
+    return base.with_name(f"{base.stem}.{mode}{base.suffix or '.jsonl'}")
+
+
+def write_jsonl(decisions: Sequence[Decision], path: str | Path) -> Path:
+    """One JSON object per line, in decision order (the module docstring's schema)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for d in decisions:
+            f.write(json.dumps(asdict(d)) + "\n")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[Decision]:
+    from ..errors import InputError
+
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Decision(**json.loads(line)))
+        except (ValueError, TypeError) as e:
+            raise InputError(f"{path}:{n}: not a decision ({e})") from None
+    return out

@@ -98,7 +98,7 @@ class StoreHits(HitModel):
     """
 
     def __init__(self, requests: Sequence[TraceRequest], block_tokens: int) -> None:
-        rechunker = Rechunker(block_tokens)  # one id space per run
+        rechunker = Rechunker(block_tokens, requests[0].record.block_tokens if requests else 512)  # one id space per run
         self.block_tokens = block_tokens
         self.blocks: list[tuple[int, ...]] = [rechunker.rechunk(r.record) for r in requests]  # by agent id
         self.stored: set[int] = set()

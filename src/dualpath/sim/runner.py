@@ -102,20 +102,28 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
 
 
 def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None,
-              turns_csv: str | Path | None = None, replay: TraceReplay = TraceReplay()) -> dict[str, Any]:
+              turns_csv: str | Path | None = None, replay: TraceReplay = TraceReplay(),
+              decisions: str | Path | None = None) -> dict[str, Any]:
     """One simulation per mode on the same workload; `turns_csv` also writes every finished turn
-    of every mode (TurnRecorder.write_csv); `replay` applies to a Mooncake trace."""
+    of every mode (TurnRecorder.write_csv); `decisions`, every scheduling decision of each mode
+    (metrics/decisions.py: decisions_path); `replay` applies to a Mooncake trace."""
+    from ..metrics.decisions import DecisionLog, decisions_path, write_jsonl
+
     features = [(m, parse_mode(m)) for m in modes]
     work = load_workload(cfg, replay)
     runs = []
     for i, (name, feat) in enumerate(features):
         sim = Simulator(cfg, feat, work.agents, work.arrivals_s)
+        if decisions is not None:
+            sim.driver.decisions = DecisionLog()
         cb = None if progress is None else (lambda done, total, _n=name: progress(_n, done, total))
         result = sim.run(progress=cb)
         result["mode"] = name
         runs.append(result)
         if turns_csv is not None:
             sim.recorder.write_csv(turns_csv, name, append=i > 0)
+        if sim.driver.decisions is not None:
+            result["decisions_file"] = str(write_jsonl(sim.driver.decisions.decisions, decisions_path(decisions, name)))
     return {
         "config": cfg.to_dict(),
         "workload": work.stats,

@@ -15,6 +15,7 @@ from dualpath.workloads.mooncake import (
     infer_parents,
     read_mooncake,
     rechunk,
+    rescale,
 )
 from dualpath.workloads.stats import (
     WorkloadFormat,
@@ -44,6 +45,7 @@ __all__ = [
     "read_mooncake",
     "read_trajectories",
     "rechunk",
+    "rescale",
     "trajectory_stats",
     "workload_stats",
     "write_trajectories",

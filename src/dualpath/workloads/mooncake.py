@@ -32,16 +32,33 @@ _MIN_PARENT_FULL_BLOCKS = 2
 
 @dataclass(frozen=True, slots=True)
 class MooncakeRecord:
-    """One request; `block_ids` are the trace's 512-token block ids (last block maybe partial)."""
+    """One request; `block_ids` are the trace's block ids (last block maybe partial), each of
+    `block_tokens` tokens: 512 as the trace is, fewer once `rescale`d to a small model's window."""
 
     timestamp_s: float
     input_tokens: int
     output_tokens: int
     block_ids: tuple[int, ...]
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
     @property
     def num_full_blocks(self) -> int:
-        return self.input_tokens // MOONCAKE_BLOCK_TOKENS
+        return self.input_tokens // self.block_tokens
+
+
+def rescale(records: tuple[MooncakeRecord, ...] | list[MooncakeRecord], block_tokens: int) -> tuple[MooncakeRecord, ...]:
+    """The same requests with every trace block standing for `block_tokens` tokens instead of 512:
+    full blocks stay full, a partial last block and the output shrink by block_tokens / 512
+    (rounded, at least 1 token), so prefix sharing, the blocks per prompt and the ratio of output
+    to input are the trace's while every length fits a small model's window."""
+    block_tokens = require_int(block_tokens, 1, "block_tokens")
+    out = []
+    for r in records:
+        full, partial = divmod(r.input_tokens, r.block_tokens)
+        tail = 0 if partial == 0 else min(block_tokens, max(1, round(partial * block_tokens / r.block_tokens)))
+        gen = 0 if r.output_tokens == 0 else max(1, round(r.output_tokens * block_tokens / r.block_tokens))
+        out.append(MooncakeRecord(r.timestamp_s, full * block_tokens + tail, gen, r.block_ids, block_tokens))
+    return tuple(out)
 
 
 def read_mooncake(path: str | Path) -> tuple[MooncakeRecord, ...]:
@@ -88,21 +105,23 @@ class Rechunker:
     Not frozen: the interning table grows as records are seen (like an id generator).
     """
 
-    __slots__ = ("block_tokens", "_ids")
+    __slots__ = ("block_tokens", "source_block_tokens", "_ids")
 
-    def __init__(self, block_tokens: int) -> None:
+    def __init__(self, block_tokens: int, source_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
         block_tokens = require_int(block_tokens, 1, "block_tokens")
-        if MOONCAKE_BLOCK_TOKENS % block_tokens and block_tokens % MOONCAKE_BLOCK_TOKENS:
-            raise InputError(
-                f"block_tokens must divide {MOONCAKE_BLOCK_TOKENS} or be a multiple of it, "
-                f"got {block_tokens}"
-            )
+        src = require_int(source_block_tokens, 1, "source_block_tokens")
+        if src % block_tokens and block_tokens % src:
+            raise InputError(f"block_tokens must divide {src} or be a multiple of it, got {block_tokens}")
         self.block_tokens = block_tokens
+        self.source_block_tokens = src
         self._ids: dict[tuple[int, ...], int] = {}
 
     def rechunk(self, record: MooncakeRecord) -> tuple[int, ...]:
         """Ids of the full `block_tokens` blocks of the record's prompt, in order."""
-        if self.block_tokens <= MOONCAKE_BLOCK_TOKENS:
+        if record.block_tokens != self.source_block_tokens:
+            raise InputError(f"a record of {record.block_tokens}-token trace blocks in an id space of "
+                             f"{self.source_block_tokens}-token ones")
+        if self.block_tokens <= self.source_block_tokens:
             return self._split(record)
         return self._merge(record)
 
@@ -113,7 +132,7 @@ class Rechunker:
         return got
 
     def _split(self, record: MooncakeRecord) -> tuple[int, ...]:
-        k = MOONCAKE_BLOCK_TOKENS // self.block_tokens
+        k = self.source_block_tokens // self.block_tokens
         num_sub = record.input_tokens // self.block_tokens
         out: list[int] = []
         parent = -1  # chain key of the root; interned ids are >= 0
@@ -124,7 +143,7 @@ class Rechunker:
         return tuple(out[:num_sub])
 
     def _merge(self, record: MooncakeRecord) -> tuple[int, ...]:
-        m = self.block_tokens // MOONCAKE_BLOCK_TOKENS
+        m = self.block_tokens // self.source_block_tokens
         num_full = record.input_tokens // self.block_tokens
         out: list[int] = []
         parent = -1
@@ -139,7 +158,7 @@ def rechunk(
 ) -> tuple[int, ...]:
     """Convenience for one record; pass a shared `Rechunker` to keep ids comparable across records."""
     if rechunker is None:
-        rechunker = Rechunker(block_tokens)
+        rechunker = Rechunker(block_tokens, record.block_tokens)
     elif rechunker.block_tokens != block_tokens:
         raise ValueError(
             f"rechunker is for {rechunker.block_tokens}-token blocks, not {block_tokens}"

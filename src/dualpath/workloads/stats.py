@@ -44,7 +44,6 @@ from dualpath.workloads._checks import require_int
 from dualpath.workloads.jsonl import WorkloadFormat, detect_format
 from dualpath.workloads.jsonl_format import read_trajectories
 from dualpath.workloads.mooncake import (
-    MOONCAKE_BLOCK_TOKENS,
     MooncakeRecord,
     Rechunker,
     infer_parents,
@@ -106,16 +105,16 @@ def mooncake_stats(
     records: Sequence[MooncakeRecord], block_tokens: int = BLOCK_TOKENS_DEFAULT
 ) -> dict[str, float]:
     """Table 2 style statistics of a Mooncake trace (definitions in the module docstring)."""
-    rechunker = Rechunker(block_tokens)
     if not records:
         raise InputError("no requests to summarise")
+    rechunker = Rechunker(block_tokens, records[0].block_tokens)
     recs = sorted(records, key=lambda r: r.timestamp_s)  # stable: file order breaks ties
     parents = infer_parents(recs)
     root = np.empty(len(recs), dtype=np.int64)
     new_tokens = np.empty(len(recs), dtype=np.int64)
     for i, (rec, p) in enumerate(zip(recs, parents)):
         root[i] = i if p is None else root[p]
-        shared = 0 if p is None else MOONCAKE_BLOCK_TOKENS * recs[p].num_full_blocks
+        shared = 0 if p is None else recs[p].block_tokens * recs[p].num_full_blocks
         new_tokens[i] = rec.input_tokens - shared
     inputs = np.fromiter((r.input_tokens for r in recs), np.int64, count=len(recs))
     outputs = np.fromiter((r.output_tokens for r in recs), np.int64, count=len(recs))

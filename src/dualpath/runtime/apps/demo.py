@@ -33,7 +33,7 @@ from ..clock import MonotonicClock
 from ..cluster import LocalCluster
 from ..engine.cpus import available_cpus, plan_cpus
 from .emulation import EmulatedRates, derive_rates, given_rates, trajectory_turns
-from .replay import replay_trajectories, storage_read_bytes, summarise
+from .replay import TraceWorkload, num_turns, replay_workload, storage_read_bytes, summarise
 
 FIRST_PROMPT_TOKENS = 190  # 3 blocks less the 2 generated tokens whose KV is computed
 APPEND_TOKENS = 61  # + 3 generated: one 64-token block per round
@@ -63,9 +63,19 @@ def cold_workload(num_agents: int = DEMO_AGENTS, rounds: int = 8) -> list[Trajec
     return [Trajectory(a, (turn,) * rounds) for a in range(num_agents)]
 
 
+def _workload_json(workload: list[Trajectory] | TraceWorkload, cold: bool) -> dict[str, Any]:
+    if isinstance(workload, TraceWorkload):
+        return {"cold": cold, "trace_requests": workload.num_turns, "num_turns": workload.num_turns,
+                "time_scale": workload.time_scale}
+    first = workload[0].turns
+    return {"cold": cold, "num_agents": len(workload), "num_turns": num_turns(workload), "rounds": len(first),
+            "first_prompt_tokens": first[0].append_tokens,
+            "append_tokens": first[1].append_tokens if len(first) > 1 else 0, "gen_tokens": first[0].gen_tokens}
+
+
 @dataclass(frozen=True, slots=True)
 class DemoPlan:
-    trajectories: list[Trajectory]
+    trajectories: list[Trajectory] | TraceWorkload  # a trace: `dualpath fidelity --workload mooncake`
     rates: EmulatedRates
     calibration: Calibration
 
@@ -110,11 +120,12 @@ def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = F
     return cal, kv_bytes, cfg.block_tokens
 
 
-async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
+async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | TraceWorkload,
                        on_turn: Callable[[int, Mapping[str, int]], None] | None = None, cold: bool = False,
                        record_decisions: bool = False) -> dict[str, Any]:
-    """`record_decisions`: the result's "decisions" holds the scheduler's decisions
-    (metrics/decisions.py) with times from the replay's start."""
+    """Trajectories (all at t = 0) or a Mooncake trace (open loop). `record_decisions`: the
+    result's "decisions" holds the scheduler's decisions (metrics/decisions.py) with times from
+    the replay's start."""
     cfg = cluster.cfg
     clock = MonotonicClock()
     router = cluster.router
@@ -123,13 +134,13 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory],
         router.metrics.decisions = DecisionLog(router.clock.now_s())
     t0 = time.perf_counter()
     cb = None if on_turn is None else (lambda n: on_turn(n, storage_read_bytes(router)))  # turns done, bytes per node
-    records = await replay_trajectories(router, trajectories, [0.0] * len(trajectories), vocab, clock, cfg.seed, cb, cold)
+    records = await replay_workload(router, trajectories, vocab, clock, cfg.seed, cb, cold)
     wall = time.perf_counter() - t0
     await asyncio.sleep(1.0)  # a last round of engine counters
     router.check_invariants()
     router = cluster.router
     counters = dict(router.metrics.engine_counters)
-    result = summarise(records, router.metrics.summary(), wall, len(trajectories))
+    result = summarise(records, router.metrics.summary(), wall, len({r.agent for r in records}))
     rate = cfg.snic_bytes_per_s
     result["mode"] = cfg.mode
     result["snic"] = {
@@ -159,7 +170,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
     trajectories, rates = plan.trajectories, plan.rates
     if cold_rounds:
         trajectories = cold_workload(num_agents, cold_rounds)
-    total = sum(len(t.turns) for t in trajectories)
+    total = num_turns(trajectories)
     runs = []
     t0 = time.perf_counter()
     cluster_cfg = replace(demo_config(modes[0], rates, model), seed=seed, device=device)
@@ -182,11 +193,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                     "machine": cal.profile.key.machine, "threads": cal.profile.key.threads,
                     "measure_wall_s": cal.profile.wall_s,
                     "prefill_s_64_over_1024": cal.profile.prefill_s(64, 1024)},
-        "workload": {"cold": bool(cold_rounds), "num_agents": len(trajectories), "num_turns": total,
-                     "rounds": len(trajectories[0].turns),
-                     "first_prompt_tokens": trajectories[0].turns[0].append_tokens,
-                     "append_tokens": trajectories[0].turns[1].append_tokens if len(trajectories[0].turns) > 1 else 0,
-                     "gen_tokens": trajectories[0].turns[0].gen_tokens},
+        "workload": _workload_json(trajectories, bool(cold_rounds)),
         "startup_s": startup_s,
         "runs": runs,
     }

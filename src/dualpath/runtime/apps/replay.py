@@ -5,9 +5,11 @@ token) plus A_i new tokens and asks for exactly g_i tokens (min_tokens = max_tok
 ignored). Token ids are synthetic: each agent's appends are seeded random ids from the ordinary
 part of the vocabulary, so agents never share a prefix while each agent's turns do.
 
-Mooncake traces: each 512-token block id becomes 512 fixed random ids (seeded by the id), so
-requests that share block ids share prefixes and hit the store, as in production; requests are
-sent at their timestamps (scaled) and generate `output_length` tokens.
+Mooncake traces: each block id (512 tokens, or fewer in a `rescale`d trace) becomes as many fixed
+random ids (seeded by the id), so requests that share block ids share prefixes and hit the store,
+as in production; requests are sent at their timestamps (scaled) and generate `output_length`
+tokens. `TraceWorkload` carries a trace's records and time scale where a list of trajectories
+would go (`replay_workload`).
 
 Both return per-turn timestamps and a summary with the simulator's JSON keys.
 """
@@ -23,6 +25,24 @@ import numpy as np
 from ...metrics import turn_latencies
 from ..api import GenerationRequest, SamplingParams
 from ..clock import Clock
+
+
+@dataclass(frozen=True, slots=True)
+class TraceWorkload:
+    """Mooncake records replayed open loop: record i arrives at (timestamp_i - first) * time_scale s."""
+
+    records: tuple[Any, ...]  # workloads.mooncake.MooncakeRecord
+    time_scale: float
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.records)
+
+
+def num_turns(workload: Sequence[Any] | TraceWorkload) -> int:
+    if isinstance(workload, TraceWorkload):
+        return workload.num_turns
+    return sum(len(t.turns) for t in workload)
 
 
 @dataclass(slots=True)
@@ -83,11 +103,13 @@ async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals
 
 
 async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: int, clock: Clock, time_scale: float = 1.0,
-                          block_tokens: int = 512, on_turn: Callable[[int], None] | None = None) -> list[TurnRecord]:
+                          on_turn: Callable[[int], None] | None = None) -> list[TurnRecord]:
+    """Each trace block id stands for `block_tokens` fixed tokens (seeded by the id), so equal ids
+    give equal prefixes; request i is a one-turn agent, named `a<i>t0` as the simulator names it."""
     lo, hi = _ordinary_ids(vocab_size)
     cache: dict[int, list[int]] = {}
 
-    def block(bid: int) -> list[int]:
+    def block(bid: int, block_tokens: int) -> list[int]:
         if bid not in cache:
             cache[bid] = np.random.default_rng(bid).integers(lo, hi, size=block_tokens).tolist()
         return cache[bid]
@@ -98,13 +120,22 @@ async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: in
 
     async def one(i: int, rec: Any) -> None:
         await asyncio.sleep(max(0.0, start + (rec.timestamp_s - t_first) * time_scale - clock.now_s()))
-        prompt = [t for bid in rec.block_ids for t in block(bid)][: rec.input_tokens]
-        await _one_request(router, clock, f"m{i}", prompt, max(1, rec.output_tokens), i, 0, records)
+        prompt = [t for bid in rec.block_ids for t in block(bid, rec.block_tokens)][: rec.input_tokens]
+        await _one_request(router, clock, f"a{i}t0", prompt, max(1, rec.output_tokens), i, 0, records)
         if on_turn is not None:
             on_turn(len(records))
 
     await asyncio.gather(*(one(i, r) for i, r in enumerate(records_in)))
     return records
+
+
+async def replay_workload(router: Any, workload: Sequence[Any] | TraceWorkload, vocab_size: int, clock: Clock,
+                          seed: int = 0, on_turn: Callable[[int], None] | None = None,
+                          cold: bool = False) -> list[TurnRecord]:
+    """Trajectories (all arriving at t = 0) or a `TraceWorkload`."""
+    if isinstance(workload, TraceWorkload):
+        return await replay_mooncake(router, workload.records, vocab_size, clock, workload.time_scale, on_turn)
+    return await replay_trajectories(router, workload, [0.0] * len(workload), vocab_size, clock, seed, on_turn, cold)
 
 
 def storage_read_bytes(router: Any) -> dict[str, int]:

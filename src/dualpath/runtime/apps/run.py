@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ...config import RuntimeConfig, parse_pd
+from ...metrics.decisions import DecisionLog, decisions_path, write_jsonl
 from ...workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
@@ -22,9 +23,10 @@ def _per_turn(on_turn: OnTurn | None, mode: str, total: int, router: Any) -> Cal
 
 async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
                     snic_mb_s: float | None, device: str = "cpu",
-                    on_turn: OnTurn | None = None) -> dict:
+                    on_turn: OnTurn | None = None, decisions: Path | None = None) -> dict:
     """One fresh cluster per mode; `on_turn(mode, turns done, total, storage bytes read per node)`
-    after every finished turn."""
+    after every finished turn; `decisions`: every scheduling decision of each mode as JSONL
+    (metrics/decisions.py: decisions_path)."""
     p, d = parse_pd(pd)
     fmt = detect_format(path)
     runs = []
@@ -36,6 +38,8 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
         async with LocalCluster(cfg) as cluster:
             router = cluster.router
             vocab = router.tokenizer.vocab_size
+            if decisions is not None:
+                router.metrics.decisions = DecisionLog(router.clock.now_s())
             t0 = time.perf_counter()
             if fmt is WorkloadFormat.TRAJECTORY:
                 trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
@@ -49,6 +53,8 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
             wall = time.perf_counter() - t0
             await asyncio.sleep(0.6)
             result = summarise(records, router.metrics.summary(), wall, n)
+            if decisions is not None:
+                result["decisions_file"] = str(write_jsonl(router.metrics.decisions.decisions, decisions_path(decisions, mode)))
         result["mode"] = mode
         runs.append(result)
     return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device}, "runs": runs}
