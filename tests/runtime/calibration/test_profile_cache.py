@@ -26,7 +26,7 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     p = first.profile
     assert all(s.seconds > 0 for s in p.prefill + p.decode)
     assert p.prefill_s(128, 1024) > p.prefill_s(32, 0) > 0  # grows with tokens and context
-    assert json.loads(first.path.read_text())["schema"] == "dualpath.profile/1"
+    assert json.loads(first.path.read_text())["schema"] == "dualpath.profile/2"
 
     again = load_or_measure("tiny", fp, "cpu", 1)
     assert again.reused and again.profile == p
@@ -40,7 +40,7 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     wrong.write_text(first.path.read_text())
     assert read_cached(ProfileKey(machine_id(), fp, "cpu", 2)) is None
 
-    first.path.write_text('{"schema": "dualpath.profile/1", "prefill": [')  # torn write
+    first.path.write_text('{"schema": "dualpath.profile/2", "prefill": [')  # torn write
     rebuilt = load_or_measure("tiny", fp, "cpu", 1)
     assert not rebuilt.reused and rebuilt.profile.measured_at and read_cached(p.key) == rebuilt.profile
 
