@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import enum
 
+from mypy_extensions import mypyc_attr
+
 
 class Phase(enum.IntEnum):
     QUEUED = 1
@@ -42,6 +44,7 @@ LEGAL_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 }
 
 
+@mypyc_attr(native_class=False)  # compiled (_build.py): an exception stays a Python class
 class IllegalTransition(RuntimeError):
     pass
 

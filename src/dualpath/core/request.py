@@ -15,6 +15,9 @@ class RequestId:
     agent: int
     turn: int
 
+    def __hash__(self) -> int:  # the dataclass's own hash, written out so the compiled build runs it natively
+        return hash((self.agent, self.turn))
+
     def __str__(self) -> str:
         return f"a{self.agent}t{self.turn}"
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Final, Iterable, Sequence, final
 
 from mypy_extensions import mypyc_attr
 
@@ -98,18 +98,31 @@ class SchedulerRules:
     forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
 
 
-class PrefillAssignment(NamedTuple):  # a tuple: immutable, and cheap to build once per decision
-    req: QueuedRequest  # the request as the scheduler saw it
-    ref: Any  # the world's record of it, as given to `submit` (never read here)
-    engine: int  # the PE that takes it: tok_e += num_tokens, seq_e += 1
+@final
+class PrefillAssignment:
+    """A PE choice. Read-only (Final: mypy refuses a write); a slotted class rather than a
+    NamedTuple, whose constructor is Python code even in the compiled build."""
+
+    __slots__ = ("req", "ref", "engine")
+
+    def __init__(self, req: QueuedRequest, ref: Any, engine: int) -> None:
+        self.req: Final = req  # the request as the scheduler saw it
+        self.ref: Final = ref  # the world's record of it, as given to `submit` (never read here)
+        self.engine: Final = engine  # the PE that takes it: tok_e += num_tokens, seq_e += 1
 
 
-class DecodeAssignment(NamedTuple):
-    req: QueuedRequest  # the request as the scheduler saw it
-    ref: Any  # the world's record of it
-    engine: int  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
-    side: ReadSide  # where its hit KV is read
-    read_tokens: int  # tokens added to the read side's node queue (view.read_tokens at the pass)
+@final
+class DecodeAssignment:
+    """A DE choice with its read side; read-only like PrefillAssignment."""
+
+    __slots__ = ("req", "ref", "engine", "side", "read_tokens")
+
+    def __init__(self, req: QueuedRequest, ref: Any, engine: int, side: ReadSide, read_tokens: int) -> None:
+        self.req: Final = req  # the request as the scheduler saw it
+        self.ref: Final = ref  # the world's record of it
+        self.engine: Final = engine  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
+        self.side: Final = side  # where its hit KV is read
+        self.read_tokens: Final = read_tokens  # tokens added to the read side's node queue (view.read_tokens at the pass)
 
 
 _NONE: tuple = ()

@@ -136,7 +136,8 @@ class Network:
 
     def _advance_link(self, link: Link) -> None:
         for lane_flows in link.flows:
-            self._advance_flows(lane_flows.values())
+            if lane_flows:  # most links carry one lane at a time: no call for the idle one
+                self._advance_flows(lane_flows.values())
 
     def _rerate_link(self, link: Link) -> None:
         """Re-derive the rate of every flow of the link: the smallest `Link.share` over the flow's
