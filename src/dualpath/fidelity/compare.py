@@ -22,6 +22,9 @@ _METRICS: dict[str, Callable[[dict], float]] = {
     "tpot_mean_s": lambda r: r["tpot_s"]["mean"],
     "pe_path_bytes": lambda r: float(r["bytes"]["storage_to_prefill"]),
     "de_path_bytes": lambda r: float(r["bytes"]["storage_via_decode"]),
+    # diagnostic: the DEs' model time per decode step (runtime: the forward alone, its loop's other
+    # work excluded; simulator: its modelled step); TPOT minus it is the runtime's per-step overhead
+    "de_step_s": lambda r: r.get("de_step_s", math.nan),
 }
 
 

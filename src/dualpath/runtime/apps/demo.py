@@ -32,6 +32,7 @@ from .calibrate import Calibration, load_or_measure
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
 from ..engine.cpus import available_cpus, plan_cpus
+from ..protocol import EngineRole
 from .emulation import EmulatedRates, derive_rates, given_rates, trajectory_turns
 from .replay import TraceWorkload, num_turns, replay_workload, storage_read_bytes, summarise
 
@@ -150,6 +151,11 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
         for e, c in sorted(counters.items())
     }
     result["engine_busy_s"] = {str(e): c.busy_s for e, c in sorted(counters.items())}
+    # the decode engines' model time per decode step (their loop's own work excluded): `fidelity`
+    # sets it beside the simulator's step time to split a TPOT error into model and loop
+    de = [c for e, c in counters.items() if e in router.engines and router.engines[e].role == EngineRole.DECODE]
+    forwards = sum(c.forwards for c in de)
+    result["de_step_s"] = sum(c.busy_s for c in de) / forwards if forwards else float("nan")
     if record_decisions:
         result["decisions"] = [asdict(d) for d in router.metrics.decisions.decisions]
         result["ttft_samples_s"] = [r.first_s - r.arrival_s for r in records]
