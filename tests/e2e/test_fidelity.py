@@ -54,7 +54,13 @@ def test_report_structure_and_errors_come_from_the_runs(report):
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args, needle in ((("--workload", "nope"), "unknown workload"), (("--repeat", "0"), "--repeat")):
+    too_long = tmp_path / "long.jsonl"  # a first round beyond the tiny model's 4,096-token window
+    too_long.write_text('{"agent": 0, "rounds": [[10000, 3], [40, 3]]}\n')
+    lone = tmp_path / "lone.jsonl"  # a Mooncake trace without a conversation of two turns
+    lone.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [0, 1]}\n')
+    for args, needle in ((("--workload", "nope"), "unknown workload"), (("--repeat", "0"), "--repeat"),
+                         (("--workload", str(too_long)), "smaller than the first round"),
+                         (("--workload", str(lone)), "no conversation of two or more turns")):
         p = _cli("fidelity", "--model", "tiny", *args, timeout=300)
         assert p.returncode == 2, p.stderr[-2000:]
         assert needle in p.stderr and "Traceback" not in p.stderr
