@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from typing import Any, AsyncContextManager, Callable
+from typing import AsyncContextManager, Callable
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -206,19 +206,9 @@ class _Server:
                                             "owned_by": "dualpath", "max_model_len": self.router.max_context_tokens}]}
 
 
-def create_app(router: ServingBackend, api_key: str | None = None, *, limits: ServerLimits = ServerLimits(),
-               wall_time_s: Callable[[], float] = system_wall_time_s, monotonic_s: Callable[[], float] = system_monotonic_s,
-               new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
-    """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
-    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
-    `limits` bound what is accepted (admission.py; 429 / 413 / 400 beyond them). `lifespan`
-    (FastAPI's) runs on the server's event loop: start the router there, stop it after.
-    The app's admission ledger is `app.state.admission`."""
-    admission = Admission(limits, monotonic_s)
-    server = _Server(router, wall_time_s, new_request_id, admission)
-    app = FastAPI(title="dualpath", summary="OpenAI-compatible API of the dualpath runtime", lifespan=lifespan)
-    app.state.admission = admission
-    app.add_middleware(FrontDoor, responses=server.responses, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body: client mistakes 400 (naming the field), overload 429,
+    anything unexpected 500 without details."""
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -246,6 +236,23 @@ def create_app(router: ServingBackend, api_key: str | None = None, *, limits: Se
     @app.exception_handler(Exception)
     async def on_server_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(500, "internal server error", kind="server_error")
+
+
+def create_app(router: ServingBackend, api_key: str | None = None, *, limits: ServerLimits = ServerLimits(),
+               wall_time_s: Callable[[], float] = system_wall_time_s, monotonic_s: Callable[[], float] = system_monotonic_s,
+               new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
+    """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
+    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
+    `limits` bound what is accepted (admission.py; 429 / 413 / 400 beyond them). `lifespan`
+    (FastAPI's) runs on the server's event loop: start the router there, stop it after.
+    The app's admission ledger is `app.state.admission`."""
+    admission = Admission(limits, monotonic_s)
+    server = _Server(router, wall_time_s, new_request_id, admission)
+    app = FastAPI(title="dualpath", summary="OpenAI-compatible API of the dualpath runtime", lifespan=lifespan)
+    app.state.admission = admission
+    app.add_middleware(FrontDoor, responses=server.responses, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
