@@ -103,7 +103,7 @@ class BlockStore:
     def lookup(self, digests: Sequence[bytes]) -> int:
         """Number of leading `digests` stored (a prefix chain). Does not count as an access."""
         n = 0
-        for digest in map(files.check_digest, digests):
+        for digest in [files.check_digest(d) for d in digests]:  # all checked before any I/O
             with self._cv:
                 present = digest in self._index
             if not present and not self._adopt(digest):
