@@ -40,6 +40,9 @@ class FuzzReport:
     responses: Counter[str] = field(default_factory=Counter)
     failures: list[dict] = field(default_factory=list)  # the first MAX_FAILURES_KEPT
     num_failures: int = 0
+    # negative (schema-breaking) cases the server served with a 2xx: not failures, but each is input
+    # the schema forbids and the server accepts; the first MAX_FAILURES_KEPT, to look at
+    accepted_negative: list[dict] = field(default_factory=list)
     alive_after: bool = False
 
     def count_status(self, low: int, high: int) -> int:
@@ -66,6 +69,9 @@ def _fuzz_one(report: FuzzReport, operation, mode: GenerationMode, base_url: str
         except requests.RequestException as exc:
             status, text = None, f"{type(exc).__name__}: {exc}"
         report.responses[f"{key} {status if status is not None else 'none'}"] += 1
+        if mode is GenerationMode.NEGATIVE and status is not None and status < 300 and (
+                len(report.accepted_negative) < MAX_FAILURES_KEPT):
+            report.accepted_negative.append({"operation": key, "status": status, "curl": case.as_curl_command()})
         if status is None or status >= 500:
             report.num_failures += 1
             if len(report.failures) < MAX_FAILURES_KEPT:
@@ -125,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
           f"a valid request after: {'200' if report.alive_after else 'FAILED'}")
     for failure in report.failures:
         print(json.dumps(failure))
+    for accepted in report.accepted_negative:
+        print("accepted although schema-breaking:", json.dumps(accepted))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**asdict(report), "responses": dict(report.responses)}, f, indent=1)
