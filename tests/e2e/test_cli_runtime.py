@@ -39,6 +39,8 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["demo", "--model", "tiny", "--device", "gpu0"], "unknown device 'gpu0'"),
     (["run", "/nonexistent.jsonl", "--device", "cuda:x"], "unknown device"),
     (["serve", "--device", "tpu"], "unknown device 'tpu'"),
+    (["serve", "--max-inflight-requests", "0"], "max_inflight_requests must be a positive integer"),
+    (["serve", "--max-prompt-tokens", "10", "--max-queued-prompt-tokens", "5"], "could never be admitted"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):
     p = cli(*args)

@@ -79,17 +79,28 @@ def serve(
     store_dir: Annotated[Optional[Path], typer.Option(help="KV store directory (default: temporary)")] = None,
     snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
     device: DeviceOption = "cpu",
+    max_inflight_requests: Annotated[Optional[int], typer.Option(
+        help="requests admitted at once; more get 429 + Retry-After (default 256)")] = None,
+    max_queued_prompt_tokens: Annotated[Optional[int], typer.Option(
+        help="prompt tokens admitted and not yet prefilled; more get 429 (default 262144)")] = None,
+    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="longest prompt; longer is a 400 (default 65536)")] = None,
+    max_body_bytes: Annotated[Optional[int], typer.Option(help="largest request body; larger is a 413 (default 8 MiB)")] = None,
 ) -> None:
     """OpenAI-compatible server on a local PD-disaggregated cluster."""
     from ..config import RuntimeConfig, parse_pd
     from ..runtime.apps.serve import serve_cluster
+    from ..runtime.server.admission import ServerLimits
+
+    given = dict(max_inflight_requests=max_inflight_requests, max_queued_prompt_tokens=max_queued_prompt_tokens,
+                 max_prompt_tokens=max_prompt_tokens, max_body_bytes=max_body_bytes)
+    limits = ServerLimits(**{name: value for name, value in given.items() if value is not None})
 
     p, d = parse_pd(pd)
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                         store_dir=str(store_dir) if store_dir else None,
                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device)
     _device(device)
-    serve_cluster(cfg, host=host, port=port, api_key=api_key)
+    serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits)
 
 def run(
     trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],

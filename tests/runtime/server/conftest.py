@@ -17,11 +17,12 @@ WALL_TIME_S = 1_700_000_000.0
 
 
 class RunningServer:
-    def __init__(self, router: FakeBackend, api_key: str | None, lifespan=None) -> None:
+    def __init__(self, router: FakeBackend, api_key: str | None, lifespan=None, **app_kwargs) -> None:
         ids = iter(range(1_000_000))
         app = create_app(router, api_key, wall_time_s=lambda: WALL_TIME_S, new_request_id=lambda: f"{next(ids):06d}",
-                         lifespan=lifespan)
+                         lifespan=lifespan, **app_kwargs)
         self.router = router
+        self.admission = app.state.admission
         # port 0 through uvicorn's own bind (as `serve` does); the real port is read once bound
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=1)
@@ -64,11 +65,12 @@ def smollm2_tokenizer():
 
 @pytest.fixture
 def start_server() -> Iterator[Callable[..., RunningServer]]:
-    """start_server(router=None, api_key=None, lifespan=None) -> RunningServer; stopped after the test."""
+    """start_server(router=None, api_key=None, lifespan=None, **create_app_kwargs) -> RunningServer;
+    stopped after the test."""
     running: list[RunningServer] = []
 
-    def start(router: FakeBackend | None = None, api_key: str | None = None, lifespan=None) -> RunningServer:
-        server = RunningServer(router if router is not None else FakeBackend(), api_key, lifespan)
+    def start(router: FakeBackend | None = None, api_key: str | None = None, lifespan=None, **app_kwargs) -> RunningServer:
+        server = RunningServer(router if router is not None else FakeBackend(), api_key, lifespan, **app_kwargs)
         running.append(server)
         return server
 

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 
 from ...config import RuntimeConfig
 from ..cluster import LocalCluster
+from ..server.admission import ServerLimits
 
 
 class ClusterRouter:
@@ -33,7 +34,7 @@ class ClusterRouter:
         return {"status": "ok", **router.health()}
 
 
-def make_app(cfg: RuntimeConfig, api_key: str | None = None):
+def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimits | None = None):
     from ..server.app import create_app
 
     cluster = LocalCluster(cfg)
@@ -47,11 +48,12 @@ def make_app(cfg: RuntimeConfig, api_key: str | None = None):
         finally:
             await cluster.stop()
 
-    return create_app(proxy, api_key, lifespan=lifespan), cluster
+    return create_app(proxy, api_key, limits=limits or ServerLimits(), lifespan=lifespan), cluster
 
 
-def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
+def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                  limits: ServerLimits | None = None) -> None:
     import uvicorn
 
-    app, _ = make_app(cfg, api_key)
+    app, _ = make_app(cfg, api_key, limits)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)

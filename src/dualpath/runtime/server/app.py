@@ -1,12 +1,16 @@
 """OpenAI-compatible HTTP front end over any `ServingBackend` (runtime/api.py).
 
 Path of a request through the server:
-  1. `_FrontDoor` (outermost ASGI layer) checks the API key on /v1/ routes (401 otherwise) and
+  1. `FrontDoor` (front_door.py, the outermost ASGI layer) checks the API key on /v1/ routes (401
+     otherwise) and the body size (413 past `ServerLimits.max_body_bytes`, before any parsing), and
      counts every response by route and status for /metrics;
   2. FastAPI parses the body into `ChatCompletionBody` / `CompletionBody` (strict types); any
      client mistake becomes a 400 with an OpenAI error body naming the field (`param`);
-  3. `_Server.prepare` (in a worker thread: chat rendering and BPE are CPU work) renders and encodes
-     the prompt, checks the context window and builds the `GenerationRequest`;
+  3. admission (admission.py): a server at its request limit answers 429 with `Retry-After` at
+     once; else `_Server.prepare` (in a worker thread: chat rendering and BPE are CPU work) renders
+     and encodes the prompt, checks the prompt limit and the context window and builds the
+     `GenerationRequest`; then its prompt tokens are admitted (or 429) and a `Ticket` follows the
+     request to its terminal state;
   4. `streaming.token_deltas` pulls `TokenEvent`s from `router.generate` and turns them into text deltas:
      incremental detokenization (never a split UTF-8 character) and stop strings;
   5. non-streaming: the deltas are collected; streaming: the first delta is pulled before the
@@ -16,17 +20,17 @@ Path of a request through the server:
      generator in the chain (SSE -> deltas -> router) is closed in a `finally`, shielded from
      cancellation, so the router frees the request on every engine.
 
-Wall time (for OpenAI's `created`) is read only by `system_wall_time_s`; tests inject their own.
+Wall time (for OpenAI's `created`) is read only by `system_wall_time_s`, elapsed time only by
+`system_monotonic_s`; tests inject their own.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 import uuid
 from collections import Counter
-from typing import Any, AsyncContextManager, Callable
+from typing import AsyncContextManager, Callable
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -36,6 +40,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServingBackend
+from dualpath.runtime.server.admission import Admission, Overloaded, ServerLimits, Ticket
+from dualpath.runtime.server.front_door import FrontDoor
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
 from dualpath.runtime.server.streaming import (EventStream, Job, close_quietly, collect_deltas, completion_json, event_stream,
                                                token_deltas, unless_disconnected)
@@ -44,12 +50,16 @@ from dualpath.metrics.prometheus import CONTENT_TYPE, Sample, family, render
 log = logging.getLogger(__name__)
 Lifespan = Callable[[FastAPI], AsyncContextManager[None]]
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": logged and counted, never received
-ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 
 
 def system_wall_time_s() -> float:
     """Seconds since the Unix epoch: the server's only read of wall time (for `created`)."""
     return time.time()
+
+
+def system_monotonic_s() -> float:
+    """Monotonic seconds: the server's only read of elapsed time (admission's service times)."""
+    return time.monotonic()
 
 
 def random_request_id() -> str:
@@ -70,8 +80,10 @@ def _utf8_text(text: str, param: str) -> str:
 
 
 class _Server:
-    def __init__(self, router: ServingBackend, wall_time_s: Callable[[], float], new_request_id: Callable[[], str]) -> None:
+    def __init__(self, router: ServingBackend, wall_time_s: Callable[[], float], new_request_id: Callable[[], str],
+                 admission: Admission) -> None:
         self.router = router
+        self.admission = admission
         self.wall_time_s = wall_time_s
         self.new_request_id = new_request_id
         self.started = int(wall_time_s())
@@ -122,6 +134,10 @@ class _Server:
         prompt_ids = self._prompt_ids(body)
         if not prompt_ids:
             raise RequestError("the prompt is empty (0 tokens)", "messages" if chat else "prompt")
+        limit = self.admission.limits.max_prompt_tokens
+        if len(prompt_ids) > limit:
+            raise RequestError(f"{len(prompt_ids)} prompt tokens are more than this server's limit of {limit}",
+                               "messages" if chat else "prompt", "prompt_too_long")
         max_tokens = self._max_tokens(body, len(prompt_ids))
         min_tokens = body.min_tokens or 0
         if min_tokens > max_tokens:
@@ -141,8 +157,19 @@ class _Server:
                    include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage))
 
     async def respond(self, request: Request, body: ChatCompletionBody | CompletionBody) -> Response:
+        self.admission.check_room()  # a full server answers 429 before spending CPU on the prompt
         job = await anyio.to_thread.run_sync(self.prepare, body)
-        deltas = token_deltas(self.router, job)
+        ticket = self.admission.admit(len(job.request.prompt_ids))
+        try:
+            return await self._generate(request, job, ticket)
+        except BaseException:
+            ticket.release()
+            raise
+
+    async def _generate(self, request: Request, job: Job, ticket: Ticket) -> Response:
+        """The response of an admitted request; `ticket` is released at its terminal state (here,
+        or when the SSE stream closes)."""
+        deltas = token_deltas(self.router, job, ticket)
         try:
             # streaming: only the first delta, so that a router's InputError is still a 400
             outcome = await unless_disconnected(request, lambda: anext(deltas) if job.stream else collect_deltas(deltas))
@@ -151,11 +178,13 @@ class _Server:
             raise
         if outcome is None:
             await close_quietly(deltas)
+            ticket.release()
             return Response(status_code=CLIENT_CLOSED_STATUS)
         if not job.stream:
+            ticket.release()
             return JSONResponse(completion_json(job, outcome))
         return EventStream(event_stream(job, outcome, deltas), media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, on_close=ticket.release)
 
     def health(self) -> JSONResponse:
         try:
@@ -169,57 +198,17 @@ class _Server:
         samples = [Sample(n, {"route": route, "code": str(code)})
                    for (route, code), n in sorted(self.responses.items())]
         own = family("dualpath_http_responses_total", "counter", "HTTP responses by route and status.", samples)
-        return PlainTextResponse(render(*self.router.metric_families(), own), media_type=CONTENT_TYPE)
+        return PlainTextResponse(render(*self.router.metric_families(), *self.admission.metric_families(), own),
+                                 media_type=CONTENT_TYPE)
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.router.model_name, "object": "model", "created": self.started,
                                             "owned_by": "dualpath", "max_model_len": self.router.max_context_tokens}]}
 
 
-class _FrontDoor:
-    """Outermost ASGI layer: the API key on /v1/ routes, and response counts by route and status."""
-
-    def __init__(self, app: Any, server: _Server, api_key: str | None) -> None:
-        self.app, self.server = app, server
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
-
-    def _authorized(self, scope: dict) -> bool:
-        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
-        status = 500  # unless a response starts
-
-        async def counting_send(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            if self.expected is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
-                response = error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                                          code="invalid_api_key", kind="authentication_error")
-                response.headers["WWW-Authenticate"] = "Bearer"
-                await response(scope, receive, counting_send)
-            else:
-                await self.app(scope, receive, counting_send)
-        finally:
-            self.server.responses[(route, status)] += 1
-
-
-def create_app(router: ServingBackend, api_key: str | None = None, *, wall_time_s: Callable[[], float] = system_wall_time_s,
-               new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
-    """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
-    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
-    `lifespan` (FastAPI's) runs on the server's event loop: start the router there, stop it after."""
-    server = _Server(router, wall_time_s, new_request_id)
-    app = FastAPI(title="dualpath", summary="OpenAI-compatible API of the dualpath runtime", lifespan=lifespan)
-    app.add_middleware(_FrontDoor, server=server, api_key=api_key)
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body: client mistakes 400 (naming the field), overload 429,
+    anything unexpected 500 without details."""
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -228,6 +217,13 @@ def create_app(router: ServingBackend, api_key: str | None = None, *, wall_time_
     @app.exception_handler(RequestError)
     async def on_request_error(_: Request, exc: RequestError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(Overloaded)
+    async def on_overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+        # OpenAI's 429 body names the limit in `type` ("requests" or "tokens")
+        response = error_response(429, exc.message, code="rate_limit_exceeded", kind=exc.limit)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @app.exception_handler(InputError)
     async def on_input_error(_: Request, exc: InputError) -> JSONResponse:
@@ -240,6 +236,23 @@ def create_app(router: ServingBackend, api_key: str | None = None, *, wall_time_
     @app.exception_handler(Exception)
     async def on_server_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(500, "internal server error", kind="server_error")
+
+
+def create_app(router: ServingBackend, api_key: str | None = None, *, limits: ServerLimits = ServerLimits(),
+               wall_time_s: Callable[[], float] = system_wall_time_s, monotonic_s: Callable[[], float] = system_monotonic_s,
+               new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
+    """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
+    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
+    `limits` bound what is accepted (admission.py; 429 / 413 / 400 beyond them). `lifespan`
+    (FastAPI's) runs on the server's event loop: start the router there, stop it after.
+    The app's admission ledger is `app.state.admission`."""
+    admission = Admission(limits, monotonic_s)
+    server = _Server(router, wall_time_s, new_request_id, admission)
+    app = FastAPI(title="dualpath", summary="OpenAI-compatible API of the dualpath runtime", lifespan=lifespan)
+    app.state.admission = admission
+    app.add_middleware(FrontDoor, responses=server.responses, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -271,10 +284,11 @@ def create_app(router: ServingBackend, api_key: str | None = None, *, wall_time_
 
 
 def serve(router: ServingBackend, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
-          lifespan: Lifespan | None = None, log_level: str = "info", graceful_shutdown_s: int = 5) -> None:
+          limits: ServerLimits = ServerLimits(), lifespan: Lifespan | None = None, log_level: str = "info",
+          graceful_shutdown_s: int = 5) -> None:
     """Run the API with uvicorn until interrupted; binds to localhost unless told otherwise. On
     shutdown, streams still open after `graceful_shutdown_s` are cancelled (freeing their requests)."""
     import uvicorn
 
-    uvicorn.run(create_app(router, api_key, lifespan=lifespan), host=host, port=port, log_level=log_level,
+    uvicorn.run(create_app(router, api_key, limits=limits, lifespan=lifespan), host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=graceful_shutdown_s)

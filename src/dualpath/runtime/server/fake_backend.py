@@ -11,8 +11,11 @@ Path of a request through it:
   3. after `first_token_delay_s` ("prefill"), it yields the scripted reply `reply(prompt_ids)`
      one token per `token_delay_s`; EOS follows the script unless `ignore_eos` or `min_tokens`
      says to continue (then the script repeats). `max_tokens` ends it with "length".
-  4. finished or closed early (client gone), the request leaves `active_request_ids` and its
-     tokens enter the prefix index; closed early, its id is added to `cancelled_request_ids`.
+  4. `fail_after_tokens(prompt_ids)`, when set and not None, is the number of tokens after which
+     the request fails with `InjectedBackendError` (a backend fault, for the server's error paths);
+  5. finished or closed early (client gone, or failed), the request leaves `active_request_ids`
+     and its tokens enter the prefix index; closed early, its id is added to `cancelled_request_ids`
+     (failed: to `failed_request_ids`).
 
 It checks the server's side of the contract: a request past `max_context_tokens` raises.
 """
@@ -28,6 +31,10 @@ from dualpath.metrics.prometheus import Family, Sample, family
 DEFAULT_REPLY_TEXT = "Hello from the fake router: naïve café, 日本語, 🙂!"
 
 
+class InjectedBackendError(RuntimeError):
+    """The fault `fail_after_tokens` asks for."""
+
+
 class FakeBackend:
     def __init__(
         self,
@@ -40,6 +47,7 @@ class FakeBackend:
         block_tokens: int = 64,
         token_delay_s: float = 0.0,
         first_token_delay_s: float = 0.0,
+        fail_after_tokens: Callable[[tuple[int, ...]], int | None] | None = None,
     ) -> None:
         """`tokenizer` defaults to the `tiny` model's byte-level one (a token per byte, so any
         non-ASCII character spans several tokens); `reply` maps prompt ids to the scripted reply
@@ -62,6 +70,8 @@ class FakeBackend:
         self.block_tokens = block_tokens
         self.token_delay_s = token_delay_s
         self.first_token_delay_s = first_token_delay_s
+        self._fail_after_tokens = fail_after_tokens
+        self.failed_request_ids: list[str] = []
         self.received: list[GenerationRequest] = []
         self.cancelled_request_ids: list[str] = []
         self._active: set[str] = set()
@@ -131,7 +141,8 @@ class FakeBackend:
         cached_tokens = self.cached_tokens_for(prompt)
         self._remember(prompt)
         generated: list[int] = []
-        finished = False
+        finished = failed = False
+        fail_at = None if self._fail_after_tokens is None else self._fail_after_tokens(prompt)
         try:
             script = tuple(self._reply(prompt))
             if self.first_token_delay_s > 0:
@@ -140,6 +151,9 @@ class FakeBackend:
             for index in range(params.max_tokens):
                 if index > 0 and self.token_delay_s > 0:
                     await asyncio.sleep(self.token_delay_s)
+                if index == fail_at:
+                    failed = True
+                    raise InjectedBackendError(f"injected backend failure after {index} tokens")
                 token = self._next_token(script, index, request)
                 generated.append(token)
                 self.num_generated_tokens += 1
@@ -162,6 +176,8 @@ class FakeBackend:
             self._remember((*prompt, *generated))
             if finished:
                 self.num_finished += 1
+            elif failed:
+                self.failed_request_ids.append(request.request_id)
             else:
                 self.cancelled_request_ids.append(request.request_id)
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 # OpenAI parameters we do not implement: accepted only with a neutral value, else a 400
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -47,6 +47,15 @@ def _one_prompt(value: Any) -> Any:
     raise ValueError("prompt must be one string or one list of non-negative token ids")
 
 
+# What the validators above accept, for /openapi.json (the fields' Python types are what they return)
+_TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_STOP_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1},
+                          {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}]}
+_PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, _TOKEN_IDS_SCHEMA,
+                            {"type": "array", "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS_SCHEMA]},
+                             "minItems": 1, "maxItems": 1}]}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -68,7 +77,7 @@ class _GenerationBody(_Strict):
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # the engines' messages carry a signed 64-bit int
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    stop: Annotated[list[str] | None, BeforeValidator(_stop_list)] = None
+    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), WithJsonSchema(_STOP_SCHEMA)] = None
     n: int | None = None
     # vLLM extensions; trace replay sets min_tokens = max_tokens to force exactly that many tokens
     min_tokens: int | None = Field(None, ge=0)
@@ -81,7 +90,7 @@ class ChatCompletionBody(_GenerationBody):
 
 
 class CompletionBody(_GenerationBody):
-    prompt: Annotated[str | list[int], BeforeValidator(_one_prompt)]
+    prompt: Annotated[str | list[int], BeforeValidator(_one_prompt), WithJsonSchema(_PROMPT_SCHEMA)]
 
 
 # ---- errors ------------------------------------------------------------------------------------

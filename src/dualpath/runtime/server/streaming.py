@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -74,16 +74,28 @@ async def close_quietly(agen: Any) -> None:
             log.exception("closing a generation stream failed")
 
 
-async def token_deltas(router: ServingBackend, job: Job) -> AsyncIterator[Delta]:
+class Progress(Protocol):
+    """Who hears of a request's first and last token (admission.Ticket)."""
+
+    def first_token(self) -> None: ...
+
+    def finished(self) -> None: ...
+
+
+async def token_deltas(router: ServingBackend, job: Job, progress: Progress | None = None) -> AsyncIterator[Delta]:
     """One delta per token (possibly empty); the last carries finish_reason and usage."""
     events = router.generate(job.request)
     detokenizer, stops = IncrementalDetokenizer(router.tokenizer), StopStrings(job.stops)
     try:
         async for event in events:
+            if progress is not None and event.index == 0:
+                progress.first_token()
             text = detokenizer.push(event.token_id) + (detokenizer.flush() if event.finished else "")
             text = stops.feed(text, final=event.finished)
             if stops.stopped or event.finished:
                 reason = "stop" if stops.stopped else (event.finish_reason or "stop")
+                if progress is not None:
+                    progress.finished()
                 yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens))
                 return
             yield Delta(text)
@@ -133,7 +145,11 @@ async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]
 
 class EventStream(StreamingResponse):
     """SSE that cancels its generator as soon as the client disconnects and always closes it
-    (Starlette leaves an abandoned generator to the garbage collector)."""
+    (Starlette leaves an abandoned generator to the garbage collector); then `on_close` runs."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
@@ -149,7 +165,11 @@ class EventStream(StreamingResponse):
         except* OSError:  # a send to a closed connection (ASGI servers of spec 2.4)
             pass
         finally:
-            await close_quietly(self.body_iterator)
+            try:
+                await close_quietly(self.body_iterator)
+            finally:
+                if self.on_close is not None:
+                    self.on_close()
 
 
 # ---- response bodies ---------------------------------------------------------------------------

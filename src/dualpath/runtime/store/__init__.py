@@ -4,6 +4,7 @@ a checksummed 4096-byte header format (format.py), and a read-throughput bench (
 from dualpath.runtime.store.errors import (
     BlockFormatError,
     ForeignBlockError,
+    InvalidDigestError,
     OutputBufferError,
     PayloadChecksumError,
     PayloadSizeError,
@@ -18,6 +19,7 @@ __all__ = [
     "BlockHeader",
     "BlockStore",
     "ForeignBlockError",
+    "InvalidDigestError",
     "OutputBufferError",
     "PayloadChecksumError",
     "PayloadSizeError",

@@ -49,6 +49,11 @@ class UnsupportedVersionError(ForeignBlockError):
     another version of dualpath sharing the directory): foreign, so ignored and never deleted."""
 
 
+class InvalidDigestError(ValueError):
+    """A block digest that is not exactly 32 bytes (or a name that is not 64 hex characters):
+    refused before any path is built from it."""
+
+
 class PayloadSizeError(ValueError):
     """`put` got a payload that is not exactly one Full Block."""
 

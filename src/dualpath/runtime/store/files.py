@@ -2,7 +2,9 @@
 
 Only POSIX semantics are relied on, so the root may be a shared mount (3FS, CephFS, NFS):
 
-- a block lives at root/<hex[:2]>/<hex>.kvb, hex = the 64-char hex of its chained digest;
+- a block lives at root/<hex[:2]>/<hex>.kvb, hex = the 64-char hex of its chained digest; a
+  digest is checked (exactly 32 bytes) before a path is built from it, and only names of 64
+  lowercase hex characters are read back from a scan, so no name can lead outside the root;
 - it appears there only by `os.replace` of a fully written temp file in the same directory
   (rename within a directory is atomic), so a reader sees a whole block or no block;
 - temp files are named <final>.tmp.<pid>.<token>.<host>; a scan removes those left by a
@@ -22,8 +24,8 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from dualpath.runtime.store.errors import TruncatedBlockError
-from dualpath.runtime.store.format import HEADER_BYTES, BlockHeader, parse_header
+from dualpath.runtime.store.errors import InvalidDigestError, TruncatedBlockError
+from dualpath.runtime.store.format import DIGEST_BYTES, HEADER_BYTES, BlockHeader, parse_header
 
 BLOCK_SUFFIX = ".kvb"
 TEMP_MARK = BLOCK_SUFFIX + ".tmp."
@@ -33,8 +35,32 @@ HOST = socket.gethostname().replace("/", "_")
 _HEX = frozenset("0123456789abcdef")
 
 
+def check_digest(digest: object) -> bytes:
+    """`digest` as bytes if it is a block digest (exactly DIGEST_BYTES bytes), else InvalidDigestError.
+    An int is refused, although `bytes(32)` would make one of zeros."""
+    if not isinstance(digest, (bytes, bytearray, memoryview)):
+        raise InvalidDigestError(f"a block digest is {DIGEST_BYTES} bytes, got a {type(digest).__name__}: "
+                                 f"{str(digest)[:80]!r}")
+    raw = bytes(digest)
+    if len(raw) != DIGEST_BYTES:
+        raise InvalidDigestError(f"a block digest is {DIGEST_BYTES} bytes, got {len(raw)}: {raw[:80]!r}")
+    return raw
+
+
+def is_hex_digest(text: str) -> bool:
+    return len(text) == 2 * DIGEST_BYTES and set(text) <= _HEX
+
+
+def digest_from_hex(text: str) -> bytes:
+    """The digest a 64-character lowercase hex name stands for, else InvalidDigestError."""
+    if not isinstance(text, str) or not is_hex_digest(text):
+        raise InvalidDigestError(f"not a block digest: {str(text)[:80]!r} (expected {2 * DIGEST_BYTES} lowercase "
+                                 "hex characters)")
+    return bytes.fromhex(text)
+
+
 def block_path(root: str, digest: bytes) -> str:
-    hex_digest = digest.hex()
+    hex_digest = check_digest(digest).hex()
     return os.path.join(root, hex_digest[:2], hex_digest + BLOCK_SUFFIX)
 
 
@@ -151,14 +177,15 @@ def read_block(path: str, header_buf: memoryview, dest: memoryview, direct: bool
 
 
 def quarantine(root: str, path: str) -> str | None:
-    """Rename a corrupt block aside (atomic; readers holding it open are unaffected).
-    Returns the new path, or None if the file was already gone."""
+    """Rename a corrupt or unreadable block aside (atomic; readers holding it open are unaffected).
+    Returns the new path, or None if the file was already gone or could not be moved (a failing
+    disk: the block is out of the index all the same)."""
     qdir = os.path.join(root, QUARANTINE_DIR)
-    os.makedirs(qdir, exist_ok=True)
     target = os.path.join(qdir, f"{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.bad")
     try:
+        os.makedirs(qdir, exist_ok=True)
         os.replace(path, target)
-    except FileNotFoundError:
+    except OSError:
         return None
     return target
 
@@ -215,8 +242,8 @@ def _classify(entry: os.DirEntry) -> FoundBlock | FoundTemp | None:
             pid, _token, host = name.split(TEMP_MARK, 1)[1].split(".", 2)
             return FoundTemp(entry.path, int(pid), host, entry.stat().st_mtime_ns)
         stem = name[: -len(BLOCK_SUFFIX)]
-        if name.endswith(BLOCK_SUFFIX) and len(stem) == 64 and set(stem) <= _HEX:
-            return FoundBlock(bytes.fromhex(stem), entry.path, entry.stat().st_mtime_ns)
+        if name.endswith(BLOCK_SUFFIX) and is_hex_digest(stem):
+            return FoundBlock(digest_from_hex(stem), entry.path, entry.stat().st_mtime_ns)
     except (ValueError, FileNotFoundError):
         return None
     return None

@@ -11,6 +11,7 @@ class PutOutcome(enum.Enum):
     ALREADY_PRESENT = "already_present"
     NO_SPACE = "no_space"  # pinned blocks (or a capacity below one block) leave no room
     FOREIGN = "foreign"  # the name holds another model's / layout's / version's block
+    WRITE_FAILED = "write_failed"  # the file system refused the write (ENOSPC, EIO, ...): not stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +44,5 @@ class StoreStats:
     header_failures: int  # headers that failed validation (corrupt, truncated, misplaced)
     quarantined_blocks: int
     direct_read_blocks: int  # blocks read with O_DIRECT
+    read_errors: int  # block reads that failed with an OS error (EIO, EISDIR, ...): misses, never used
+    write_failures: int  # puts the file system refused (ENOSPC, EIO, ...): skipped, nothing left behind

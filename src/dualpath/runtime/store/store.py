@@ -14,8 +14,15 @@ One block's path through the store:
    how a block written by another process becomes visible without a `refresh()`.
 6. `read_into(ds, out)` pins the prefix, reads every block (header and payload in one preadv,
    payload straight into `out`) on the thread pool, and verifies header and CRC32. The first
-   invalid block ends the returned prefix; it leaves the index and its file is quarantined.
+   invalid or unreadable block ends the returned prefix; it leaves the index and its file is
+   quarantined.
 7. Eviction, or a `refresh()` that finds its file gone, removes it from the index.
+
+Faults are misses, never errors to the caller: a block failing a read (an OSError but ENOENT, a
+short file, a bad header or CRC32) is never returned, and counted (reads.failure_counter); a
+failed write (ENOSPC, EIO, ...) leaves no file, entry or reservation behind, is counted
+(`write_failures`) and reported WRITE_FAILED. Digests are checked (`files.check_digest`) before
+a path is built from them. Tests inject faults through `_read_one` and `_write_payload`.
 
 Capacity counts whole files (header + payload). The root holds one model's blocks: file names
 carry only the token-chain digest, so another fingerprint's block at the same name is FOREIGN
@@ -25,25 +32,27 @@ and neither used nor overwritten (point one model at its own root, e.g. root/<fi
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Sequence
 
 from dualpath.core.blocks import BlockLayout
 from dualpath.runtime.clock import Clock, MonotonicClock
 from dualpath.runtime.store import files
 from dualpath.runtime.store.buffers import address_of, block_payload, byte_view
-from dualpath.runtime.store.errors import BlockFormatError, ForeignBlockError, OutputBufferError, PayloadChecksumError
-from dualpath.runtime.store.format import DIGEST_BYTES, HEADER_BYTES, BlockHeader, make_header, verify_quietly
+from dualpath.runtime.store.errors import BlockFormatError, ForeignBlockError, OutputBufferError
+from dualpath.runtime.store.format import DIGEST_BYTES, HEADER_BYTES, BlockHeader, make_header
 from dualpath.runtime.store.index import IndexEntry, LruIndex
+from dualpath.runtime.store.reads import ReadResult, failure_counter, header_buffer, read_chain
 from dualpath.runtime.store.results import PutOutcome, PutReport, RefreshReport, StoreStats
 
 STALE_TEMP_AGE_S_DEFAULT = 600.0  # a writer on another host silent this long is presumed dead
-
+log = logging.getLogger(__name__)
 
 _COUNTERS = ("hit_blocks", "miss_blocks", "written_blocks", "evicted_blocks", "checksum_failures",
-             "header_failures", "quarantined_blocks", "direct_read_blocks")
+             "header_failures", "quarantined_blocks", "direct_read_blocks", "read_errors", "write_failures")
 
 
 class BlockStore:
@@ -81,8 +90,8 @@ class BlockStore:
         self._cv = threading.Condition()
         self._writing: set[bytes] = set()
         self._counts = dict.fromkeys(_COUNTERS, 0)
-        self._local = threading.local()
         self._made_dirs: set[str] = set()
+        self._logged_errnos: set[int | None] = set()
         os.makedirs(self.root, exist_ok=True)
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="kvstore-io")
         self._verify_pool = ThreadPoolExecutor(min(num_threads, os.cpu_count() or 1),
@@ -94,7 +103,7 @@ class BlockStore:
     def lookup(self, digests: Sequence[bytes]) -> int:
         """Number of leading `digests` stored (a prefix chain). Does not count as an access."""
         n = 0
-        for digest in digests:
+        for digest in [files.check_digest(d) for d in digests]:  # all checked before any I/O
             with self._cv:
                 present = digest in self._index
             if not present and not self._adopt(digest):
@@ -121,12 +130,13 @@ class BlockStore:
 
     def put(self, digest: bytes, payload: Any) -> PutOutcome:
         """Store one Full Block (exactly `layout.full_block_bytes` bytes); idempotent."""
-        return self._put_one(bytes(digest), block_payload(digest, payload, self.layout))
+        digest = files.check_digest(digest)
+        return self._put_one(digest, block_payload(digest, payload, self.layout))
 
     def put_many(self, items: Iterable[tuple[bytes, Any]]) -> PutReport:
         """Store several blocks in parallel; every payload is size-checked before any write.
         A chain larger than the free capacity keeps whichever of its blocks fit."""
-        checked = [(bytes(d), block_payload(d, p, self.layout)) for d, p in items]
+        checked = [(d, block_payload(d, p, self.layout)) for d, p in ((files.check_digest(d), p) for d, p in items)]
         if len(checked) <= 1 or self._num_threads == 1:
             outcomes = [self._put_one(d, v) for d, v in checked]
         else:
@@ -147,6 +157,9 @@ class BlockStore:
             self._writing.add(digest)
         try:
             return self._write_claimed(digest, view)
+        except OSError as exc:  # ENOSPC, EIO, EFBIG, EROFS...: this block is not stored, the store goes on
+            self._note_io_error("write_failures", exc, digest)
+            return PutOutcome.WRITE_FAILED
         finally:
             with self._cv:
                 self._writing.discard(digest)
@@ -194,7 +207,7 @@ class BlockStore:
         `out` is any writable C-contiguous buffer (bytearray, memoryview, numpy array, CPU torch
         tensor, pinned or not). Returns the number of leading blocks that were present and passed
         their header and CRC32 checks; bytes of `out` past that prefix are unspecified."""
-        digests = list(digests)
+        digests = [files.check_digest(d) for d in digests]
         mv = byte_view(out, writable=True)
         block_bytes = self.layout.full_block_bytes
         if len(mv) < len(digests) * block_bytes:
@@ -226,38 +239,19 @@ class BlockStore:
                 entry.pins += 1
             return entry
 
-    def _read_blocks(self, entries: list[IndexEntry], mv: memoryview) -> list[tuple[BaseException | None, bool]]:
-        """(error or None, read with O_DIRECT) per entry. Reads run on the I/O pool; each read
-        hands its CRC32 to the verify pool, so `num_threads` reads stay in flight while
-        checksums run (CRC32 is the CPU cost of a read; it would otherwise stall the queue)."""
+    def _read_blocks(self, entries: list[IndexEntry], mv: memoryview) -> list[ReadResult]:
         block_bytes = self.layout.full_block_bytes
         direct = self._direct_io and files.is_aligned(address_of(mv), block_bytes)
-
-        def read(i: int, verify_pool: ThreadPoolExecutor | None) -> tuple[Any, bool]:
-            dest = mv[i * block_bytes : (i + 1) * block_bytes]
-            try:
-                header, used_direct = self._read_one(entries[i].digest, dest, direct)
-            except (OSError, BlockFormatError, ForeignBlockError) as exc:
-                return exc, False
-            if verify_pool is None:
-                return verify_quietly(header, dest), used_direct
-            return verify_pool.submit(verify_quietly, header, dest), used_direct
-
-        if len(entries) <= 1 or self._num_threads == 1:
-            return [read(i, None) for i in range(len(entries))]
-        reads = [self._pool.submit(read, i, self._verify_pool) for i in range(len(entries))]
-        wait(reads)  # even if one raised, no read may still be writing into `out` after we return
-        raw = [f.result() for f in reads]
-        verifies = [res for res, _ in raw if isinstance(res, Future)]
-        wait(verifies)
-        return [(res.result() if isinstance(res, Future) else res, d) for res, d in raw]
+        serial = len(entries) <= 1 or self._num_threads == 1
+        return read_chain([e.digest for e in entries], mv, block_bytes, lambda d, dest: self._read_one(d, dest, direct),
+                          None if serial else (self._pool, self._verify_pool))
 
     def _read_one(self, digest: bytes, dest: memoryview, direct: bool) -> tuple[BlockHeader, bool]:
         """Read one block into `dest` and check its header (not yet the payload CRC32);
         returns the header and whether O_DIRECT was used."""
         path = files.block_path(self.root, digest)
         try:
-            header = files.read_block(path, self._header_buffer(), dest, direct)
+            header = files.read_block(path, header_buffer(), dest, direct)
         except OSError as exc:
             if not (direct and exc.errno == errno.EINVAL):
                 raise
@@ -265,12 +259,6 @@ class BlockStore:
             return self._read_one(digest, dest, False)
         header.check_matches(self.fingerprint, self.dtype, self.layout, digest)
         return header, direct
-
-    def _header_buffer(self) -> memoryview:
-        buf = getattr(self._local, "header", None)
-        if buf is None:
-            buf = self._local.header = memoryview(files.aligned_buffer(HEADER_BYTES))
-        return buf
 
     def _finish_read(self, entries: list[IndexEntry], results: list, num_asked: int) -> None:
         num_ok = next((i for i, (err, _) in enumerate(results) if err is not None), len(results))
@@ -288,13 +276,26 @@ class BlockStore:
     def _drop_failed_locked(self, entry: IndexEntry, err: BaseException) -> None:
         """A block that failed a read leaves the index; a corrupt one is also quarantined. The
         identity check spares a fresh entry a concurrent re-put may have indexed meanwhile."""
-        if not self._index.remove_if(entry):
+        counter = failure_counter(err)
+        if not self._index.remove_if(entry) or counter is None:
             return
-        if isinstance(err, BlockFormatError):
-            key = "checksum_failures" if isinstance(err, PayloadChecksumError) else "header_failures"
-            self._counts[key] += 1
-            if files.quarantine(self.root, files.block_path(self.root, entry.digest)) is not None:
-                self._counts["quarantined_blocks"] += 1
+        self._counts[counter] += 1
+        if isinstance(err, OSError):
+            self._log_once_locked(err, entry.digest)
+        if files.quarantine(self.root, files.block_path(self.root, entry.digest)) is not None:
+            self._counts["quarantined_blocks"] += 1
+
+    def _note_io_error(self, counter: str, exc: OSError, digest: bytes) -> None:
+        with self._cv:
+            self._counts[counter] += 1
+            self._log_once_locked(exc, digest)
+
+    def _log_once_locked(self, exc: OSError, digest: bytes) -> None:
+        """A warning for the first error of each errno (a full disk would otherwise log every put)."""
+        if exc.errno not in self._logged_errnos:
+            self._logged_errnos.add(exc.errno)
+            log.warning("KV store %s: %s on block %s (counted in stats; later errors of this kind are not logged)",
+                        self.root, exc, digest.hex())
 
     # -- index maintenance -----------------------------------------------------------------
 
@@ -304,6 +305,9 @@ class BlockStore:
         try:
             header = files.read_header(path)
         except (FileNotFoundError, BlockFormatError):
+            return None
+        except OSError as exc:  # unreadable: not a block we can use (a put replaces it)
+            self._note_io_error("read_errors", exc, digest)
             return None
         header.check_matches(self.fingerprint, self.dtype, self.layout, digest)
         return header
@@ -361,6 +365,9 @@ class BlockStore:
         try:
             files.read_header(path).check_matches(self.fingerprint, self.dtype, self.layout, digest)
         except (FileNotFoundError, ForeignBlockError):
+            return False
+        except OSError as exc:
+            self._note_io_error("read_errors", exc, digest)
             return False
         except BlockFormatError:
             with self._cv:
