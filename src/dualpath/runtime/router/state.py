@@ -196,8 +196,10 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced)
     scheduler = GlobalScheduler(pes, des, rules)
-    for g in pes:
-        scheduler.pe_released(g, by_id[g].num_tokens)
+    for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
+        if by_id[g].num_tokens:
+            scheduler.pe_released(g, by_id[g].num_tokens)
     for g in des:
-        scheduler.de_released(g, by_id[g].num_tokens)
+        if by_id[g].num_tokens:
+            scheduler.de_released(g, by_id[g].num_tokens)
     return scheduler, pes, des
