@@ -39,6 +39,8 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["demo", "--model", "tiny", "--device", "gpu0"], "unknown device 'gpu0'"),
     (["run", "/nonexistent.jsonl", "--device", "cuda:x"], "unknown device"),
     (["serve", "--device", "tpu"], "unknown device 'tpu'"),
+    (["serve", "--engine-fault-policy", "retry"], "engine_fault_policy must be recompute or fail"),
+    (["serve", "--heartbeat-timeout-s", "0"], "engine_heartbeat_timeout_s must be positive"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):
     p = cli(*args)

@@ -79,15 +79,19 @@ def serve(
     store_dir: Annotated[Optional[Path], typer.Option(help="KV store directory (default: temporary)")] = None,
     snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
     device: DeviceOption = "cpu",
+    engine_fault_policy: Annotated[str, typer.Option(help="a request whose engine dies: recompute (migrate) | fail (503)")] = "recompute",
+    heartbeat_timeout_s: Annotated[Optional[float], typer.Option(help="fence an engine silent this long (default 5 s)")] = None,
 ) -> None:
     """OpenAI-compatible server on a local PD-disaggregated cluster."""
     from ..config import RuntimeConfig, parse_pd
     from ..runtime.apps.serve import serve_cluster
 
     p, d = parse_pd(pd)
+    faults = {} if heartbeat_timeout_s is None else {"engine_heartbeat_timeout_s": heartbeat_timeout_s}
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                         store_dir=str(store_dir) if store_dir else None,
-                        snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device)
+                        snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
+                        engine_fault_policy=engine_fault_policy, **faults)
     _device(device)
     serve_cluster(cfg, host=host, port=port, api_key=api_key)
 

@@ -94,11 +94,11 @@ class Router:
 
     async def wait_ready(self, timeout_s: float) -> None:
         deadline = self.clock.now_s() + timeout_s
-        while len(self.engines) < self._expected_engines:
-            if self.clock.now_s() > deadline:
-                raise RuntimeError(f"only {len(self.engines)} of {self._expected_engines} engines came up")
+        while len(self.engines) < self._expected_engines or self.liveness.down:
             if self.liveness.down:
                 raise RuntimeError(f"engine(s) died during start-up: {self.liveness.down}")
+            if self.clock.now_s() > deadline:
+                raise RuntimeError(f"only {len(self.engines)} of {self._expected_engines} engines came up")
             await asyncio.sleep(0.05)
         self.new_scheduler()
         check_heartbeats(self)
@@ -145,10 +145,10 @@ class Router:
         if self.requests:
             raise RuntimeError("reconfigure needs an idle cluster")
         self._reconfigured = set()
-        for e in self.engines.values():
+        for e in self.live_engines():
             e.outbox.send(Reconfigure(mode, store_root))
         deadline = self.clock.now_s() + timeout_s
-        while len(self._reconfigured) < len(self.engines):
+        while len(self._reconfigured) < len(self.live_engines()):
             if self.clock.now_s() > deadline:
                 raise RuntimeError("engines did not acknowledge the new mode")
             await asyncio.sleep(0.02)
