@@ -3,7 +3,8 @@ liveness.py and recovery.py): a killed or frozen engine is detected, its request
 tokens streamed so far (policy `recompute`) and finish with exactly the tokens of a fault-free run,
 or end with an error the client sees; /health names the dead engine; nothing hangs.
 
-The default run has one 1P2D cluster lose a DE (SIGKILL: its requests migrate), then the last DE
+The default run has one 1P2D cluster lose a DE (SIGKILL: its requests migrate, their DE-path reads
+moving to the PE path), then the last DE
 mid-stream (an SSE error event, /health 503, new requests 503). SIGSTOP, the PE's faults and policy
 `fail` are `slow` (a cluster each: ~15-30 s to start on 2 cores)."""
 
@@ -36,7 +37,8 @@ def _wait_idle(served: Served, timeout_s: float = 20.0) -> None:
 
 @pytest.fixture(scope="module")
 def served():
-    s = Served(config(num_decode=2))
+    # every read on the DE side, so that the migrated requests' reads show the fallback to the PE path
+    s = Served(config(num_decode=2, force_read_side="decode"))
     yield s
     s.close()
 
@@ -58,6 +60,9 @@ def test_a_killed_de_migrates_its_requests_and_the_last_one_errors_the_stream(se
     assert served.run(greedy_all(router, kill_a_decoding_de)) == reference
     (killed,) = victims["kill_de"]
     assert victims["kill"] and router.metrics.num_migrated == len(victims["kill"])
+    # the retries hit what the reference round persisted; their DE-path read fell back to the PE path
+    read = router.metrics.summary()["bytes"]
+    assert read["storage_via_decode"] > 0 and read["storage_to_prefill"] > 0
     health = httpx.get(served.url + "/health")
     assert health.status_code == 200 and health.json()["status"] == "degraded"
     assert health.json()["down"] == [{"engine": killed, "role": "decode", "cause": "killed by SIGKILL"}]
