@@ -153,24 +153,24 @@ def test_policy_fail_ends_the_requests_of_a_killed_de_with_errors_not_retries():
         served.close()
 
 
-async def _stall_pes_then_kill(served: Served, stall: list[int]) -> tuple[int, set[int]]:
-    """With the PEs in `stall` stopped, wait until every request of the round is placed (the PE's
-    assignment is sent and waits, unread: mid-prefill), then SIGKILL the PE holding the most and
-    SIGCONT the others. Returns (the victim, the stream ids on it)."""
+async def _stall_then_kill(served: Served, stall: list[int], role: str = "pe") -> tuple[int, set[int]]:
+    """With the engines in `stall` (all of one role) stopped, wait until every request of the round
+    is placed (its assignments sent, waiting unread: before the read and the prefill), then SIGKILL
+    the engine holding the most and SIGCONT the others. Returns (the victim, the stream ids on it)."""
     router = served.router
-    for pe in stall:
-        served.kill(pe, signal.SIGSTOP)
+    for e in stall:
+        served.kill(e, signal.SIGSTOP)
     while True:
         live = [rr for rr in router.requests.values() if not rr.finished]
         if len(live) == len(PROMPTS) and all(rr.placed for rr in live):
             break
         await asyncio.sleep(0.005)
-    victim = max(stall, key=lambda pe: sum(rr.pe.engine == pe for rr in live))
-    streams = {rr.stream_rid for rr in live if rr.pe.engine == victim}
+    victim = max(stall, key=lambda e: sum(getattr(rr, role).engine == e for rr in live))
+    streams = {rr.stream_rid for rr in live if getattr(rr, role).engine == victim}
     served.kill(victim)
-    for pe in stall:
-        if pe != victim:
-            served.kill(pe, signal.SIGCONT)
+    for e in stall:
+        if e != victim:
+            served.kill(e, signal.SIGCONT)
     return victim, streams
 
 
@@ -183,7 +183,7 @@ def test_a_pe_killed_mid_prefill_migrates_its_requests_and_the_last_one_errors_t
         out: dict = {}
 
         async def kill_one_of_two():
-            out["first"] = await _stall_pes_then_kill(served, [0, 1])
+            out["first"] = await _stall_then_kill(served, [0, 1])
 
         assert served.run(greedy_all(router, kill_one_of_two)) == reference
         victim, streams = out["first"]
@@ -194,7 +194,7 @@ def test_a_pe_killed_mid_prefill_migrates_its_requests_and_the_last_one_errors_t
         (last,) = {0, 1} - {victim}
 
         async def kill_the_last():
-            out["last"] = await _stall_pes_then_kill(served, [last])
+            out["last"] = await _stall_then_kill(served, [last])
 
         got = served.run(greedy_all(router, kill_the_last))
         assert all(g[0] == "error" and g[2] == 0 and f"prefill engine {last} killed by SIGKILL" in g[1] for g in got)
@@ -202,6 +202,30 @@ def test_a_pe_killed_mid_prefill_migrates_its_requests_and_the_last_one_errors_t
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
         r = httpx.post(served.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=30)
         assert r.status_code == 503 and "prefill" in r.json()["error"]["message"]
+        _wait_idle(served)
+    finally:
+        served.close()
+
+
+@pytest.mark.slow
+def test_a_de_killed_before_its_de_path_read_migrates_to_the_pe_path():
+    """The DE dies with the hits of its requests still to read (DE path): the PE, waiting for that
+    DE's HitReady, drops them on the router's Cancel; they migrate to the other DE and read on the
+    PE side; the tokens are the reference's."""
+    served = Served(config(num_decode=2, force_read_side="decode"))
+    try:
+        router = served.router
+        reference = served.run(greedy_all(router))  # fresh store: no reads; its KV is persisted
+        out: dict = {}
+
+        async def kill_a_stalled_de():
+            out["victim"] = await _stall_then_kill(served, [1, 2], role="de")
+
+        assert served.run(greedy_all(router, kill_a_stalled_de)) == reference
+        victim, streams = out["victim"]
+        assert router.metrics.num_migrated == len(streams) > 0
+        read = router.metrics.summary()["bytes"]
+        assert read["storage_to_prefill"] > 0  # only the migrated requests read on the PE side
         _wait_idle(served)
     finally:
         served.close()
