@@ -17,6 +17,8 @@ import time
 import httpx
 import pytest
 
+from dualpath.core.phase import Phase
+
 from dualpath.runtime.protocol import HEARTBEATS_PER_TIMEOUT
 from fault_harness import EXIT_BOUND_S, GEN_TOKENS, PROMPTS, Served, config, first_decoding_de, greedy_all, sse_until_error
 
@@ -153,10 +155,11 @@ def test_policy_fail_ends_the_requests_of_a_killed_de_with_errors_not_retries():
         served.close()
 
 
-async def _stall_then_kill(served: Served, stall: list[int], role: str = "pe") -> tuple[int, set[int]]:
+async def _stall_then_kill(served: Served, stall: list[int], role: str = "pe", sig: int = signal.SIGKILL) -> tuple[int, set[int]]:
     """With the engines in `stall` (all of one role) stopped, wait until every request of the round
-    is placed (its assignments sent, waiting unread: before the read and the prefill), then SIGKILL
-    the engine holding the most and SIGCONT the others. Returns (the victim, the stream ids on it)."""
+    is placed (its assignments sent, waiting unread: before the read and the prefill), then kill
+    the engine holding the most with `sig` and SIGCONT the others (and the victim, for a SIGTERM,
+    which a stopped process acts on when continued). Returns (the victim, the stream ids on it)."""
     router = served.router
     for e in stall:
         served.kill(e, signal.SIGSTOP)
@@ -167,15 +170,18 @@ async def _stall_then_kill(served: Served, stall: list[int], role: str = "pe") -
         await asyncio.sleep(0.005)
     victim = max(stall, key=lambda e: sum(getattr(rr, role).engine == e for rr in live))
     streams = {rr.stream_rid for rr in live if getattr(rr, role).engine == victim}
-    served.kill(victim)
+    served.kill(victim, sig)
     for e in stall:
-        if e != victim:
+        if e != victim or sig != signal.SIGKILL:
             served.kill(e, signal.SIGCONT)
     return victim, streams
 
 
 @pytest.mark.slow
 def test_a_pe_killed_mid_prefill_migrates_its_requests_and_the_last_one_errors_them():
+    """SIGKILL of one PE of two with requests assigned to it and not yet prefilled: they migrate to
+    the other and finish with the reference tokens; SIGTERM of the last PE: every request errors,
+    /health and new requests say 503."""
     served = Served(config(num_prefill=2))
     try:
         router = served.router
@@ -194,10 +200,10 @@ def test_a_pe_killed_mid_prefill_migrates_its_requests_and_the_last_one_errors_t
         (last,) = {0, 1} - {victim}
 
         async def kill_the_last():
-            out["last"] = await _stall_then_kill(served, [last])
+            out["last"] = await _stall_then_kill(served, [last], sig=signal.SIGTERM)
 
         got = served.run(greedy_all(router, kill_the_last))
-        assert all(g[0] == "error" and g[2] == 0 and f"prefill engine {last} killed by SIGKILL" in g[1] for g in got)
+        assert all(g[0] == "error" and g[2] == 0 and f"prefill engine {last} killed by SIGTERM" in g[1] for g in got)
         health = httpx.get(served.url + "/health")
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
         r = httpx.post(served.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=30)
@@ -227,5 +233,34 @@ def test_a_de_killed_before_its_de_path_read_migrates_to_the_pe_path():
         read = router.metrics.summary()["bytes"]
         assert read["storage_to_prefill"] > 0  # only the migrated requests read on the PE side
         _wait_idle(served)
+    finally:
+        served.close()
+
+
+@pytest.mark.slow
+def test_a_de_killed_while_the_pe_waits_for_its_layers_lets_the_forward_go_on():
+    """DE path with a slow CNIC (200 kB/s): the PE's forward waits for the DE's layer copies
+    (`LayerPull` -> `LayerReady`) when the DE dies; `EngineDown` lets the forward go on without
+    them (those items are cancelled), the PE serves on, the requests migrate, tokens identical."""
+    served = Served(config(num_decode=2, force_read_side="decode", cnic_bytes_per_s=200e3))
+    try:
+        router = served.router
+        reference = served.run(greedy_all(router), timeout_s=300)
+        out: dict = {}
+
+        async def kill_during_layer_pulls():
+            while True:  # the DE read is done (ReadDone), the first token is not: the PE is in its forward
+                waiting = [rr for rr in router.requests.values() if rr.phase is Phase.PREFILL_READY and rr.hit_tokens
+                           and not rr.finished]
+                if waiting:
+                    break
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(0.05)
+            out["de"] = waiting[0].de.engine
+            served.kill(out["de"])
+
+        assert served.run(greedy_all(router, kill_during_layer_pulls), timeout_s=300) == reference
+        assert router.metrics.num_migrated >= 1
+        _wait_idle(served, timeout_s=60)
     finally:
         served.close()
