@@ -4,9 +4,10 @@ tokens streamed so far (policy `recompute`) and finish with exactly the tokens o
 or end with an error the client sees; /health names the dead engine; nothing hangs.
 
 The default run has one 1P2D cluster lose a DE (SIGKILL: its requests migrate, their DE-path reads
-moving to the PE path), then the last DE
-mid-stream (an SSE error event, /health 503, new requests 503). SIGSTOP, the PE's faults and policy
-`fail` are `slow` (a cluster each: ~15-30 s to start on 2 cores)."""
+moving to the PE path), then the last DE mid-stream (an SSE error event, /health 503, new requests
+503). `slow` (a cluster each, ~15-30 s to start on 2 cores): SIGSTOP of a DE (fenced by heartbeats,
+SIGCONT finds it dead); policy `fail`; a PE killed mid-prefill (SIGKILL, then SIGTERM of the last);
+a DE killed before its DE-path read; a DE killed while the PE's forward waits for its layers."""
 
 from __future__ import annotations
 
