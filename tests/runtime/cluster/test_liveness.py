@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 from dualpath.runtime.protocol import EngineRole
-from dualpath.runtime.router.liveness import ExitWatch, Liveness, engine_health, exit_cause
+from dualpath.runtime.router.liveness import ExitWatch, Liveness, describe_down, engine_health, exit_cause
 from dualpath.runtime.router.placement import Placement
 
 
@@ -42,6 +42,7 @@ def test_health_is_degraded_while_every_role_has_a_live_engine():
     assert (h["status"], h["live_engines"], h["down"]) == ("degraded", 2, [{"engine": 1, "role": "decode", "cause": "killed by SIGKILL"}])
     lv.fence(2, "sent no heartbeat for 5.1 s (frozen)")
     assert engine_health(engines, lv)["status"] == "unavailable"
+    assert describe_down(engines, lv) == "decode engine 1 killed by SIGKILL, decode engine 2 sent no heartbeat for 5.1 s (frozen)"
 
 
 def test_exit_watch_reports_a_killed_process_at_once():

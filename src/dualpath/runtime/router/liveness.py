@@ -103,3 +103,8 @@ def engine_health(engines: dict[int, Any], liveness: Liveness) -> dict:
     down = [{"engine": e, "role": str(engines[e].role) if e in engines else "unknown", "cause": c}
             for e, c in sorted(liveness.down.items())]
     return {"status": status, "engines": len(engines), "live_engines": sum(liveness.is_alive(e) for e in engines), "down": down}
+
+
+def describe_down(engines: dict[int, Any], liveness: Liveness) -> str:
+    """The fenced engines in words: 'decode engine 1 killed by SIGKILL, ...'."""
+    return ", ".join(f"{d['role']} engine {d['engine']} {d['cause']}" for d in engine_health(engines, liveness)["down"])

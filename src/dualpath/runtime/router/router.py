@@ -40,7 +40,7 @@ from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, 
                         Reconfigured, Token)
 from ..transport.channel import Inbox, Outbox
 from ..transport.shm import HostBuffer
-from .liveness import Liveness, engine_health
+from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
 from .recovery import check_heartbeats
@@ -185,7 +185,7 @@ class Router:
         if n + request.params.max_tokens > self.cfg.de_kv_tokens:
             raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
         if self.liveness.down and not self.servable():
-            raise ServiceUnavailable(f"no engine can serve it: {engine_health(self.engines, self.liveness)['down']}")
+            raise ServiceUnavailable(f"no engine can serve it: {describe_down(self.engines, self.liveness)}")
         rr = self.new_record(request, asyncio.Queue())
         self.metrics.arrived(rr.rid)
         if self.scheduler is None:
