@@ -317,9 +317,21 @@ class RuntimeConfig:
     # Tests and experiments: read every hit on this side ("prefill" or "decode") instead of the
     # policy's choice (the DE side needs a mode with the DE read path).
     force_read_side: str | None = None
+    # Engine faults (runtime/router/liveness.py, recovery.py). An engine silent this long is fenced
+    # (killed) and its requests recovered; it beats every timeout / HEARTBEATS_PER_TIMEOUT (5) from
+    # a thread of its own, so a long forward never delays a beat. 5 s: 25x the 0.2 s a beat may
+    # wait for a CPU when 4 engines share 2 cores at start-up, yet a frozen engine stalls a stream
+    # at most 6 s. A process exit (SIGKILL, SIGTERM) is seen at once, without the timeout.
+    engine_heartbeat_timeout_s: float = 5.0
+    engine_fault_policy: str = "recompute"  # recompute (migrate, Dynamo-style) | fail (an error to the client)
+    engine_fault_retries: int = 2  # migrations per request (each after its engine died) before an error
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
+        if self.engine_fault_policy not in ("recompute", "fail"):
+            raise InputError(f"engine_fault_policy must be recompute or fail, got {self.engine_fault_policy!r}")
+        if self.engine_heartbeat_timeout_s <= 0 or self.engine_fault_retries < 0:
+            raise InputError("engine_heartbeat_timeout_s must be positive and engine_fault_retries >= 0")
         if self.num_prefill <= 0 or self.num_decode <= 0:
             raise InputError("need at least one prefill and one decode engine")
         if self.persist_wait_s < 0:

@@ -37,7 +37,7 @@ def test_only_the_global_scheduler_runs_the_policies():
 def test_one_threshold_derivation_and_one_budget_rule():
     calls = _callers({"PrefillThresholds", "derive_thresholds", "prefill_budgets", "Budget"})
     assert calls["PrefillThresholds"] == {"core/scheduler.py"}
-    assert calls["derive_thresholds"] == {"sim/simulator.py", "runtime/router/router.py"}
+    assert calls["derive_thresholds"] == {"sim/simulator.py", "runtime/router/state.py"}
     assert calls["prefill_budgets"] == {"sim/prefill.py", "runtime/engine/prefill.py"}
     # outside the rule, an engine only names its own memory budget (PE HBM or landing zone)
     assert calls["Budget"] == {"core/policy/batching.py", "sim/prefill.py", "runtime/engine/prefill.py"}

@@ -41,6 +41,8 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["serve", "--device", "tpu"], "unknown device 'tpu'"),
     (["serve", "--max-inflight-requests", "0"], "max_inflight_requests must be a positive integer"),
     (["serve", "--max-prompt-tokens", "10", "--max-queued-prompt-tokens", "5"], "could never be admitted"),
+    (["serve", "--engine-fault-policy", "retry"], "engine_fault_policy must be recompute or fail"),
+    (["serve", "--heartbeat-timeout-s", "0"], "engine_heartbeat_timeout_s must be positive"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):
     p = cli(*args)

@@ -164,7 +164,7 @@ def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Out
         role = "prefill" if n.is_prefill else "decode"
         router.engines[eid] = EngineState(eid, role, f"fake://{eid}", kv_capacity_tokens=cfg.de_kv_tokens,
                                           prefill_tokens_per_s=sim.prefill_tokens_per_s, outbox=outboxes[eid])
-    router._new_scheduler()
+    router.new_scheduler()
     return router, outboxes
 
 

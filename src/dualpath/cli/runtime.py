@@ -85,6 +85,8 @@ def serve(
         help="prompt tokens admitted and not yet prefilled; more get 429 (default 262144)")] = None,
     max_prompt_tokens: Annotated[Optional[int], typer.Option(help="longest prompt; longer is a 400 (default 65536)")] = None,
     max_body_bytes: Annotated[Optional[int], typer.Option(help="largest request body; larger is a 413 (default 8 MiB)")] = None,
+    engine_fault_policy: Annotated[str, typer.Option(help="a request whose engine dies: recompute (migrate) | fail (503)")] = "recompute",
+    heartbeat_timeout_s: Annotated[Optional[float], typer.Option(help="fence an engine silent this long (default 5 s)")] = None,
 ) -> None:
     """OpenAI-compatible server on a local PD-disaggregated cluster."""
     from ..config import RuntimeConfig, parse_pd
@@ -96,9 +98,11 @@ def serve(
     limits = ServerLimits(**{name: value for name, value in given.items() if value is not None})
 
     p, d = parse_pd(pd)
+    faults = {} if heartbeat_timeout_s is None else {"engine_heartbeat_timeout_s": heartbeat_timeout_s}
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                         store_dir=str(store_dir) if store_dir else None,
-                        snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device)
+                        snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
+                        engine_fault_policy=engine_fault_policy, **faults)
     _device(device)
     serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits)
 

@@ -10,7 +10,9 @@ Contract of `ServingBackend.generate` (the router implements it; the HTTP app ne
   2. it yields one `TokenEvent` per generated token, in order; the last one has `finished=True`
      and a `finish_reason` ("stop": an EOS / stop token was generated, "length": max_tokens);
   3. if the consumer stops iterating (client gone), closing the async generator cancels the
-     request and frees its resources on every engine.
+     request and frees its resources on every engine;
+  4. if it can neither serve nor finish the request (its engine died and none can continue it),
+     it raises `ServiceUnavailable`, once, instead of the next event: never a hang.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
 from ..metrics.prometheus import Family
+
+
+class ServiceUnavailable(Exception):
+    """The backend cannot serve or finish a request now: an engine it needs is dead and no other
+    can take over (runtime/router/recovery.py). The server answers HTTP 503 before a response
+    starts, and an SSE error event (then the end of the stream) after; the message names the cause."""
+
+    code = "engine_unavailable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,15 +9,19 @@ Start-up:
      landing zone per prefill engine (its "HBM" for the batch's cached KV);
   4. the router, then the engine processes (spawned, each pinned to its own CPU set where the
      machine has the cores: runtime/engine/cpus.py; each loads the model), then wait for every engine's
-     `Hello`.
-Shutdown sends `Stop`, joins the processes and unlinks every segment.
+     `Hello`;
+  5. an exit watch over the engine processes: an engine that dies is reported to the router at
+     once, and one the router fences (frozen: no heartbeats) is killed (router/liveness.py).
+Shutdown stops the watch, sends `Stop`, joins the processes and unlinks every segment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ from .engine.base import EngineSpec, kv_dtype
 from .engine.main import engine_main
 from .model import load_model
 from .protocol import EngineRole
+from .router.liveness import ExitWatch
+from .router.recovery import engine_lost
 from .router.router import Router
 from .store import BlockStore
 from .transport.channel import ipc_endpoint
@@ -44,6 +50,8 @@ class LocalCluster:
         self.start_timeout_s = start_timeout_s
         self.router: Router | None = None
         self._procs: list[Any] = []
+        self.processes: dict[int, Any] = {}  # engine id -> its multiprocessing.Process (tests kill them)
+        self._watch: ExitWatch | None = None
         self._buffers: dict[int, HostBuffer] = {}
         self._landing: dict[int, HostBuffer] = {}
         self._tmp: str | None = None
@@ -108,6 +116,12 @@ class LocalCluster:
             p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)
             p.start()
             self._procs.append(p)
+            self.processes[e] = p
+        loop = asyncio.get_running_loop()
+        router = self.router
+        self._watch = ExitWatch(self.processes, lambda e, cause: loop.call_soon_threadsafe(engine_lost, router, e, cause))
+        self._watch.start()
+        router.on_fence = self._kill
         try:
             await self.router.wait_ready(self.start_timeout_s)
         except Exception:
@@ -130,10 +144,25 @@ class LocalCluster:
         if old is not None:
             old.close()
 
+    def _kill(self, engine: int) -> None:
+        """Fence an engine for good (router/liveness.py step 4): a frozen one never wakes to write
+        into buffers that are others' now."""
+        p = self.processes.get(engine)
+        if p is not None and p.pid is not None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone
+
     async def stop(self) -> None:
         router = self.router
+        if self._watch is not None:
+            self._watch.stop()  # planned exits are no faults
+            self._watch = None
         if router is not None:
-            for e in list(router.engines.values()):
+            if router.watch is not None:
+                router.watch.cancel()  # engines that stop beating while they close are no faults
+            for e in router.live_engines():
                 if e.outbox is not None:
                     e.outbox.send(Stop("cluster shutdown"))
         loop = asyncio.get_running_loop()
@@ -155,3 +184,4 @@ class LocalCluster:
             if d:
                 shutil.rmtree(d, ignore_errors=True)
         self._procs.clear()
+        self.processes.clear()

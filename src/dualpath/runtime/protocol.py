@@ -18,8 +18,10 @@ Numbered path of one request (router R, prefill engine P, decode engine D):
      decodes; D -> R `Token` per token, the last one `finished`; D persists every full block,
      announcing each (`PersistQueued`) before the token that follows it and reporting the write
      (`Persisted`), so the next turn's lookup never misses a block still being written.
-  6. R -> P/D `Cancel` frees a request early (client gone).
-Engines report loads with every state change they own (`EngineReport`).
+  6. R -> P/D `Cancel` frees a request early (client gone, or its other engine died).
+Engines report loads with every state change they own (`EngineReport`). Every engine sends a
+`Heartbeat` from a thread of its own; when the router fences a dead or silent engine it tells
+the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py).
 """
 
 from __future__ import annotations
@@ -243,3 +245,24 @@ class Reconfigure:
 class Reconfigured:
     engine: int
     mode: str
+
+
+# Beats per heartbeat timeout (RuntimeConfig.engine_heartbeat_timeout_s): a timeout is 5 missed
+# beats, so one late beat (a busy CPU) never fences an engine.
+HEARTBEATS_PER_TIMEOUT = 5
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Engine -> R every heartbeat interval, from the engine's heartbeat thread: still alive."""
+
+    engine: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class EngineDown:
+    """R -> surviving engines: `engine` is fenced (dead or frozen, and killed); stop waiting for it."""
+
+    engine: int

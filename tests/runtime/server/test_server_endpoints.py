@@ -38,10 +38,22 @@ def test_models_health_metrics(start_server):
 def test_unhealthy_router_is_503(start_server):
     class Sick(FakeBackend):
         def health(self) -> dict:
-            return {"status": "degraded", "reason": "decode engine 1 is gone"}
+            return {"status": "unavailable", "reason": "decode engine 1 is gone"}
 
     response = httpx.get(start_server(Sick()).url + "/health")
     assert response.status_code == 503 and response.json()["reason"] == "decode engine 1 is gone"
+
+
+def test_a_degraded_router_still_serves_and_says_so(start_server):
+    """An engine is down but every role has a live one (runtime/router/liveness.py): not "ok", yet 200,
+    so a load balancer keeps sending what the router can serve."""
+    class Degraded(FakeBackend):
+        def health(self) -> dict:
+            return {"status": "degraded", "down": [{"engine": 1, "role": "decode", "cause": "killed by SIGKILL"}]}
+
+    response = httpx.get(start_server(Degraded()).url + "/health")
+    assert response.status_code == 200 and response.json()["status"] == "degraded"
+    assert response.json()["down"][0]["cause"] == "killed by SIGKILL"
 
 
 def test_api_key(start_server):

@@ -25,7 +25,7 @@ from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
 from ..transport.transfer import SpanCopy
 from ..model import load_model
-from ..protocol import Counters, EngineRole, Persisted, Reconfigure, Reconfigured
+from ..protocol import HEARTBEATS_PER_TIMEOUT, Counters, EngineRole, Heartbeat, Persisted, Reconfigure, Reconfigured
 from ..store import BlockStore, PutOutcome
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
@@ -124,6 +124,7 @@ class EngineBase:
         self._writes: queue.Queue = queue.Queue()
         self._stop = False
         self._early: dict[int, list] = {}
+        self.lost_engines: set[int] = set()  # peers the router fenced (EngineDown): never wait for them
         self._ended: set[int] = set()
         self._ended_order: collections.deque[int] = collections.deque()
         self._lane_base = (0, 0)
@@ -132,6 +133,15 @@ class EngineBase:
         self._writer = threading.Thread(target=self._write_loop, name=f"writer{spec.engine}", daemon=True)
         self._reader.start()
         self._writer.start()
+        self._beating = threading.Event()
+        self._heart = threading.Thread(target=self._beat, name=f"heartbeat{spec.engine}", daemon=True)
+        self._heart.start()
+
+    def _beat(self) -> None:
+        """Tell the router this process lives (router/liveness.py), whatever the main loop is doing."""
+        interval_s = self.cfg.engine_heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
+        while not self._beating.wait(interval_s):
+            self.to_router(Heartbeat(self.spec.engine))
 
     def _open_store(self, root: str) -> BlockStore:
         return BlockStore(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
@@ -273,6 +283,8 @@ class EngineBase:
         self._writer.join(timeout=30)
         self.arbiter.close()
         self.report_counters()
+        self._beating.set()  # beats until the outboxes close
+        self._heart.join(timeout=5)
         with self._out_lock:
             for box in self._outboxes.values():
                 box.close()

@@ -29,7 +29,7 @@ from .kv_region import contiguous, layer_spans
 from ..model import PagedKVCache
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+from ..protocol import (Cancel, EngineDown, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
 from ..transport.messages import Stop
@@ -50,6 +50,7 @@ class DecodeRequest:
     cancelled: bool = False
     finishing: bool = False
     pending_copies: int = 0  # H2D and D2H copies that still touch this request's cache blocks
+    reading: bool = False  # the DE-path read still writes into its region: a cancel waits for it
 
 
 class DecodeEngine(EngineBase):
@@ -86,8 +87,12 @@ class DecodeEngine(EngineBase):
         elif isinstance(msg, ReadFinished):
             r = self.reqs.get(msg.rid)
             if r is not None:
+                r.reading = False
                 self.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
-                self.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
+                if r.cancelled:
+                    self._cancel(r)
+                else:
+                    self.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
         elif isinstance(msg, (LayerPull, PromptReady)) and msg.rid not in self.reqs:
             self.stash(msg.rid, msg)
         elif isinstance(msg, LayerPull):
@@ -100,12 +105,18 @@ class DecodeEngine(EngineBase):
             r = self.reqs.get(msg.rid)
             if r is not None:
                 r.cancelled = True
-                if r.running or (r.generated == 0 and r.pending_copies == 0):
-                    self._finish(r)
+                self._cancel(r)
+        elif isinstance(msg, EngineDown):
+            self.lost_engines.add(msg.engine)  # a dead PE's requests arrive as Cancels
         elif isinstance(msg, Reconfigure):
             self.reconfigure(msg)
         elif isinstance(msg, Stop):
             self._stop = True
+
+    def _cancel(self, r: DecodeRequest) -> None:
+        """End a cancelled request now unless a read or copy still touches it (then when it ends)."""
+        if not r.reading and (r.running or (r.generated == 0 and r.pending_copies == 0)):
+            self._finish(r)
 
     # --- 1. assignment and the DE read path ---------------------------------------------------
     def _assign(self, a: DecodeAssign) -> None:
@@ -114,6 +125,7 @@ class DecodeEngine(EngineBase):
         self.reqs[a.rid] = r
         if a.read_side == ReadSide.DECODE and a.hit_tokens:
             nb = a.hit_tokens // self.cfg.block_tokens
+            r.reading = True
             self.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
         self.replay_stashed(a.rid)
 

@@ -56,7 +56,7 @@ class PrefillKvStream:
         self._batch: Batch = []
         self._zone: list[int] = []  # per item: byte offset of its cached KV within one layer slot
         self._slot_bytes = 0
-        self._loads_pending: dict[int, int] = {}  # layer -> copies not yet landed
+        self._loads_pending: dict[int, set[int]] = {}  # layer -> requests whose copy has not landed
         self._issued = -1
         self._deferred: list[list[LayerKV]] = []
 
@@ -80,7 +80,7 @@ class PrefillKvStream:
     def wait_for_layer_load(self, layer: int) -> list[LayerKV | None]:
         """Layer `layer`'s cached KV per item (None where an item has none), as views of the zone."""
         self._issue_through(min(self._num_layers - 1, layer + self.depth_layers - 1))
-        self._engine.pump(lambda: self._loads_pending[layer] == 0, timeout_s=0.05)
+        self._engine.pump(lambda: not self._loads_pending[layer], timeout_s=0.05)
         base = (layer % self.depth_layers) * self._slot_bytes
         views: list[LayerKV | None] = []
         for (r, _), off in zip(self._batch, self._zone):
@@ -88,12 +88,22 @@ class PrefillKvStream:
                 views.append(None)
                 continue
             buf = self._landing[base + off : base + off + r.cached * self._bytes_per_token_layer]
+            if self._lost(r):  # its DE died: the router has cancelled it; zeros, never stale bytes
+                buf[:] = 0
             kv = as_tensor(buf, self._engine.dtype, (r.cached, 2, *self._kv_shape))
             views.append(LayerKV(kv.to(self._compute_dtype)))
         return views
 
     def layer_ready(self, msg: LayerReady) -> None:
-        self._loads_pending[msg.layer] -= 1
+        self._loads_pending.get(msg.layer, set()).discard(msg.rid)
+
+    def peer_lost(self) -> None:
+        """A DE was fenced (`engine.lost_engines`): its pulls never answer; stop waiting for them."""
+        for waiting in self._loads_pending.values():
+            waiting.difference_update([r.assign.rid for r, _ in self._batch if self._lost(r)])
+
+    def _lost(self, r: PrefillRequest) -> bool:
+        return not r.pe_path and r.assign.de_engine in self._engine.lost_engines
 
     def _issue_through(self, layer: int) -> None:
         while self._issued < layer:
@@ -103,12 +113,12 @@ class PrefillKvStream:
     def _issue(self, layer: int) -> None:
         eng = self._engine
         base = (layer % self.depth_layers) * self._slot_bytes
-        pending = 0
+        pending: set[int] = set()
         for (r, _), off in zip(self._batch, self._zone):
-            if r.cached == 0:
+            if r.cached == 0 or self._lost(r):
                 continue
-            pending += 1
             a = r.assign
+            pending.add(a.rid)
             if r.pe_path:
                 spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, r.cached)
                 done = _post(eng, LayerReady(a.rid, layer))

@@ -31,8 +31,8 @@ from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerReady, PrefillAssign, PrefillDone,
-                       PromptReady, ReadDone)
+from ..protocol import (Cancel, EngineDown, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
+                       PrefillDone, PromptReady, ReadDone)
 from ..transport.messages import Stop
 
 
@@ -125,6 +125,11 @@ class PrefillEngine(EngineBase):
             r = self.reqs.get(msg.rid)
             if r is not None:
                 r.cancelled = True  # dropped at the next batch formation unless in flight
+                if not r.ready and not r.pe_path:
+                    self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
+        elif isinstance(msg, EngineDown):
+            self.lost_engines.add(msg.engine)
+            self.kv.peer_lost()  # a forward waiting for that DE's layers goes on (its items are cancelled)
         elif isinstance(msg, Reconfigure):
             self.reconfigure(msg)
         elif isinstance(msg, Stop):

@@ -38,6 +38,8 @@ class RouterMetrics:
         self.bytes_by_side = [0, 0]  # storage reads landing on the PE / DE side
         self.engine_counters: dict[int, Counters] = {}
         self.num_cancelled = 0
+        self.num_migrated = 0  # attempts moved to another engine after theirs died (recovery.py)
+        self.num_failed = 0  # streams ended by an error (an engine died, none could continue)
         self.started_s = clock.now_s()
         # metrics/decisions.py; None (the default): not recorded. engine id -> index within its role
         self.decisions: DecisionLog | None = None
@@ -71,6 +73,12 @@ class RouterMetrics:
     def cancelled(self, rid: int) -> None:
         self.num_cancelled += 1
 
+    def migrated(self, rid: int) -> None:
+        self.num_migrated += 1
+
+    def failed(self, rid: int) -> None:
+        self.num_failed += 1
+
     def counters(self, c: Counters) -> None:
         self.engine_counters[c.engine] = c
 
@@ -102,6 +110,10 @@ class RouterMetrics:
             family("dualpath_requests_total", "counter", "Requests received.", [Sample(len(self.reqs))]),
             family("dualpath_requests_cancelled_total", "counter", "Requests whose client went away.",
                    [Sample(self.num_cancelled)]),
+            family("dualpath_requests_migrated_total", "counter", "Request attempts moved off an engine that died.",
+                   [Sample(self.num_migrated)]),
+            family("dualpath_requests_failed_total", "counter", "Requests ended by an engine fault (HTTP 503 / SSE error).",
+                   [Sample(self.num_failed)]),
             family("dualpath_storage_read_bytes_total", "counter", "KV bytes read from storage, by read path.",
                    [Sample(self.bytes_by_side[0], {"path": "prefill"}), Sample(self.bytes_by_side[1], {"path": "decode"})]),
             family("dualpath_cnic_bytes_total", "counter", "Bytes through engines' CNIC arbiters, by lane.",

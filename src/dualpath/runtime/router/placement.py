@@ -7,11 +7,13 @@ Pure bookkeeping over the store index and the nodes' host buffers; the router de
   3. `allocate_regions`: one slot per prompt block in the DE node's buffer (always: the prompt
      KV lands there), and on the PE read path one per block in the PE node's buffer too; all or
      nothing.
+  4. `engine_lost`: a dead DE's writes never report; its blocks stop blocking placement.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from typing import Any, Callable
 
 from ...core.blocks import chain_digests
 from ...core.request import usable_hit_tokens
@@ -25,6 +27,7 @@ class Placement:
         self.buffers = buffers
         self.block_tokens = block_tokens
         self.persisting: dict[bytes, int] = {}  # digest -> writes queued on a DE and not yet ended
+        self._persisting_on: dict[int, Counter[bytes]] = {}  # the same, per DE that queued them
 
     # 1. hit
     def lookup(self, prompt: list[int]) -> tuple[list[bytes], int]:
@@ -42,18 +45,43 @@ class Placement:
         return usable_hit_tokens(stored_blocks * self.block_tokens, len(prompt), self.block_tokens)
 
     # 2. persists in flight
-    def persist_queued(self, digests: list[bytes]) -> None:
+    def persist_queued(self, digests: list[bytes], engine: int = -1) -> None:
         for d in digests:
             self.persisting[d] = self.persisting.get(d, 0) + 1
+        self._persisting_on.setdefault(engine, Counter()).update(digests)
 
-    def persisted(self, digest: bytes) -> None:
-        left = self.persisting.pop(digest, 0) - 1
+    def persisted(self, digest: bytes, engine: int = -1, times: int = 1) -> None:
+        left = self.persisting.pop(digest, 0) - times
         if left > 0:
             self.persisting[digest] = left
+        mine = self._persisting_on.get(engine)
+        if mine is not None:
+            mine[digest] -= times
+            if mine[digest] <= 0:
+                del mine[digest]
+
+    # 4. a dead DE
+    def engine_lost(self, engine: int) -> None:
+        """Drop the dead `engine`'s queued writes: they will never report `Persisted`."""
+        for digest, n in list(self._persisting_on.pop(engine, Counter()).items()):
+            self.persisted(digest, engine, n)
 
     def blocked_by_persist(self, prompt: list[int], digests: list[bytes], stored_blocks: int) -> bool:
         usable = (len(prompt) - 1) // self.block_tokens  # the hit leaves a token to compute
         return stored_blocks < min(usable, len(digests)) and digests[stored_blocks] in self.persisting
+
+    def wait_for_persist(self, rr: Any, prompt: list[int], stored: int, now_s: float, wait_s: float,
+                         on_first_wait: Callable[[], Any]) -> bool:
+        """True while the block after the stored prefix of `rr` (a RouterRequest) is still being
+        written by a DE (PAPER.md A.4: a turn hits the client's whole earlier context). `Persisted`
+        kicks the next pass; after `wait_s` the request goes on with what is stored (a write that
+        never reports); `on_first_wait` arranges a pass for then."""
+        if not self.blocked_by_persist(prompt, rr.digests, stored):
+            return False
+        if rr.persist_wait_since_s is None:
+            rr.persist_wait_since_s = now_s
+            on_first_wait()
+        return now_s - rr.persist_wait_since_s < wait_s
 
     # 3. buffers
     def allocate_regions(self, pe_node: int, de_node: int, num_tokens: int,

@@ -15,6 +15,7 @@ Numbered path of one request through the router (the engines' side is in protoco
   5. `FirstToken` / `Token` become `TokenEvent`s; `ReadDone`, `PrefillDone`, `PromptLoaded`,
      `DecodeDone` shrink read queues, PE loads, regions and HBM reservations, and advance `phase`.
   6. A consumer that stops iterating cancels the request on every engine it touched.
+An engine that dies or freezes is fenced and its requests migrate or fail (liveness.py, recovery.py).
 """
 
 from __future__ import annotations
@@ -24,23 +25,27 @@ import itertools
 import threading
 from collections import deque
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ...config import RuntimeConfig
 from ...core.phase import Phase
 from ...core.request import RequestId
-from ...core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules, derive_thresholds
+from ...core.scheduler import ClusterView, GlobalScheduler, SchedulePass
 from ...core.snapshot import QueuedRequest, ReadSide
 from ...errors import InputError
 from ...metrics.prometheus import Family
-from ..api import GenerationRequest, TokenEvent
-from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Hello, PersistQueued, Persisted,
-                        PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Reconfigure, Reconfigured, Token)
+from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
+from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
+                        Hello, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Reconfigure,
+                        Reconfigured, Token)
 from ..transport.channel import Inbox, Outbox
 from ..transport.shm import HostBuffer
+from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
-from .state import EngineState, RouterRequest, RouterView, check_ledgers
+from .recovery import check_heartbeats
+from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
+from .tokens import emit, first_token
 
 
 class Router:
@@ -74,6 +79,9 @@ class Router:
         self._receiver = threading.Thread(target=self._receive, name="router-inbox", daemon=True)
         self._expected_engines = config.num_prefill + config.num_decode
         self._reconfigured: set[int] = set()
+        self.liveness = Liveness(config.engine_heartbeat_timeout_s)
+        self.on_fence: Callable[[int], None] = lambda engine: None  # the cluster kills a fenced engine
+        self.watch: asyncio.TimerHandle | None = None  # the next heartbeat check (recovery.check_heartbeats)
 
     @property
     def store(self) -> Any:
@@ -86,14 +94,19 @@ class Router:
 
     async def wait_ready(self, timeout_s: float) -> None:
         deadline = self.clock.now_s() + timeout_s
-        while len(self.engines) < self._expected_engines:
+        while len(self.engines) < self._expected_engines or self.liveness.down:
+            if self.liveness.down:
+                raise RuntimeError(f"engine(s) died during start-up: {self.liveness.down}")
             if self.clock.now_s() > deadline:
                 raise RuntimeError(f"only {len(self.engines)} of {self._expected_engines} engines came up")
             await asyncio.sleep(0.05)
-        self._new_scheduler()
+        self.new_scheduler()
+        check_heartbeats(self)
 
     def stop(self) -> None:
         self._stop.set()
+        if self.watch is not None:
+            self.watch.cancel()
         self._receiver.join(timeout=5)
         for e in self.engines.values():
             if e.outbox is not None:
@@ -103,36 +116,39 @@ class Router:
     def _receive(self) -> None:
         while not self._stop.is_set():
             msg = self.inbox.recv(0.05)
-            if msg is not None and self._loop is not None:
+            if isinstance(msg, (Heartbeat, Hello)):  # stamped here: a busy loop makes no engine late
+                self.liveness.seen(msg.engine, self.clock.now_s())
+            if msg is not None and self._loop is not None and not isinstance(msg, Heartbeat):
                 self._loop.call_soon_threadsafe(self._on_message, msg)
 
-    def _new_scheduler(self) -> None:
-        """alpha from the configured SNIC rate, beta from the slowest PE's profiled rate
-        (derive_thresholds); the mode's rules; the engines as groups of one."""
-        cfg = self.cfg
-        pes = sorted(e.engine for e in self.engines.values() if e.role == EngineRole.PREFILL)
-        des = sorted(e.engine for e in self.engines.values() if e.role == EngineRole.DECODE)
-        rate = min(self.engines[e].prefill_tokens_per_s for e in pes)
-        snic = None if self.features.io_free else cfg.snic_bytes_per_s
-        thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, self.kv_bytes_per_token, rate)
-        forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
-        rules = SchedulerRules(thresholds, self.features.dualpath_scheduler, self.features.de_read_path, cfg.scheduler.z_factor, forced)
-        self.scheduler = GlobalScheduler(pes, des, rules)
-        self.metrics.engine_index = {e: i for ids in (pes, des) for i, e in enumerate(ids)}
+    def live_engines(self) -> list[EngineState]:
+        return [e for e in self.engines.values() if self.liveness.is_alive(e.engine)]
+
+    def servable(self) -> bool:
+        """Every role has a live engine."""
+        return {e.role for e in self.live_engines()} == {EngineRole.PREFILL, EngineRole.DECODE}
+
+    def new_scheduler(self, queued: list[RouterRequest] = ()) -> None:
+        """alpha from the configured SNIC rate, beta from the slowest live PE's profiled rate
+        (derive_thresholds); the mode's rules; the live engines as groups of one, with their loads;
+        `queued` (requests no engine has heard of) joins the queue after those not yet scheduled."""
+        self.scheduler, pes, des = build_scheduler(self.cfg, self.live_engines(), self.kv_bytes_per_token)
+        self.metrics.engine_index = self.metrics.engine_index or {e: i for ids in (pes, des) for i, e in enumerate(ids)}
+        self.unscheduled.extend(queued)
         while self.unscheduled:
             rr = self.unscheduled.popleft()
             self.scheduler.submit(rr.qview, rr)
-        self._kick()
+        self.kick()
 
     async def reconfigure(self, mode: str, store: Any, store_root: str, timeout_s: float = 120.0) -> None:
         """Switch every engine and the router to `mode` on a fresh store; only while idle."""
         if self.requests:
             raise RuntimeError("reconfigure needs an idle cluster")
         self._reconfigured = set()
-        for e in self.engines.values():
+        for e in self.live_engines():
             e.outbox.send(Reconfigure(mode, store_root))
         deadline = self.clock.now_s() + timeout_s
-        while len(self._reconfigured) < len(self.engines):
+        while len(self._reconfigured) < len(self.live_engines()):
             if self.clock.now_s() > deadline:
                 raise RuntimeError("engines did not acknowledge the new mode")
             await asyncio.sleep(0.02)
@@ -140,23 +156,26 @@ class Router:
         self.features = self.cfg.features
         self.placement.store = store
         self.metrics = RouterMetrics(self.clock)
-        self._new_scheduler()
+        self.new_scheduler()
 
     # --- 1. requests ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         rr = self.admit(request)
         try:
             while True:
-                ev: TokenEvent = await rr.queue.get()
+                ev: TokenEvent | ServiceUnavailable = await rr.queue.get()
+                if isinstance(ev, ServiceUnavailable):
+                    raise ev  # its engine died and no other can continue it (recovery.py)
                 yield ev
                 if ev.finished:
                     return
         finally:
-            if not rr.finished:
-                self._cancel(rr)
+            if not rr.current.finished:
+                self._cancel(rr.current)
 
     def admit(self, request: GenerationRequest) -> RouterRequest:
-        """Check the request and queue it for the next pass (InputError names what is wrong)."""
+        """Check the request and queue it for the next pass (InputError names what is wrong;
+        ServiceUnavailable when a role has no live engine)."""
         n = len(request.prompt_ids)
         if n == 0:
             raise InputError("prompt is empty")
@@ -165,23 +184,28 @@ class Router:
                              f"({self.max_context_tokens} tokens)")
         if n + request.params.max_tokens > self.cfg.de_kv_tokens:
             raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
-        rid = next(self._ids)
-        bt = self.cfg.block_tokens
-        total = -(-(n + request.params.max_tokens) // bt) * bt
-        qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
-        rr = RouterRequest(rid, request, asyncio.Queue(), self.clock.now_s(), total, qview)
-        self.requests[rid] = rr
+        if self.liveness.down and not self.servable():
+            raise ServiceUnavailable(f"no engine can serve it: {describe_down(self.engines, self.liveness)}")
+        rr = self.new_record(request, asyncio.Queue())
+        self.metrics.arrived(rr.rid)
         if self.scheduler is None:
             self.unscheduled.append(rr)
         else:
-            self.scheduler.submit(qview, rr)
-        self.metrics.arrived(rid)
-        self._kick()
+            self.scheduler.submit(rr.qview, rr)
+        self.kick()
+        return rr
+
+    def new_record(self, request: GenerationRequest, queue: asyncio.Queue) -> RouterRequest:
+        """A request's record under a fresh id, in `requests` (not yet queued for a pass)."""
+        rid, bt, n = next(self._ids), self.cfg.block_tokens, len(request.prompt_ids)
+        total = -(-(n + request.params.max_tokens) // bt) * bt
+        qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
+        rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview)
         return rr
 
     def _cancel(self, rr: RouterRequest) -> None:
         rr.finished = rr.cancelled = True
-        self.metrics.cancelled(rr.rid)
+        self.metrics.cancelled(rr.stream_rid)
         if rr in self.unscheduled:
             self.unscheduled.remove(rr)
         if rr.de is None and self.scheduler is not None:
@@ -189,19 +213,19 @@ class Router:
         if rr in self.placing:
             self.placing.remove(rr)
         for e in (rr.pe, rr.de):
-            if e is not None and e.outbox is not None:
+            if e is not None and e.outbox is not None and self.liveness.is_alive(e.engine):
                 e.outbox.send(Cancel(rr.rid))
         if not rr.placed:  # nothing was sent: undo what the pass booked
             if rr.pe is not None:
-                self._pe_release(rr)
+                self.pe_release(rr)
             if rr.de is not None:
-                self._de_release(rr)
-                self._read_ended(rr)
+                self.de_release(rr)
+                self.read_ended(rr)
             self.requests.pop(rr.rid, None)
-        self._kick()
+        self.kick()
 
     # --- 2. scheduling ------------------------------------------------------------------------------
-    def _kick(self) -> None:
+    def kick(self) -> None:
         if not self._pass_pending and self._loop is not None:
             self._pass_pending = True
             self._loop.call_soon(self._pass)
@@ -227,7 +251,7 @@ class Router:
             de.num_seqs += 1
             de.num_tokens += rr.total_tokens
             de.kv_reserved_tokens += rr.total_tokens
-            rr.side = d.side
+            rr.side = ReadSide.PREFILL if rr.pe_side_only else d.side  # (a DE-path retry: recovery.py)
             rr.read_charged_tokens = d.read_tokens
             rr.side_engine.read_queue_tokens += d.read_tokens
             self.placing.append(rr)
@@ -244,7 +268,8 @@ class Router:
     def _try_place(self, rr: RouterRequest) -> bool:
         prompt = list(rr.req.prompt_ids)
         stored = self.placement.store.lookup(rr.digests)  # a persist may have landed since the pass
-        if self._wait_for_persist(rr, prompt, stored):
+        if self.placement.wait_for_persist(rr, prompt, stored, self.clock.now_s(), self.cfg.persist_wait_s,
+                                           lambda: self._loop.call_later(self.cfg.persist_wait_s, self.kick)):
             return False
         regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side)
         if regions is None:
@@ -255,7 +280,7 @@ class Router:
         rr.hit_tokens = rr.read_charged_tokens = hit
         rr.advance(Phase.READING if hit else Phase.PREFILL_READY)
         self._send_assignments(rr, prompt)
-        self.metrics.placed(rr.rid, hit, rr.side)
+        self.metrics.placed(rr.stream_rid, hit, rr.side)
         return True
 
     def _send_assignments(self, rr: RouterRequest, prompt: list[int]) -> None:
@@ -270,20 +295,10 @@ class Router:
                                         p.temperature, p.top_p, seed, p.min_tokens > 0 or p.ignore_eos,
                                         self.features.layerwise_prefill))
 
-    def _wait_for_persist(self, rr: RouterRequest, prompt: list[int], stored: int) -> bool:
-        """True while the block after the stored prefix is still being written by a DE (PAPER.md
-        A.4: a turn hits the client's whole earlier context). `Persisted` kicks the next pass; after
-        `persist_wait_s` the request goes on with what is stored (a write that never reports)."""
-        if not self.placement.blocked_by_persist(prompt, rr.digests, stored):
-            return False
-        now = self.clock.now_s()
-        if rr.persist_wait_since_s is None:
-            rr.persist_wait_since_s = now
-            self._loop.call_later(self.cfg.persist_wait_s, self._kick)
-        return now - rr.persist_wait_since_s < self.cfg.persist_wait_s
-
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
+        if not self.liveness.is_alive(getattr(msg, "engine", -1)):
+            return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
         if isinstance(msg, Hello):
             e = EngineState(msg.engine, EngineRole(msg.role), msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
                             prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint))
@@ -296,26 +311,26 @@ class Router:
             self._reconfigured.add(msg.engine)
             return
         if isinstance(msg, PersistQueued):
-            self.placement.persist_queued(msg.digests)
+            self.placement.persist_queued(msg.digests, msg.engine)
             return
         if isinstance(msg, Persisted):
-            self.placement.persisted(msg.digest)
-            self._kick()
+            self.placement.persisted(msg.digest, msg.engine)
+            self.kick()
             return
         rr = self.requests.get(msg.rid)
-        if rr is None:
+        if rr is None or self._from_fenced(rr, msg):
             return
         if isinstance(msg, FirstToken):
             rr.advance(Phase.KV_TO_DECODE)  # the prompt's last chunk is computed
-            self._first_token(rr, msg)
+            first_token(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
         elif isinstance(msg, Token):
-            self._token(rr, msg)
+            emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None)
         elif isinstance(msg, ReadDone):
             rr.advance(Phase.PREFILL_READY)
-            self._read_ended(rr)
+            self.read_ended(rr)
             self.metrics.read_done(rr.rid, msg.engine == rr.pe.engine, msg.nbytes)
         elif isinstance(msg, PrefillDone):
-            self._pe_release(rr)
+            self.pe_release(rr)
             self.placement.free(rr.pe.engine, rr.pe_regions)
             rr.pe_regions = []
             rr.pe_done = True
@@ -324,64 +339,47 @@ class Router:
             rr.de_regions = []
             rr.advance(Phase.DECODING)
             if rr.final_first_token is not None:
-                self._first_token(rr, rr.final_first_token)
+                first_token(rr, rr.final_first_token, self.eos_token_ids, self.metrics, self.clock.now_s())
         elif isinstance(msg, DecodeDone):
             if rr.de_regions:  # never loaded (cancelled early)
                 self.placement.free(rr.de.engine, rr.de_regions)
                 rr.de_regions = []
-            self._de_release(rr)
+            self.de_release(rr)
             rr.advance(Phase.FINISHED)
             rr.de_done = True
         if rr.pe_done and rr.de_done:
-            self._read_ended(rr)  # a read cancelled before it ran never reports
+            self.read_ended(rr)  # a read cancelled before it ran never reports
             self.requests.pop(rr.rid, None)
             if not rr.finished:  # ended without a final token (e.g. cancelled in flight)
                 rr.finished = True
-        self._kick()
+        self.kick()
 
-    def _read_ended(self, rr: RouterRequest) -> None:
+    def read_ended(self, rr: RouterRequest) -> None:
         rr.side_engine.read_queue_tokens -= rr.read_charged_tokens
         rr.read_charged_tokens = 0
 
-    def _pe_release(self, rr: RouterRequest) -> None:
+    def _from_fenced(self, rr: RouterRequest, msg: Any) -> bool:
+        """A request's message without an engine field, from an engine fenced since it was sent."""
+        sender = rr.pe if isinstance(msg, FirstToken) else rr.de if isinstance(msg, (Token, PromptLoaded)) else None
+        return sender is not None and not self.liveness.is_alive(sender.engine)
+
+    def pe_release(self, rr: RouterRequest) -> None:
         rr.pe.num_seqs -= 1
         rr.pe.num_tokens -= rr.qview.num_tokens
-        self.scheduler.pe_released(rr.pe.engine, rr.pe.num_tokens)
+        if self.liveness.is_alive(rr.pe.engine):  # a fenced engine has left the scheduler
+            self.scheduler.pe_released(rr.pe.engine, rr.pe.num_tokens)
 
-    def _de_release(self, rr: RouterRequest) -> None:
+    def de_release(self, rr: RouterRequest) -> None:
         rr.de.num_seqs -= 1
         rr.de.num_tokens -= rr.total_tokens
         rr.de.kv_reserved_tokens -= rr.total_tokens
-        self.scheduler.de_released(rr.de.engine, rr.de.num_tokens)
-
-    def _emit(self, rr: RouterRequest, token: int, index: int, finished: bool, reason: str | None) -> None:
-        if rr.finished:
-            return
-        rr.generated = index + 1
-        now = self.clock.now_s()
-        self.metrics.token(rr.rid, index, now)
-        if finished:
-            rr.finished = True
-            self.metrics.finished(rr.rid)
-        rr.queue.put_nowait(TokenEvent(token, index, finished, reason if finished else None,
-                                       len(rr.req.prompt_ids), rr.hit_tokens))
-
-    def _first_token(self, rr: RouterRequest, m: FirstToken) -> None:
-        rr.hit_tokens = m.cached_tokens
-        p = rr.req.params
-        eos_ends = m.token in self.eos_token_ids and not p.ignore_eos and p.min_tokens <= 1
-        done = p.max_tokens == 1 or eos_ends
-        if done and not rr.prompt_loaded:  # the answer ends here: once the DE has announced its persists
-            rr.final_first_token = m
-            return
-        self._emit(rr, m.token, 0, done, "length" if p.max_tokens == 1 else "stop")
-
-    def _token(self, rr: RouterRequest, m: Token) -> None:
-        self._emit(rr, m.token, m.index, m.finished, m.reason or None)
+        if self.liveness.is_alive(rr.de.engine):
+            self.scheduler.de_released(rr.de.engine, rr.de.num_tokens)
 
     # --- status -----------------------------------------------------------------------------------
     def health(self) -> dict:
-        return {"engines": len(self.engines), "expected_engines": self._expected_engines,
+        """status ok | degraded (an engine is down, every role still served) | unavailable."""
+        return {**engine_health(self.engines, self.liveness), "expected_engines": self._expected_engines,
                 "requests": len(self.requests), "mode": self.cfg.mode}
 
     def metric_families(self) -> list[Family]:
@@ -392,9 +390,10 @@ class Router:
 
     def check_invariants(self) -> None:
         """Loads and read queues equal the sums over live requests; reservations never exceed
-        capacity; the scheduler's own ledgers match the engines."""
+        capacity; the scheduler's own ledgers match the engines (while it serves: with a role
+        left empty it is frozen, recovery.py)."""
         check_ledgers(self.engines, self.requests.values())
         self.placement.check_invariants()
-        if self.scheduler is not None:
+        if self.scheduler is not None and self.servable():
             self.scheduler.check_invariants(self.view)
 

@@ -10,7 +10,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ...core.scheduler import ClusterView
+from ...config import RuntimeConfig
+from ...core.scheduler import ClusterView, GlobalScheduler, SchedulerRules, derive_thresholds
 from ...core.phase import Phase, check_transition
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..api import GenerationRequest
@@ -65,6 +66,40 @@ class RouterRequest:
     de_done: bool = False  # the DE has let it go (DecodeDone): its load and HBM are released
     final_first_token: FirstToken | None = None  # a 1-token answer, held until prompt_loaded
     persist_wait_since_s: float | None = None  # placement waits for a block still being written
+    # Migration (recovery.py): attempt k > 0 of the client's request `origin` after an engine died;
+    # its prompt is origin's + the `base_tokens` tokens streamed before it; `emitted` is every
+    # token the client has had; `successor` is the attempt that replaced this one.
+    origin: GenerationRequest | None = None  # the client's request (set to `req` for attempt 0)
+    client_rid: int = 0  # the first attempt's id (metrics, seeds); 0: this is the first
+    attempt: int = 0
+    base_tokens: int = 0
+    emitted: list = field(default_factory=list)
+    pe_side_only: bool = False  # a DE-path read whose DE died: the retry reads on the PE side
+    successor: "RouterRequest | None" = None
+    failed: bool = False  # the stream ended with an error (ServiceUnavailable)
+
+    def __post_init__(self) -> None:
+        if self.origin is None:
+            self.origin = self.req
+
+    @property
+    def stream_rid(self) -> int:
+        """The client stream's id: the first attempt's."""
+        return self.client_rid or self.rid
+
+    @property
+    def current(self) -> "RouterRequest":
+        """The attempt that now carries the client's stream."""
+        rr = self
+        while rr.successor is not None:
+            rr = rr.successor
+        return rr
+
+    def unassign(self) -> None:
+        """Back to QUEUED before any engine heard of it (its engine died first): the one step
+        backwards, legal because nothing was sent; the router has undone the bookings."""
+        self.pe = self.de = None
+        self.phase, self.side, self.read_charged_tokens = Phase.QUEUED, ReadSide.PREFILL, 0
 
     def advance(self, target: Phase) -> None:
         """Walk the path forward to `target`: READING only with a hit, DECODING only for more than
@@ -145,3 +180,26 @@ def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequ
             raise AssertionError(f"engine {e.engine} HBM overcommitted")
         if e.read_queue_tokens != readq[e.engine]:
             raise AssertionError(f"engine {e.engine} read queue ledger off")
+
+
+def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per_token: int) -> tuple[GlobalScheduler, list[int], list[int]]:
+    """(the scheduler over `engines` as groups of one, its PE ids, its DE ids): alpha from the
+    configured SNIC rate, beta from the slowest PE's profiled rate (derive_thresholds), the mode's
+    rules; each engine's present load (a rebuild after an engine was lost keeps what runs)."""
+    pes = sorted(e.engine for e in engines if e.role == EngineRole.PREFILL)
+    des = sorted(e.engine for e in engines if e.role == EngineRole.DECODE)
+    by_id = {e.engine: e for e in engines}
+    features = cfg.features
+    snic = None if features.io_free else cfg.snic_bytes_per_s
+    rate = min(by_id[e].prefill_tokens_per_s for e in pes)
+    thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, kv_bytes_per_token, rate)
+    forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
+    rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced)
+    scheduler = GlobalScheduler(pes, des, rules)
+    for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
+        if by_id[g].num_tokens:
+            scheduler.pe_released(g, by_id[g].num_tokens)
+    for g in des:
+        if by_id[g].num_tokens:
+            scheduler.de_released(g, by_id[g].num_tokens)
+    return scheduler, pes, des

@@ -14,8 +14,8 @@ Path of a request through the server:
   4. `streaming.token_deltas` pulls `TokenEvent`s from `router.generate` and turns them into text deltas:
      incremental detokenization (never a split UTF-8 character) and stop strings;
   5. non-streaming: the deltas are collected; streaming: the first delta is pulled before the
-     response starts (so a router `InputError` is still a 400), then SSE chunks follow, ending
-     with `data: [DONE]`;
+     response starts (so a router `InputError` is still a 400, a `ServiceUnavailable` a 503), then
+     SSE chunks follow, ending with `data: [DONE]` (after an error event if the backend failed);
   6. a client that disconnects (before or during the stream) cancels its request: every
      generator in the chain (SSE -> deltas -> router) is closed in a `finally`, shielded from
      cancellation, so the router frees the request on every engine.
@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
-from dualpath.runtime.api import GenerationRequest, SamplingParams, ServingBackend
+from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable, ServingBackend
 from dualpath.runtime.server.admission import Admission, Overloaded, ServerLimits, Ticket
 from dualpath.runtime.server.front_door import FrontDoor
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
@@ -192,7 +192,8 @@ class _Server:
         except Exception:
             log.exception("router.health() failed")
             body = {"status": "error"}
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        # degraded: an engine is down but every role is still served (runtime/router/liveness.py)
+        return JSONResponse(body, status_code=200 if body["status"] in ("ok", "degraded") else 503)
 
     def metrics(self) -> PlainTextResponse:
         samples = [Sample(n, {"route": route, "code": str(code)})
@@ -228,6 +229,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InputError)
     async def on_input_error(_: Request, exc: InputError) -> JSONResponse:
         return error_response(400, str(exc))
+
+    @app.exception_handler(ServiceUnavailable)
+    async def on_unavailable(_: Request, exc: ServiceUnavailable) -> JSONResponse:
+        return error_response(503, str(exc), code=exc.code, kind="server_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

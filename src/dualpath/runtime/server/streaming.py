@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from dualpath.errors import InputError
-from dualpath.runtime.api import GenerationRequest, ServingBackend
+from dualpath.runtime.api import GenerationRequest, ServiceUnavailable, ServingBackend
 from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,8 @@ async def event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> 
                         "created": job.created, "model": job.model, "choices": [], "usage": delta.usage.as_json()})
     except InputError as exc:  # the status line is sent already: report in the stream, as vLLM does
         yield _sse({"error": {"message": str(exc), "type": "invalid_request_error", "param": None, "code": None}})
+    except ServiceUnavailable as exc:  # its engine died mid-stream and none could continue it
+        yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": exc.code}})
     except Exception:
         log.exception("generation of %s failed mid-stream", job.response_id)
         yield _sse({"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}})
