@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, demo, fidelity, runtime, sim
+from . import bench, chaos, demo, fidelity, runtime, sim
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -29,6 +29,7 @@ app.command()(runtime.run)
 app.command()(demo.demo)
 app.command()(demo.calibrate)
 app.command()(fidelity.fidelity)
+app.command()(chaos.chaos)
 bench_app.command("sim-speed")(bench.bench_sim_speed)
 bench_app.command("lanes")(bench.bench_lanes)
 bench_app.command("transport")(bench.bench_transport)
