@@ -26,7 +26,7 @@ from .device import engine_device, visible_gpus
 from ..transport.transfer import SpanCopy
 from ..model import load_model
 from ..protocol import Counters, EngineRole, Persisted, Reconfigure, Reconfigured
-from ..store import BlockStore, PutOutcome
+from ..store import BlockStore, PutOutcome, RemoteStore, store_for
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 from ..transport import LinkArbiter, ShmRegion, TokenBucket
@@ -133,9 +133,9 @@ class EngineBase:
         self._reader.start()
         self._writer.start()
 
-    def _open_store(self, root: str) -> BlockStore:
-        return BlockStore(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
-                          capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2)
+    def _open_store(self, root: str) -> BlockStore | RemoteStore:
+        return store_for(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
+                         capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2)
 
     def reconfigure(self, msg: Reconfigure) -> None:
         """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""

@@ -1,5 +1,6 @@
 """Persistent KV block store: Full Blocks in files named by their chained digest (store.py),
-a checksummed 4096-byte header format (format.py), and a read-throughput bench (bench.py)."""
+a checksummed 4096-byte header format (format.py), the storage service over TCP (service.py,
+wire.py) and its client (remote.py; store_for picks a directory or a tcp:// URL)."""
 
 from dualpath.runtime.store.errors import (
     BlockFormatError,
@@ -11,6 +12,7 @@ from dualpath.runtime.store.errors import (
 from dualpath.runtime.store.format import HEADER_BYTES, BlockHeader, parse_header
 from dualpath.runtime.store.results import PutOutcome, PutReport, RefreshReport, StoreStats
 from dualpath.runtime.store.store import BlockStore
+from dualpath.runtime.store.remote import RemoteStore, RemoteStoreError, store_for
 
 __all__ = [
     "HEADER_BYTES",
@@ -24,6 +26,9 @@ __all__ = [
     "PutOutcome",
     "PutReport",
     "RefreshReport",
+    "RemoteStore",
+    "RemoteStoreError",
     "StoreStats",
     "parse_header",
+    "store_for",
 ]

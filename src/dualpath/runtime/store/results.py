@@ -43,3 +43,4 @@ class StoreStats:
     header_failures: int  # headers that failed validation (corrupt, truncated, misplaced)
     quarantined_blocks: int
     direct_read_blocks: int  # blocks read with O_DIRECT
+    service_errors: int = 0  # RemoteStore: requests the storage service did not answer

@@ -102,6 +102,11 @@ class BlockStore:
             n += 1
         return n
 
+    def touch(self, digests: Sequence[bytes]) -> None:
+        """Count the indexed blocks among `digests` as used now (a server that sends files itself)."""
+        with self._cv:
+            self._index.touch_chain([e for e in map(self._index.get, digests) if e is not None], self._clock.now_s())
+
     def lru_order(self) -> tuple[bytes, ...]:
         """Indexed digests, least recently used first (the eviction order, pins aside)."""
         with self._cv:
