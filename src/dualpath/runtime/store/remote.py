@@ -134,18 +134,22 @@ class RemoteStore:
             sock = self._idle.pop() if self._idle else None
         for attempt in range(2):
             reused = sock is not None
-            if sock is None:
-                sock = self._connect()
             try:
+                if sock is None:
+                    sock = self._connect()
                 result = fn(sock)
             except (OSError, ProtocolError) as exc:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 sock = None
                 if reused and attempt == 0:
                     continue
-                raise exc if isinstance(exc, OSError) else RemoteStoreError(str(exc)) from exc
+                if isinstance(exc, RemoteStoreError):
+                    raise
+                raise RemoteStoreError(f"storage service at {self.root}: {type(exc).__name__}: {exc}") from exc
             except BaseException:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 raise
             with self._lock:
                 self._idle.append(sock)
