@@ -32,7 +32,8 @@ from .engine.main import engine_main
 from .model import load_model
 from .protocol import EngineRole
 from .router.router import Router
-from .store import BlockStore, RemoteStore, store_for
+from .store import BlockStore
+from .store.remote import RemoteStore, store_for
 from .transport.channel import ipc_endpoint
 from .transport.messages import Stop
 from .transport.shm import HostBuffer

@@ -16,7 +16,8 @@ import threading
 import msgpack
 import pytest
 
-from dualpath.runtime.store import BlockStore, PayloadSizeError, PutOutcome, RemoteStore, RemoteStoreError, store_for
+from dualpath.runtime.store import BlockStore, PayloadSizeError, PutOutcome
+from dualpath.runtime.store.remote import RemoteStore, RemoteStoreError, store_for
 from dualpath.runtime.store import service as service_mod
 from dualpath.runtime.store.files import TEMP_MARK
 from dualpath.runtime.store.service import start_service

@@ -26,7 +26,8 @@ from .device import engine_device, visible_gpus
 from ..transport.transfer import SpanCopy
 from ..model import load_model
 from ..protocol import Counters, EngineRole, Persisted, Reconfigure, Reconfigured
-from ..store import BlockStore, PutOutcome, RemoteStore, store_for
+from ..store import BlockStore, PutOutcome
+from ..store.remote import RemoteStore, store_for
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 from ..transport import LinkArbiter, ShmRegion, TokenBucket

@@ -12,7 +12,6 @@ from dualpath.runtime.store.errors import (
 from dualpath.runtime.store.format import HEADER_BYTES, BlockHeader, parse_header
 from dualpath.runtime.store.results import PutOutcome, PutReport, RefreshReport, StoreStats
 from dualpath.runtime.store.store import BlockStore
-from dualpath.runtime.store.remote import RemoteStore, RemoteStoreError, store_for
 
 __all__ = [
     "HEADER_BYTES",
@@ -26,9 +25,6 @@ __all__ = [
     "PutOutcome",
     "PutReport",
     "RefreshReport",
-    "RemoteStore",
-    "RemoteStoreError",
     "StoreStats",
     "parse_header",
-    "store_for",
 ]
