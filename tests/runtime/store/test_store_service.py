@@ -93,6 +93,18 @@ def test_flipped_payload_byte_on_disk_is_a_miss_and_gets_quarantined(service):
         assert store.read_into(digests, out) == 5 and bytes(out) == b"".join(data)
 
 
+def test_a_large_get_over_several_streams_ends_at_the_first_gap_or_bad_block(service):
+    digests, data = chain(20), payloads(20)
+    with remote(service.url, num_threads=4) as store:  # 4 streams of 5 blocks
+        store.put_many(zip(digests[:17], data[:17]))
+        out = bytearray(20 * BB)
+        assert store.read_into(digests, out) == 17
+        assert bytes(out[: 17 * BB]) == b"".join(data[:17])
+        flip_byte(block_file(service.service.root, digests[13]), 4096 + 1)
+        assert store.read_into(digests, out) == 13
+        assert store.stats().checksum_failures == 1
+
+
 def test_flipped_header_byte_counts_a_header_failure(service):
     digests, data = chain(2), payloads(2)
     with remote(service.url) as store:
@@ -312,3 +324,17 @@ def test_cluster_through_the_service_gives_the_local_store_tokens_and_hits(servi
     assert cached == local_cached and cached[0] == 0 and cached[1] == (200 + len(outs[0])) // 64 * 64
     assert stats.num_blocks >= (200 + len(outs[0])) // 64  # the engines wrote to the service
     assert service.service.served_blocks >= cached[1] // 64  # and the second turn read from it
+
+
+def test_service_bench_reports_both_rates_side_by_side_and_leaves_nothing(tmp_path):
+    from dualpath.bench.store_service import run_service_bench
+
+    r = run_service_bench(tmp_path, 16 * BB, LAYOUT, 2, rounds=2)
+    assert r["num_blocks"] == 16 and r["payload_bytes"] == 16 * BB and r["service_checksum_failures"] == 0
+    for cache in ("cold", "warm"):
+        c = r[cache]
+        assert len(c["local_read_s"]) == len(c["service_read_s"]) == 2
+        assert c["ratio"] == pytest.approx(c["service_read_gbps"] / c["local_read_gbps"])
+        assert c["local_read_gbps"] == pytest.approx(16 * BB / min(c["local_read_s"]) / 1e9)
+    assert r["ratio"] == r["cold"]["ratio"] and r["meets_target"] == (r["ratio"] >= 0.8)
+    assert os.listdir(tmp_path) == []

@@ -37,6 +37,9 @@ from dualpath.runtime.store.wire import (
 )
 
 CONNECT_TIMEOUT_S = 10.0  # a loopback or LAN service answers a connect in well under this
+# a large get is split over up to num_streams connections (as the local store reads on its
+# thread pool); a stream carries at least this many blocks, so a short hit stays one request
+STREAM_MIN_BLOCKS = 4
 _PUT_FRAME_SLACK_BYTES = 1 << 20  # msgpack overhead of a put frame is far below 1 MiB
 _T = TypeVar("_T")
 
@@ -84,7 +87,8 @@ def store_for(url: str, layout: BlockLayout, fingerprint: str, dtype: str, *,
     if url.startswith("tcp://"):
         addr = parse_store_url(url)
         token = read_token(addr.token_file) if addr.token_file else None
-        return RemoteStore(addr.host, addr.port, layout, fingerprint, dtype, token=token, url=url)
+        return RemoteStore(addr.host, addr.port, layout, fingerprint, dtype, token=token, url=url,
+                           num_streams=num_threads)
     if "://" in url:
         raise ValueError(f"store {url!r}: a directory or tcp://HOST:PORT")
     return BlockStore(url, layout, fingerprint, dtype, capacity_bytes=capacity_bytes, num_threads=num_threads)
@@ -94,7 +98,8 @@ class RemoteStore:
     """Thread-safe client of one store on a storage service; see the module docstring."""
 
     def __init__(self, host: str, port: int, layout: BlockLayout, fingerprint: str, dtype: str, *,
-                 token: bytes | None = None, timeout_s: float | None = None, url: str | None = None) -> None:
+                 token: bytes | None = None, timeout_s: float | None = None, url: str | None = None,
+                 num_streams: int = 4) -> None:
         self.root = url or f"tcp://{host}:{port}"  # what engines are told to open
         self.layout, self.fingerprint, self.dtype = layout, fingerprint, dtype
         self.file_bytes = HEADER_BYTES + layout.full_block_bytes
@@ -103,7 +108,11 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("hit_blocks", "miss_blocks", "checksum_failures", "header_failures",
                                       "service_errors"), 0)
-        self._verify_pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-remote-crc")
+        if num_streams < 1:
+            raise ValueError(f"num_streams must be >= 1, got {num_streams}")
+        self._num_streams = num_streams
+        self._stream_pool = ThreadPoolExecutor(num_streams, thread_name_prefix="kvstore-remote-get")
+        self._verify_pool = ThreadPoolExecutor(num_streams, thread_name_prefix="kvstore-remote-crc")
         self._with_connection(lambda sock: None)  # fail here, clearly, if the service is not there
 
     # -- connections -----------------------------------------------------------------------
@@ -198,13 +207,18 @@ class RemoteStore:
                                     f"{len(digests) * block_bytes}")
         if not digests:
             return 0
-        try:
-            errors = self._with_connection(lambda sock: self._get(sock, digests[:MAX_DIGESTS_PER_REQUEST], mv))
-        except OSError:
-            self._count("service_errors", 1)
-            errors = []
-        num_ok = next((i for i, e in enumerate(errors) if e is not None), len(errors))
-        bad = [d for d, e in zip(digests, errors) if e is not None]
+        digests = digests[:MAX_DIGESTS_PER_REQUEST]
+        step = max(STREAM_MIN_BLOCKS, -(-len(digests) // self._num_streams))
+        starts = range(0, len(digests), step)
+        chunks = list(self._stream_pool.map(lambda i: self._get_chunk(digests[i : i + step], mv[i * block_bytes :]), starts))
+        num_ok = 0
+        for start, got in zip(starts, chunks):  # the hit is the prefix up to the first gap or bad block
+            ok = next((i for i, e in enumerate(got) if e is not None), len(got))
+            num_ok += ok
+            if ok < len(digests[start : start + step]):
+                break
+        errors = [e for got in chunks for e in got]
+        bad = [d for start, got in zip(starts, chunks) for d, e in zip(digests[start:], got) if e is not None]
         self._count("hit_blocks", num_ok)
         self._count("miss_blocks", len(digests) - num_ok)
         self._count("checksum_failures", sum(isinstance(e, PayloadChecksumError) for e in errors))
@@ -215,6 +229,14 @@ class RemoteStore:
             except OSError:
                 self._count("service_errors", 1)
         return num_ok
+
+    def _get_chunk(self, digests: list[bytes], mv: memoryview) -> list[Exception | None]:
+        """One stream's blocks: an outcome per leading block the service sent ([] if unreachable)."""
+        try:
+            return self._with_connection(lambda sock: self._get(sock, digests, mv))
+        except OSError:
+            self._count("service_errors", 1)
+            return []
 
     def _get(self, sock: socket.socket, digests: list[bytes], mv: memoryview) -> list[Exception | None]:
         send_frame(sock, {"op": "get", "digests": digests})
@@ -262,6 +284,7 @@ class RemoteStore:
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
+        self._stream_pool.shutdown(wait=True)
         self._verify_pool.shutdown(wait=True)
 
     def __enter__(self) -> "RemoteStore":
