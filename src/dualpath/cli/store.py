@@ -33,12 +33,7 @@ def serve(
     from ..runtime.store.service import start_service
 
     host, port = parse_listen(listen)
-    try:
-        token = read_token(str(token_file)) if token_file else None
-    except OSError as exc:
-        raise InputError(f"--token-file {token_file}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise InputError(f"--token-file: {exc}") from exc
+    token = read_token(str(token_file)) if token_file else None
     if capacity_bytes is not None and capacity_bytes <= 0:
         raise InputError(f"--capacity-bytes must be > 0, got {capacity_bytes}")
     if threads < 1:

@@ -16,6 +16,7 @@ import threading
 import msgpack
 import pytest
 
+from dualpath.errors import InputError
 from dualpath.runtime.store import BlockStore, PayloadSizeError, PutOutcome
 from dualpath.runtime.store.remote import RemoteStore, RemoteStoreError, store_for
 from dualpath.runtime.store import service as service_mod
@@ -247,11 +248,11 @@ def test_token_is_checked_and_required_beyond_loopback(tmp_path):
         start_service(str(tmp_path / "a"), "0.0.0.0", 0)
     handle = start_service(str(tmp_path / "b"), "127.0.0.1", 0, token=b"s3cret")
     try:
-        with pytest.raises(RemoteStoreError, match="unauthorized"):
+        with pytest.raises(InputError, match="unauthorized"):
             remote(handle.url)
         token_file = tmp_path / "token"
         token_file.write_text("wrong\n")
-        with pytest.raises(RemoteStoreError, match="unauthorized"):
+        with pytest.raises(InputError, match="unauthorized"):
             remote(f"{handle.url}?token_file={token_file}")
         token_file.write_text("s3cret\n")
         with remote(f"{handle.url}?token_file={token_file}") as store:
@@ -271,7 +272,7 @@ def test_store_for_picks_the_backend_and_rejects_bad_urls(tmp_path, service):
             remote(url)
     port = service.address[1]
     service.close()
-    with pytest.raises(RemoteStoreError, match="cannot reach"):
+    with pytest.raises(InputError, match="cannot reach"):
         remote(f"tcp://127.0.0.1:{port}")
     service.close = lambda: None  # already closed for the fixture's teardown
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from dualpath.core.blocks import BlockLayout
+from dualpath.errors import InputError
 from dualpath.runtime.store.buffers import block_payload, byte_view
 from dualpath.runtime.store.errors import BlockFormatError, ForeignBlockError, OutputBufferError, PayloadChecksumError
 from dualpath.runtime.store.format import HEADER_BYTES, parse_header
@@ -61,36 +62,44 @@ def parse_store_url(url: str) -> StoreAddress:
     try:
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"store URL {url!r}: {exc}") from exc
+        raise InputError(f"store URL {url!r}: {exc}") from exc
     if parts.scheme != "tcp" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise ValueError(f"store URL {url!r} must be tcp://HOST:PORT[?token_file=PATH]")
+        raise InputError(f"store URL {url!r} must be tcp://HOST:PORT[?token_file=PATH]")
     query = parse_qs(parts.query)
     unknown = set(query) - {"token_file"}
     if unknown:
-        raise ValueError(f"store URL {url!r}: unknown parameter(s) {sorted(unknown)}")
+        raise InputError(f"store URL {url!r}: unknown parameter(s) {sorted(unknown)}")
     token_file = query.get("token_file", [None])[-1]
     return StoreAddress(parts.hostname, port, token_file)
 
 
 def read_token(path: str) -> bytes:
-    with open(path, "rb") as f:
-        token = f.read().strip()
+    """The shared token in `path` (surrounding whitespace stripped); InputError if unreadable or empty."""
+    try:
+        with open(path, "rb") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise InputError(f"token file {path}: {exc.strerror or exc}") from exc
     if not token:
-        raise ValueError(f"token file {path} is empty")
+        raise InputError(f"token file {path} is empty")
     return token
 
 
 def store_for(url: str, layout: BlockLayout, fingerprint: str, dtype: str, *,
               capacity_bytes: int | None = None, num_threads: int = 4) -> "BlockStore | RemoteStore":
     """A BlockStore for a directory, a RemoteStore for tcp://HOST:PORT (whose capacity is the
-    server's --capacity-bytes; `capacity_bytes` then does not apply)."""
+    server's --capacity-bytes; `capacity_bytes` then does not apply). A malformed URL, a bad
+    token file or a service that does not answer is an InputError naming the URL."""
     if url.startswith("tcp://"):
         addr = parse_store_url(url)
         token = read_token(addr.token_file) if addr.token_file else None
-        return RemoteStore(addr.host, addr.port, layout, fingerprint, dtype, token=token, url=url,
-                           num_streams=num_threads)
+        try:
+            return RemoteStore(addr.host, addr.port, layout, fingerprint, dtype, token=token, url=url,
+                               num_streams=num_threads)
+        except RemoteStoreError as exc:
+            raise InputError(f"store {url}: {exc}") from exc
     if "://" in url:
-        raise ValueError(f"store {url!r}: a directory or tcp://HOST:PORT")
+        raise InputError(f"store {url!r}: a directory or tcp://HOST:PORT")
     return BlockStore(url, layout, fingerprint, dtype, capacity_bytes=capacity_bytes, num_threads=num_threads)
 
 
