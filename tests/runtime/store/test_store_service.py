@@ -235,8 +235,9 @@ def test_malformed_frames_get_errors_and_the_server_keeps_serving(service):
     with socket.create_connection(service.address) as sock:
         sock.sendall(b"\x10\x00")  # half a length prefix, then hang up
     with socket.create_connection(service.address) as sock:
-        bad_layout = dict(HELLO, layout=[0, 4, 512])
-        assert ask(sock, pack(bad_layout))["error"]["type"] == "bad_request"
+        for layout in ([0, 4, 512], [2**31, 2**31, 1], [1, 2, True], "2x4x512"):
+            assert ask(sock, pack(dict(HELLO, layout=layout)))["error"]["type"] == "bad_request"
+        assert ask(sock, pack(dict(HELLO, version=99)))["error"]["type"] == "bad_request"
     digests, data = chain(1), payloads(1)
     with remote(service.url) as store:
         assert store.put(digests[0], data[0]) is PutOutcome.WRITTEN

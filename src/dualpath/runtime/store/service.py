@@ -34,7 +34,7 @@ from dualpath.runtime.store import files
 from dualpath.runtime.store.errors import BlockFormatError, PayloadSizeError
 from dualpath.runtime.store.store import BlockStore
 from dualpath.runtime.store.wire import (
-    PROTOCOL_VERSION, FrameError, ProtocolError, decode, digests_field, error_reply, field,
+    MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameError, ProtocolError, decode, digests_field, error_reply, field,
     recv_frame, send_frame,
 )
 
@@ -106,18 +106,23 @@ class StoreService:
                 elif store is None:
                     raise ProtocolError("the first frame must be hello")
                 elif op == "get":
-                    self._get(sock, store, digests_field(message))
+                    digests = digests_field(message)
+                    try:
+                        self._get(sock, store, digests)
+                    except OSError:  # mid-stream, the frame boundary is lost: hang up
+                        return
                     continue
                 else:
                     reply = self._handle(store, op, message)
             except _Unauthorized as exc:
-                send_frame(sock, error_reply("unauthorized", str(exc)))
+                _send_quietly(sock, error_reply("unauthorized", str(exc)))
                 return
             except (ProtocolError, PayloadSizeError, BlockFormatError, ValueError) as exc:
                 reply = error_reply("bad_request", str(exc))
             except OSError as exc:
                 reply = error_reply("io_error", f"{type(exc).__name__}: {exc}")
-            send_frame(sock, reply)
+            if not _send_quietly(sock, reply):
+                return
 
     def _hello(self, message: dict) -> BlockStore:
         if self._token is not None:
@@ -130,7 +135,10 @@ class StoreService:
         layout = field(message, "layout", list)
         if len(layout) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in layout):
             raise ProtocolError("layout must be [num_layers, block_tokens, kv_bytes_per_token_per_layer]")
-        return self.open_store(field(message, "fingerprint", str), field(message, "dtype", str), BlockLayout(*layout))
+        layout = BlockLayout(*layout)
+        if layout.full_block_bytes > MAX_FRAME_BYTES // 2:  # a put of one block must fit a frame
+            raise ProtocolError(f"Full Blocks of {layout.full_block_bytes} bytes exceed {MAX_FRAME_BYTES // 2}")
+        return self.open_store(field(message, "fingerprint", str), field(message, "dtype", str), layout)
 
     def _handle(self, store: BlockStore, op: str, message: dict) -> dict:
         if op == "lookup":
@@ -183,6 +191,15 @@ class StoreService:
             stores, self._stores = list(self._stores.values()), {}
         for store in stores:
             store.close()
+
+
+def _send_quietly(sock: socket.socket, reply: dict) -> bool:
+    """Send a reply; False if the client has gone (its thread then ends without a traceback)."""
+    try:
+        send_frame(sock, reply)
+    except OSError:
+        return False
+    return True
 
 
 def _put_item(item: Any) -> tuple[bytes, bytes]:
