@@ -288,7 +288,7 @@ class RuntimeConfig:
     num_prefill: int = 1
     num_decode: int = 1
     mode: str = "dualpath"
-    store_dir: str | None = None  # None: a fresh temporary directory per cluster
+    store_dir: str | None = None  # a directory or tcp://HOST:PORT (store serve); None: a fresh temporary directory
     store_capacity_bytes: int | None = None
     kv_dtype: str = "float32"
     block_tokens: int = 64  # PAPER.md 1.5

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..config import parse_mode
+from ..errors import InputError
 from .io import out
 from .sim import _positive, _split_ints
 
@@ -85,15 +86,24 @@ def bench_store(
     total_mib: Annotated[int, typer.Option()] = 1024,
     threads: Annotated[int, typer.Option()] = 4,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    service: Annotated[bool, typer.Option("--service", help="the storage service vs the local store instead")] = False,
+    rounds: Annotated[int, typer.Option(help="--service: alternating rounds per cache state")] = 3,
 ) -> None:
-    """KV store reads vs a direct (O_DIRECT) sequential read of a same-size file, side by side."""
+    """KV store reads vs a direct (O_DIRECT) sequential read of a same-size file, side by side;
+    with --service, gets from `dualpath store serve` vs the local store on the same disk."""
     from ..core.blocks import BlockLayout
     from ..bench.store import run_store_bench
+    from ..bench.store_service import run_service_bench
     from ..sim.runner import write_json
 
+    if total_mib < 1 or threads < 1 or rounds < 1:
+        raise InputError("--total-mib, --threads and --rounds must be >= 1")
     layout = BlockLayout(30, 64, 2 * 3 * 64 * 4)  # SmolLM2-135M, float32 KV
     directory.mkdir(parents=True, exist_ok=True)
-    r = run_store_bench(directory, total_mib * 2**20, layout, threads)
+    if service:
+        r = run_service_bench(directory, total_mib * 2**20, layout, threads, rounds=rounds)
+    else:
+        r = run_store_bench(directory, total_mib * 2**20, layout, threads)
     out.print_json(json.dumps(r, default=str))
     if json_path:
         write_json(r, json_path)

@@ -11,13 +11,16 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, chaos, demo, fidelity, runtime, sim
+from . import bench, chaos, demo, fidelity, runtime, sim, store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks that print and save their figures.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
+store_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The KV storage service.")
+app.add_typer(store_app, name="store")
+store_app.command("serve")(store.serve)
 
 app.command()(sim.sim)
 trace_app.command("gen")(sim.trace_gen)

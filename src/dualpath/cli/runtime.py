@@ -76,7 +76,7 @@ def serve(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
     api_key: Annotated[Optional[str], typer.Option(help="require this Bearer key on /v1")] = None,
-    store_dir: Annotated[Optional[Path], typer.Option(help="KV store directory (default: temporary)")] = None,
+    store_dir: Annotated[Optional[str], typer.Option("--store-dir", "--store", help="KV store: a directory or tcp://HOST:PORT of `dualpath store serve` (default: a temporary directory)")] = None,
     snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
     device: DeviceOption = "cpu",
     max_inflight_requests: Annotated[Optional[int], typer.Option(
@@ -100,7 +100,7 @@ def serve(
     p, d = parse_pd(pd)
     faults = {} if heartbeat_timeout_s is None else {"engine_heartbeat_timeout_s": heartbeat_timeout_s}
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
-                        store_dir=str(store_dir) if store_dir else None,
+                        store_dir=store_dir or None,
                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
                         engine_fault_policy=engine_fault_policy, **faults)
     _device(device)

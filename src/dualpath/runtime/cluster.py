@@ -39,6 +39,7 @@ from .router.liveness import ExitWatch
 from .router.recovery import engine_lost
 from .router.router import Router
 from .store import BlockStore
+from .store.remote import RemoteStore, store_for
 from .transport.channel import ipc_endpoint
 from .transport.messages import Stop
 from .transport.shm import HostBuffer
@@ -57,7 +58,7 @@ class LocalCluster:
         self._tmp: str | None = None
         self._store_tmp: str | None = None
         self._extra_stores: list[str] = []
-        self.store: BlockStore | None = None
+        self.store: BlockStore | RemoteStore | None = None
         engines = range(config.num_prefill + config.num_decode)
         self.cpu_plan = plan_cpus(engines, available_cpus(), config.torch_threads)
 
@@ -89,7 +90,7 @@ class LocalCluster:
         tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
         layout = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl)
         fingerprint = mcfg.fingerprint(dtype)
-        self.store = BlockStore(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1)
+        self.store = store_for(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1)
         self._layout, self._fingerprint = layout, fingerprint
         engines = ([(e, EngineRole.PREFILL) for e in range(cfg.num_prefill)]
                    + [(cfg.num_prefill + d, EngineRole.DECODE) for d in range(cfg.num_decode)])

@@ -27,6 +27,7 @@ from ..transport.transfer import SpanCopy
 from ..model import load_model
 from ..protocol import HEARTBEATS_PER_TIMEOUT, Counters, EngineRole, Heartbeat, Persisted, Reconfigure, Reconfigured
 from ..store import BlockStore, PutOutcome
+from ..store.remote import RemoteStore, store_for
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 from ..transport import LinkArbiter, ShmRegion, TokenBucket
@@ -143,9 +144,9 @@ class EngineBase:
         while not self._beating.wait(interval_s):
             self.to_router(Heartbeat(self.spec.engine))
 
-    def _open_store(self, root: str) -> BlockStore:
-        return BlockStore(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
-                          capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2)
+    def _open_store(self, root: str) -> BlockStore | RemoteStore:
+        return store_for(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
+                         capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2)
 
     def reconfigure(self, msg: Reconfigure) -> None:
         """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""

@@ -1,5 +1,6 @@
 """Persistent KV block store: Full Blocks in files named by their chained digest (store.py),
-a checksummed 4096-byte header format (format.py), and a read-throughput bench (bench.py)."""
+a checksummed 4096-byte header format (format.py), the storage service over TCP (service.py,
+wire.py) and its client (remote.py; store_for picks a directory or a tcp:// URL)."""
 
 from dualpath.runtime.store.errors import (
     BlockFormatError,

@@ -44,5 +44,6 @@ class StoreStats:
     header_failures: int  # headers that failed validation (corrupt, truncated, misplaced)
     quarantined_blocks: int
     direct_read_blocks: int  # blocks read with O_DIRECT
-    read_errors: int  # block reads that failed with an OS error (EIO, EISDIR, ...): misses, never used
-    write_failures: int  # puts the file system refused (ENOSPC, EIO, ...): skipped, nothing left behind
+    read_errors: int = 0  # block reads that failed with an OS error (EIO, EISDIR, ...): misses, never used
+    write_failures: int = 0  # puts the file system refused (ENOSPC, EIO, ...): skipped, nothing left behind
+    service_errors: int = 0  # RemoteStore: requests the storage service did not answer

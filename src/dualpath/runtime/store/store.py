@@ -18,15 +18,12 @@ One block's path through the store:
    quarantined.
 7. Eviction, or a `refresh()` that finds its file gone, removes it from the index.
 
-Faults are misses, never errors to the caller: a block failing a read (an OSError but ENOENT, a
-short file, a bad header or CRC32) is never returned, and counted (reads.failure_counter); a
-failed write (ENOSPC, EIO, ...) leaves no file, entry or reservation behind, is counted
-(`write_failures`) and reported WRITE_FAILED. Digests are checked (`files.check_digest`) before
-a path is built from them. Tests inject faults through `_read_one` and `_write_payload`.
-
-Capacity counts whole files (header + payload). The root holds one model's blocks: file names
-carry only the token-chain digest, so another fingerprint's block at the same name is FOREIGN
-and neither used nor overwritten (point one model at its own root, e.g. root/<fingerprint>).
+Faults are misses: a block failing a read (an OSError but ENOENT, a short file, a bad header or
+CRC32) is never returned, and counted; a failed write (ENOSPC, EIO, ...) leaves no file, entry or
+reservation behind, is counted and reported WRITE_FAILED. Digests are checked before a path is
+built (`files.check_digest`). Tests inject faults through `_read_one` and `_write_payload`.
+Capacity counts whole files (header + payload). One root holds one model's blocks: another
+fingerprint's block at the same name is FOREIGN, neither used nor overwritten.
 """
 
 from __future__ import annotations
@@ -110,6 +107,11 @@ class BlockStore:
                 break
             n += 1
         return n
+
+    def touch(self, digests: Sequence[bytes]) -> None:
+        """Count the indexed blocks among `digests` as used now (a server that sends files itself)."""
+        with self._cv:
+            self._index.touch_chain([e for e in map(self._index.get, digests) if e is not None], self._clock.now_s())
 
     def lru_order(self) -> tuple[bytes, ...]:
         """Indexed digests, least recently used first (the eviction order, pins aside)."""
