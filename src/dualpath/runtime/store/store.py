@@ -1,6 +1,4 @@
-"""Persistent KV block store: Full Blocks as files named by their chained digest.
-
-One block's path through the store:
+"""Persistent KV block store: Full Blocks as files named by their chained digest. A block's path:
 
 1. `put(d, payload)` claims d in this process (a second writer of d waits); an indexed d is
    touched and reported ALREADY_PRESENT.
