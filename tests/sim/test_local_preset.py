@@ -44,6 +44,26 @@ def test_measured_compute_is_the_profile_fit():
     assert cm.quota_attention_s(128, 64) == pytest.approx(TINY.attn_flops_per_key * causal_keys(64, 128) / 640e12)
 
 
+def test_beta_derives_from_the_point_the_runtime_pe_measures():
+    """Both worlds take the PE's prompt-token rate at the same probe point (core/measured.py): the
+    runtime's PE times it at start, the local preset reads it from the profile, whatever the
+    workload's turns (the paper preset uses the workload's mean turn)."""
+    import inspect
+
+    from dualpath.core.measured import PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS
+    from dualpath.runtime.engine.prefill import PrefillEngine
+
+    m = _machine()
+    rate = (PROBE_CACHED_TOKENS + PROBE_NEW_TOKENS) / m.prefill_s(PROBE_NEW_TOKENS, PROBE_CACHED_TOKENS)
+    cm = MeasuredCompute(m)
+    assert cm.prefill_tokens_per_s_per_gpu(900, 900, 1) == cm.prefill_tokens_per_s_per_gpu(64, 8, 5) == pytest.approx(rate)
+    assert "PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS" in inspect.getsource(PrefillEngine._profile)
+    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=1e6)
+    sim = Simulator(local_sim_config(rt, _profile(m), TINY.kv_bytes_per_token, "test"), parse_mode("dualpath"),
+                    [Trajectory(0, (TurnSpec(500, 3),))], [0.0])
+    assert sim.profile["beta_tokens"] == int(rt.scheduler.beta_compute_s * sim.compute.m.probe_prompt_tokens_per_s())
+
+
 @pytest.mark.parametrize("spec,name", [(TINY, "tiny"), (SMOLLM2_135M, "smollm2-135m")])
 def test_model_specs_match_the_runtime_loader(spec, name):
     from dualpath.runtime.model import load_model

@@ -17,6 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How a PE measures its prompt-token rate, which beta derives from (PAPER.md 3.2: the tokens a PE
+# processes in beta_compute_s): one chunk of PROBE_NEW_TOKENS over PROBE_CACHED_TOKENS cached,
+# timed at engine start (runtime/engine/prefill.py: `_profile`); the `local` preset takes the same
+# point from the profile (`MeasuredMachine.probe_prompt_tokens_per_s`), so both worlds derive beta
+# alike (the paper preset derives it from the workload's mean turn instead).
+PROBE_CACHED_TOKENS = 2048
+PROBE_NEW_TOKENS = 128
+
 
 def causal_keys(new_tokens: int, cached_tokens: int) -> float:
     """(query, key) pairs of `new_tokens` over `cached_tokens` cached ones, causal."""
@@ -46,3 +54,7 @@ class MeasuredMachine:
     def prefill_s(self, new_tokens: int, cached_tokens: int) -> float:
         return (self.prefill_fixed_s + self.prefill_per_token_s * new_tokens
                 + self.prefill_per_key_s * causal_keys(new_tokens, cached_tokens))
+
+    def probe_prompt_tokens_per_s(self) -> float:
+        """Prompt tokens (cached + new) per second at the PE's start-up probe point."""
+        return (PROBE_CACHED_TOKENS + PROBE_NEW_TOKENS) / self.prefill_s(PROBE_NEW_TOKENS, PROBE_CACHED_TOKENS)

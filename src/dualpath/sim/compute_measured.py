@@ -38,8 +38,9 @@ class MeasuredCompute(StepTimes):
         return max(attn_compute_s)
 
     def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
-        attn = self.attention_time_s(context_tokens - miss_tokens, miss_tokens) * batch_requests
-        return context_tokens * batch_requests / self.prefill_forward_s(attn, miss_tokens * batch_requests)
+        """The rate beta derives from, as the runtime's PE measures it (core/measured.py: the probe
+        point), whatever the workload's mean turn."""
+        return self.m.probe_prompt_tokens_per_s()
 
 
 def compute_for(cfg: SimConfig) -> tuple[StepTimes, float, float]:

@@ -23,6 +23,7 @@ from collections import deque
 
 import torch
 
+from ...core.measured import PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS
 from ...core.policy import Budget, form_prefill_batch, prefill_budgets
 from ...core.snapshot import BatchCandidate
 from ...core.request import RequestId
@@ -75,7 +76,8 @@ class PrefillEngine(EngineBase):
     def _profile(self) -> tuple[float, float]:
         m = self.model
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, self.mcfg.vocab_size, (2048 + 128,), generator=g).tolist()
+        c, n = PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS  # the simulator's local preset reads the same point
+        ids = torch.randint(0, self.mcfg.vocab_size, (c + n,), generator=g).tolist()
 
         def timed(cached: int) -> float:
             kv = None
@@ -83,13 +85,13 @@ class PrefillEngine(EngineBase):
                 pre = m.prefill([(0, ids[:cached])])
                 kv = [[layer[0]] for layer in pre.new_kv]
             t0 = time.perf_counter()
-            m.prefill([(cached, ids[cached : cached + 128])], kv)
+            m.prefill([(cached, ids[cached : cached + n])], kv)
             return time.perf_counter() - t0
 
         timed(0)  # warm-up
-        t0, t1 = timed(0), timed(2048)
+        t0, t1 = timed(0), timed(c)
         attn = max(t1 - t0, 1e-6)
-        return self.attention_flops(2048, 128) / attn, (2048 + 128) / t1
+        return self.attention_flops(c, n) / attn, (c + n) / t1
 
     # --- control loop ---------------------------------------------------------------------
     def run(self) -> None:
