@@ -1,10 +1,10 @@
 """Child process of the storage-service tests: serves ROOT on 127.0.0.1:PORT; when a digest hex
 is given, the write of that block stalls after half its payload (says HALF, waits for SIGKILL)."""
 
-import os
 import sys
 import threading
-import time
+
+from store_helpers import write_half_and_stall
 
 from dualpath.runtime.store import BlockStore
 from dualpath.runtime.store.service import start_service
@@ -16,10 +16,7 @@ class StallingStore(BlockStore):
     def _write_payload(self, fd, header, view):
         if bytes.fromhex(header[40:72].hex()) != self.stall_digest:  # the header's digest field
             return super()._write_payload(fd, header, view)
-        os.write(fd, header)
-        os.write(fd, view[: len(view) // 2])
-        print("HALF", flush=True)
-        time.sleep(120)
+        write_half_and_stall(fd, header, view)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,9 @@
 """Child process of the crash test: writes block 0 of a chain, then half of block 1's payload,
 says HALF and waits to be killed with SIGKILL."""
 
-import os
 import sys
-import time
 
-from store_helpers import DTYPE, FINGERPRINT, LAYOUT, chain, payloads
+from store_helpers import DTYPE, FINGERPRINT, LAYOUT, chain, payloads, write_half_and_stall
 
 from dualpath.runtime.store import BlockStore
 
@@ -16,10 +14,7 @@ class HalfWriter(BlockStore):
     def _write_payload(self, fd, header, view):
         if not self.stall_next_write:
             return super()._write_payload(fd, header, view)
-        os.write(fd, header)
-        os.write(fd, view[: len(view) // 2])
-        print("HALF", flush=True)
-        time.sleep(120)
+        write_half_and_stall(fd, header, view)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,16 @@ def flip_byte(path: str, offset: int) -> None:
 
 def files_under(root) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, n), root) for d, _, ns in os.walk(root) for n in ns)
+
+
+def write_half_and_stall(fd, header, view) -> None:
+    """A writer dying mid-put (the crash tests' children): the header and half the payload reach
+    the temp file, then "HALF" on stdout and a wait for SIGKILL."""
+    import os
+    import time
+
+    os.write(fd, header)
+    os.write(fd, view[: len(view) // 2])
+    print("HALF", flush=True)
+    time.sleep(120)
+
