@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from cli_helpers import cli, cli_here
 
 from dualpath.runtime.apps.chaos import SCENARIOS, parse_scenarios
 
 
 def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dualpath.cli", "chaos", *args], capture_output=True, text=True, timeout=timeout)
+    return cli("chaos", *args, timeout=timeout)
 
 
 def test_the_matrix_and_bad_input():
@@ -21,7 +21,7 @@ def test_the_matrix_and_bad_input():
     assert {s.split("-")[0] for s in SCENARIOS} == {"pe", "de"} and {s.split("-")[1] for s in SCENARIOS} == {"kill", "term", "stop"}
     for args, needle in ((("--scenario", "de-kill-lunch"), "unknown scenario"), (("--policy", "pray"), "--policy"),
                          (("--requests", "0"), "positive")):
-        p = _cli(*args, timeout=120)
+        p = cli_here("chaos", *args)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
 
 

@@ -1,18 +1,15 @@
 """The command line: outputs, JSON keys, and clear errors with exit code 2 for bad input."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli, cli_here
 
 REPO = Path(__file__).resolve().parents[2]
 MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "dualpath.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +30,7 @@ def cli(*args, cwd=None):
     ],
 )
 def test_bad_input_exits_2_with_a_message_and_no_traceback(args, needle):
-    p = cli(*args)
+    p = cli_here(*args)
     assert p.returncode == 2, p.stderr
     assert needle in p.stderr + p.stdout
     assert "Traceback" not in p.stderr

@@ -1,15 +1,16 @@
 """Runtime commands from the command line (tiny model: real engine processes, seconds)."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
 import pytest
+from cli_helpers import cli, cli_here, read_lines_while_running
 
 
 
-def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "dualpath.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_generate_json_is_deterministic_and_matches_the_model():
@@ -45,17 +46,40 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["serve", "--heartbeat-timeout-s", "0"], "engine_heartbeat_timeout_s must be positive"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):
-    p = cli(*args)
+    p = cli_here(*args)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert needle in p.stderr
     assert "Traceback" not in p.stderr
 
 
+def _demo_on_a_pipe(tmp_path, *args: str) -> tuple[str, list[tuple[str, float, bool]]]:
+    """The demo with stdout on a pipe and block buffered, as a user's redirect is: (stderr, the
+    stdout lines with their arrival times and whether the demo was still running)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "dualpath.cli", "demo", "--model", "tiny", *args],
+                                stdout=subprocess.PIPE, stderr=err, env=env)
+        lines = read_lines_while_running(proc, timeout_s=300)
+        code = proc.wait(timeout=30)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert code == 0, stderr[-3000:]
+    return stderr, lines
+
+
 def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     j = tmp_path / "demo.json"
-    p = cli("demo", "--model", "tiny", "--json", str(j), "--plot", str(tmp_path / "demo.png"))
-    assert p.returncode == 0, p.stderr[-3000:]
+    stderr, lines = _demo_on_a_pipe(tmp_path, "--json", str(j), "--plot", str(tmp_path / "demo.png"))
     result = json.loads(j.read_text())
+    stdout = "\n".join(text for text, _, _ in lines)
+    assert all("\x1b" not in text for text, _, _ in lines)
+    # progress reaches a pipe line by line, not all at exit (issue 13.4): basic's last line arrives
+    # while the demo runs, and dualpath's a mode's run later
+    turns_total = result["workload"]["num_turns"]
+    pattern = rf"demo (basic|dualpath): {turns_total}/{turns_total} turns, [\d.]+ s, SNIC util (-|(PE0|DE1) .*)$"
+    ends = {re.match(pattern, text).group(1): (t_s, running) for text, t_s, running in lines if re.match(pattern, text)}
+    assert set(ends) == {"basic", "dualpath"}, lines
+    assert ends["basic"][1] and ends["dualpath"][0] - ends["basic"][0] > 0.5
+    assert "timed again" in stderr or "measured" in stderr  # the profile line says how it was scaled
     runs = {r["mode"]: r for r in result["runs"]}
     assert runs["basic"]["bytes"]["storage_via_decode"] == 0 and runs["basic"]["bytes"]["storage_to_prefill"] > 0
     assert runs["dualpath"]["bytes"]["storage_via_decode"] > 0 and runs["dualpath"]["bytes"]["storage_to_prefill"] > 0
@@ -70,7 +94,7 @@ def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     rates = result["config"]["rates"]
     assert rates["source"] == "derived" and rates["load_over_compute"] == 4.4
     assert rates["cnic_bytes_per_s"] == 8 * rates["snic_bytes_per_s"] == 8 * result["config"]["snic_bytes_per_s"]
-    assert "SNIC" in p.stdout and "derived" in p.stdout  # the table title says which rates ran
+    assert "SNIC" in stdout and "derived" in stdout  # the table title says which rates ran
     assert runs["dualpath"]["jct_s"] < runs["basic"]["jct_s"]
 
 
@@ -107,7 +131,7 @@ def test_cuda_without_a_gpu_is_one_clear_error_before_anything_starts(cmd, tmp_p
     trace.write_text('{"agent": 0, "rounds": [[150, 3]]}\n')
     args = {"generate": ["--prompt-ids", "1,2"], "demo": ["--json", str(out), "--plot", str(tmp_path / "p.png")],
             "serve": ["--port", "0"], "run": [str(trace), "--json", str(out)]}[cmd]
-    p = cli(cmd, "--model", "tiny", *args, "--device", "cuda", timeout=120)
+    p = cli_here(cmd, "--model", "tiny", *args, "--device", "cuda")
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert "device 'cuda': no CUDA GPU is visible" in p.stderr and "Traceback" not in p.stderr
     assert not out.exists()

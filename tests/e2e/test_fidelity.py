@@ -7,17 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 
 import pytest
+from cli_helpers import cli as _cli, cli_here
 
 from dualpath.fidelity.compare import GOALS
 from dualpath.metrics.decisions import Decision, agreement
 
 
-def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dualpath.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +58,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, needle in ((("--workload", "nope"), "unknown workload"), (("--repeat", "0"), "--repeat"),
                          (("--workload", str(too_long)), "smaller than the first round"),
                          (("--workload", str(lone)), "no conversation of two or more turns")):
-        p = _cli("fidelity", "--model", "tiny", *args, timeout=300)
+        p = cli_here("fidelity", "--model", "tiny", *args)
         assert p.returncode == 2, p.stderr[-2000:]
         assert needle in p.stderr and "Traceback" not in p.stderr
 

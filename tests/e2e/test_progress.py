@@ -2,12 +2,9 @@
 
 import io
 import json
-import os
 import re
-import selectors
 import subprocess
 import sys
-import time
 
 from rich.console import Console
 
@@ -131,46 +128,6 @@ def test_sim_on_a_pipe_prints_a_plain_line_per_mode():
     assert [re.sub(r"[\d.]+ s$", "T s", line) for line in progress] == ["sim basic: 8/8 agents, T s",
                                                                        "sim dualpath: 8/8 agents, T s"]
     assert "\x1b" not in p.stdout + p.stderr
-
-
-def read_lines_while_running(proc: subprocess.Popen, timeout_s: float) -> list[tuple[str, float, bool]]:
-    """(line, arrival time, process still running) for each stdout line, until EOF."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    fd, buf, out = proc.stdout.fileno(), b"", []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=1.0):
-            continue
-        chunk = os.read(fd, 65536)
-        now, running = time.monotonic(), proc.poll() is None
-        if not chunk:
-            return out
-        buf += chunk
-        *complete, buf = buf.split(b"\n")
-        out += [(line.decode(), now, running) for line in complete]
-    proc.kill()
-    raise AssertionError(f"no EOF within {timeout_s} s; read {out}")
-
-
-def test_demo_on_a_pipe_streams_progress_lines_before_it_exits(tmp_path):
-    """Block buffering (a redirected stdout) would hand every line over at exit, together."""
-    j = tmp_path / "demo.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a user's stdout: block buffered on a pipe
-    with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "dualpath.cli", "demo", "--model", "tiny", "--agents", "1", "--rounds", "3",
-                                 "--json", str(j), "--plot", str(tmp_path / "demo.png")], stdout=subprocess.PIPE, stderr=err,
-                                env=env)
-        lines = read_lines_while_running(proc, timeout_s=90)
-        assert proc.wait(timeout=30) == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
-    by_text = {text: (t_s, running) for text, t_s, running in lines}
-    pattern = r"demo (basic|dualpath): 3/3 turns, [\d.]+ s, SNIC util (-|(PE0|DE1) .*)$"
-    ends = {re.match(pattern, text).group(1): text for text in by_text if re.match(pattern, text)}
-    assert set(ends) == {"basic", "dualpath"}, lines
-    (basic_s, basic_running), (dualpath_s, _) = by_text[ends["basic"]], by_text[ends["dualpath"]]
-    assert basic_running and dualpath_s - basic_s > 0.5  # the dualpath mode takes over a second after it
-    assert all("\x1b" not in text for text in by_text)
-    assert json.loads(j.read_text())["workload"]["num_turns"] == 3
 
 
 def test_run_of_a_mooncake_trace_reports_its_requests(tmp_path):

@@ -88,7 +88,7 @@ def test_compiled_build_reproduces_pure_python_exactly(tmp_path):
     every number of the result JSON is equal (all but wall times and the build's name)."""
     pure_src = _copy_sources(tmp_path / "pure")
     compiled_src = _copy_sources(tmp_path / "compiled")
-    subprocess.run([sys.executable, str(REPO / "tools" / "compile_sim.py"), "--src", str(compiled_src)],
+    subprocess.run([sys.executable, str(REPO / "tools" / "compile_sim.py"), "--src", str(compiled_src), "--opt-level", "0"],
                    check=True, capture_output=True)
     assert len(_build.extension_files(compiled_src / "dualpath")) == len(_build.COMPILED_MODULES) + 1  # + shared lib
     pure, compiled = _run_sim(pure_src), _run_sim(compiled_src)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_helpers import cli, cli_here
 
 from dualpath.config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
 from dualpath.errors import InputError
@@ -140,8 +139,7 @@ def test_a_trace_none_of_whose_requests_fits_max_len_is_an_input_error(tmp_path)
 # --- the command line ------------------------------------------------------------------------------
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dualpath.cli", "sim", "--model", "ds-27b", "--pd", "1P1D", "--quiet", *args],
-                          capture_output=True, text=True, timeout=300)
+    return cli("sim", "--model", "ds-27b", "--pd", "1P1D", "--quiet", *args, timeout=300)
 
 
 def test_sim_detects_a_mooncake_trace_and_a_trajectory_file(tmp_path):
@@ -169,6 +167,6 @@ def test_sim_detects_a_mooncake_trace_and_a_trajectory_file(tmp_path):
 ])
 def test_bad_trace_input_exits_2_with_one_line(tmp_path, args, message):
     mc = _write(tmp_path / "mc.jsonl", [EARLY, SAME_PREFIX_LATER])
-    p = _cli("--trace", str(mc), *args)
+    p = cli_here("sim", "--model", "ds-27b", "--pd", "1P1D", "--quiet", "--trace", str(mc), *args)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.splitlines() == [message.format(mc=mc)]

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Any, Callable, Sequence
 
-from ..config import DEMO_AGENTS, parse_mode
+from ..config import DEMO_AGENTS, RuntimeConfig, parse_mode
 from ..errors import InputError
 from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
@@ -46,8 +46,8 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     for m in modes:
         parse_mode(m)
     window = load_model(model, device="cpu").model.config.max_position_tokens
+    trajs = fidelity_workload(workload, window, rounds, RuntimeConfig(model=model).block_tokens)  # bad input: before timing
     cal, kvbpt, block = calibrate_for(model, device)
-    trajs = fidelity_workload(workload, window, rounds, block)
     plan = plan_demo(cal, kvbpt, block, DEMO_AGENTS, rounds, None)
     if trajs is not None:  # the same rate rule on this workload's turns
         plan = _replan(plan, trajs, kvbpt, block)

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from dualpath.config import RuntimeConfig
-from dualpath.runtime.apps.calibrate import ProfileKey, load_or_measure, machine_id, profile_path, read_cached
+from dualpath.runtime.apps.calibrate import (ProfileKey, check_speed, load_or_measure, machine_id, profile_path, read_cached,
+                                             write_cached)
 from dualpath.runtime.model import load_model
 
 
@@ -39,6 +40,18 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     wrong = profile_path(ProfileKey(machine_id(), fp, "cpu", 2))
     wrong.write_text(first.path.read_text())
     assert read_cached(ProfileKey(machine_id(), fp, "cpu", 2)) is None
+
+    # a profile cached when the machine ran 4x slower is timed again and scaled to its speed now
+    cpu = [min(os.sched_getaffinity(0))]
+    write_cached(p.scaled(4.0))
+    slow = load_or_measure("tiny", fp, "cpu", 1)
+    assert slow.reused and slow.profile.prefill_s(64, 512) == pytest.approx(4 * p.prefill_s(64, 512))
+    now = check_speed(slow, "tiny", cpu)
+    assert 0.1 < now.speed_now_over_cached < 0.6  # ~0.25: the machine did not really slow down
+    assert now.profile.prefill_s(64, 512) == pytest.approx(now.speed_now_over_cached * slow.profile.prefill_s(64, 512))
+    assert now.profile.decode_step_s(4, 1024) == pytest.approx(now.speed_now_over_cached * slow.profile.decode_step_s(4, 1024))
+    assert read_cached(p.key) == slow.profile  # the check scales what it returns, not the cached file
+    assert check_speed(first, "tiny", cpu) is first  # a fresh measurement is not timed twice
 
     first.path.write_text('{"schema": "dualpath.profile/2", "prefill": [')  # torn write
     rebuilt = load_or_measure("tiny", fp, "cpu", 1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from cli_helpers import cli
 import torch
 
 from dualpath.errors import InputError
@@ -114,7 +114,7 @@ def test_folder_without_tokenizer_takes_and_gives_ids(folders):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dualpath.cli", *args], capture_output=True, text=True, timeout=120)
+    return cli(*args, timeout=120)
 
 
 def test_cli_generate_without_tokenizer(folders):

@@ -46,6 +46,9 @@ PREFILL_GRID = ((32, 0), (192, 0), (512, 0), (64, 512), (32, 1536), (128, 1536))
 # on the agents workload (docs/experiments.md section 8).
 DECODE_GRID = ((1, 256), (8, 256), (4, 1024), (1, 2048), (8, 2048))
 DECODE_STEPS = 3
+# the grid's warm points (a turn over cached tokens, as the demo's and the traces' turns are) that a
+# reused profile is timed at again, to scale it to the machine's speed now (`check_speed`)
+SPEED_CHECK_POINTS = ((64, 512), (32, 1536), (128, 1536))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,13 @@ class ComputeProfile:
         f = self.decode_fit
         return f.fixed_s + f.per_item_s * batch + f.per_key_s * decode_keys(batch, context_tokens)
 
+    def scaled(self, factor: float) -> "ComputeProfile":
+        """Every step `factor` times as long (the machine's speed now over when it was measured)."""
+        step = lambda rows: tuple(StepTime(r.tokens, r.context_tokens, r.seconds * factor) for r in rows)
+        fit = lambda f: StepFit(f.fixed_s * factor, f.per_item_s * factor, f.per_key_s * factor)
+        return ComputeProfile(self.key, step(self.prefill), step(self.decode), fit(self.prefill_fit),
+                              fit(self.decode_fit), self.measured_at, self.wall_s)
+
     def to_json(self) -> dict:
         return {"schema": PROFILE_SCHEMA, "key": asdict(self.key),
                 "prefill": [asdict(p) for p in self.prefill], "decode": [asdict(p) for p in self.decode],
@@ -201,6 +211,9 @@ class Calibration:
     profile: ComputeProfile
     path: Path | None
     reused: bool  # read from the cache, not measured in this call
+    # a reused profile, timed again at SPEED_CHECK_POINTS: median of (now / cached); the profile
+    # above is already scaled by it (1.0: measured in this call, or not checked)
+    speed_now_over_cached: float = 1.0
 
 
 def load_or_measure(model: str, fingerprint: str, device: str, threads: int, cpus: Sequence[int] | None = None,
@@ -215,8 +228,50 @@ def load_or_measure(model: str, fingerprint: str, device: str, threads: int, cpu
     return Calibration(profile, write_cached(profile), False)
 
 
+def check_speed(calibration: Calibration, model: str, cpus: Sequence[int] | None = None) -> Calibration:
+    """A reused profile at this machine's speed now: its warm grid points timed again (in a process
+    pinned like the measurement's) and every step scaled by the median ratio. A profile cached on a
+    quiet machine would otherwise derive the demo's rates for a machine faster than the loaded one
+    that runs it (docs/experiments.md section 6, "the speed check": the tiny demo lost its effect under 4 CPU hogs
+    with a quiet machine's profile, and kept it with one measured under the same load)."""
+    if not calibration.reused:
+        return calibration
+    profile = calibration.profile
+    k = profile.key
+    points = tuple((p.tokens, p.context_tokens) for p in profile.prefill if (p.tokens, p.context_tokens) in SPEED_CHECK_POINTS)
+    if not points:
+        return calibration
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        now = pool.submit(time_prefills, model, k.device, k.threads, tuple(cpus or ()), points).result()
+    cached = {(p.tokens, p.context_tokens): p.seconds for p in profile.prefill}
+    factor = float(np.median([t / cached[pt] for pt, t in zip(points, now)]))
+    return Calibration(profile.scaled(factor), calibration.path, True, factor)
+
+
+def time_prefills(model: str, device: str, threads: int, cpus: tuple[int, ...],
+                  points: Sequence[tuple[int, int]]) -> list[float]:
+    """Best-of-two prefill times of (new, cached) tokens, as `measure_profile` times them."""
+    return list(_measure(model, device, threads, cpus, points, ()).prefill)
+
+
 def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...], key: ProfileKey) -> ComputeProfile:
     """Time the grid (best of two after a warm-up); runs in its own process."""
+    t_start = time.perf_counter()
+    m = _measure(model, device, threads, cpus, PREFILL_GRID, DECODE_GRID)
+    pre = tuple(StepTime(n, c, t) for (n, c), t in zip(PREFILL_GRID, m.prefill))
+    dec = tuple(StepTime(b, c, t) for (b, c), t in zip(DECODE_GRID, m.decode))
+    return ComputeProfile(key, pre, dec, fit_steps(pre, prefill_keys), fit_steps(dec, decode_keys),
+                          datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter() - t_start)
+
+
+@dataclass(frozen=True, slots=True)
+class _Timings:
+    prefill: tuple[float, ...]  # s per prefill step, in the order of the points asked for
+    decode: tuple[float, ...]  # s per decode step
+
+
+def _measure(model: str, device: str, threads: int, cpus: tuple[int, ...],
+             prefill_points: Sequence[tuple[int, int]], decode_points: Sequence[tuple[int, int]]) -> _Timings:
     import torch
 
     from ..model import LayerKV, PagedKVCache, load_model
@@ -224,7 +279,6 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
     if cpus:
         os.sched_setaffinity(0, cpus)
     torch.set_num_threads(threads)
-    t_start = time.perf_counter()
     m = load_model(model, device=device).model
     cfg = m.config
     g = torch.Generator().manual_seed(0)
@@ -254,7 +308,4 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
 
     with torch.no_grad():
         prefill(16, 0)  # warm-up
-        pre = tuple(StepTime(n, c, prefill(n, c)) for n, c in PREFILL_GRID)
-        dec = tuple(StepTime(b, c, decode(b, c)) for b, c in DECODE_GRID)
-    return ComputeProfile(key, pre, dec, fit_steps(pre, prefill_keys), fit_steps(dec, decode_keys),
-                          datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter() - t_start)
+        return _Timings(tuple(prefill(n, c) for n, c in prefill_points), tuple(decode(b, c) for b, c in decode_points))

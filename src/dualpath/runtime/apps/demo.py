@@ -28,7 +28,7 @@ from ...config import DEMO_AGENTS, RuntimeConfig
 from ...core.request import TurnSpec
 from ...metrics.decisions import DecisionLog
 from ...workloads import Trajectory
-from .calibrate import Calibration, load_or_measure
+from .calibrate import Calibration, check_speed, load_or_measure
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
 from ..engine.cpus import available_cpus, plan_cpus
@@ -107,9 +107,11 @@ def plan_demo(calibration: Calibration, kv_bytes_per_token: int, block_tokens: i
     return DemoPlan(trajs, rates, calibration)
 
 
-def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = False) -> tuple[Calibration, int, int]:
-    """The profile of a prefill engine of this cluster shape (its CPU set and threads), plus the
-    model's KV bytes per token and block size."""
+def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = False,
+                  check: bool = True) -> tuple[Calibration, int, int]:
+    """The profile of a prefill engine of this cluster shape (its CPU set and threads), at this
+    machine's speed now (`check`: a reused profile is timed again and scaled), plus the model's
+    KV bytes per token and block size."""
     from ..engine.base import kv_dtype
     from ..model import load_model
 
@@ -117,6 +119,8 @@ def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = F
     mcfg = load_model(model, device="cpu").model.config
     plan = plan_cpus(range(num_engines), available_cpus(), cfg.torch_threads)
     cal = load_or_measure(model, mcfg.fingerprint(), device, plan.threads_by_engine[0], plan.cpus_by_engine[0], force)
+    if check:
+        cal = check_speed(cal, model, plan.cpus_by_engine[0])
     kv_bytes = mcfg.kv_bytes_per_token_per_layer(kv_dtype(cfg)) * mcfg.num_layers
     return cal, kv_bytes, cfg.block_tokens
 
@@ -197,7 +201,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    "kv_dtype": "float32", "seed": seed, "device": device, "cpus": cpu_note},
         "profile": {"path": None if cal.path is None else str(cal.path), "reused": cal.reused,
                     "machine": cal.profile.key.machine, "threads": cal.profile.key.threads,
-                    "measure_wall_s": cal.profile.wall_s,
+                    "measure_wall_s": cal.profile.wall_s, "speed_now_over_cached": cal.speed_now_over_cached,
                     "prefill_s_64_over_1024": cal.profile.prefill_s(64, 1024)},
         "workload": _workload_json(trajectories, bool(cold_rounds)),
         "startup_s": startup_s,
