@@ -131,6 +131,10 @@ class SchedulerConfig:
     # setting (HARDWARE.md 7.1, [S-PROF]).
     basic_tokens_per_forward: int = 16384
     lane_weights: LaneWeights = field(default_factory=LaneWeights)
+    # Read or recompute (core/policy/recompute.py, issue 11.3): a hit whose read the store would
+    # deliver later than a PE computes it again is recomputed. Off by default (the paper always
+    # reads); a choice for a degraded store.
+    recompute_when_faster: bool = False
 
     def __post_init__(self) -> None:
         if min(self.alpha_read_s, self.beta_compute_s, self.z_factor, self.compute_quota_s) <= 0:
@@ -158,8 +162,13 @@ class ClusterConfig:
     # Weights are sharded across all GPUs of a role by expert parallelism (EP + DP attention for
     # the DeepSeek models, PAPER.md 5); False = every GPU holds a full copy (Qwen 32B: DP only).
     expert_parallel: bool = True
+    # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
+    # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
+    storage_read_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.storage_read_latency_s < 0:
+            raise InputError(f"storage_read_latency_s must be >= 0, got {self.storage_read_latency_s}")
         try:
             get_model(self.model)
         except KeyError as e:
@@ -336,6 +345,8 @@ class RuntimeConfig:
             raise InputError("need at least one prefill and one decode engine")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
+        if self.scheduler.recompute_when_faster:  # the router measures no store latency yet (issue 11.3)
+            raise InputError("scheduler.recompute_when_faster is modelled by the simulator only; the runtime always reads")
         for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
                      "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch"):
             if getattr(self, name) <= 0:

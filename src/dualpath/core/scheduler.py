@@ -18,7 +18,9 @@ A group is the engines of one node and shares the node's id (PAPER.md 3.1). One 
      DEs.
   3. Each DE assignment gets its read side: a forced side if the configuration names one; the PE
      side without the DE read path; DualPath: the shorter node read queue (`choose_read_side`),
-     counting the reads this pass already sent there; otherwise alternating.
+     counting the reads this pass already sent there; otherwise alternating. With a
+     RecomputeRule, a hit that the side's store would deliver later than a PE computes it again
+     is recomputed instead (`should_recompute`: no read, nothing added to a queue).
 
 Where the two worlds' former copies differed, this follows the paper and the simulator, which
 already did: (a) the fetch order rotates (the router walked engines in id order; the paper has
@@ -41,6 +43,7 @@ from mypy_extensions import mypyc_attr
 
 from .policy import (
     PrefillThresholds,
+    RecomputeRule,
     RoundRobinCursor,
     choose_read_side,
     distribute_to_groups,
@@ -49,6 +52,7 @@ from .policy import (
     round_robin_read_side,
     select_decode,
     select_prefill,
+    should_recompute,
 )
 from .policy.decode import Z_FACTOR_DEFAULT
 from .request import RequestId
@@ -86,6 +90,11 @@ class ClusterView:
         `ref` is the world's record given to `submit`."""
         raise NotImplementedError
 
+    def store_latency_s(self, node: int) -> float:
+        """Seconds before a read from `node` gets its first byte (read or recompute,
+        core/policy/recompute.py); asked only when the rules carry a RecomputeRule."""
+        return 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerRules:
@@ -96,6 +105,7 @@ class SchedulerRules:
     de_read_path: bool = True  # False: every read on the PE side (the basic system)
     z_factor: float = Z_FACTOR_DEFAULT  # PAPER.md 3.3
     forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
+    recompute: RecomputeRule | None = None  # read or recompute a hit (policy/recompute.py); None: always read
 
 
 @final
@@ -115,14 +125,16 @@ class PrefillAssignment:
 class DecodeAssignment:
     """A DE choice with its read side; read-only like PrefillAssignment."""
 
-    __slots__ = ("req", "ref", "engine", "side", "read_tokens")
+    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute")
 
-    def __init__(self, req: QueuedRequest, ref: Any, engine: int, side: ReadSide, read_tokens: int) -> None:
+    def __init__(self, req: QueuedRequest, ref: Any, engine: int, side: ReadSide, read_tokens: int,
+                 recompute: bool = False) -> None:
         self.req: Final = req  # the request as the scheduler saw it
         self.ref: Final = ref  # the world's record of it
         self.engine: Final = engine  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
         self.side: Final = side  # where its hit KV is read
         self.read_tokens: Final = read_tokens  # tokens added to the read side's node queue (view.read_tokens at the pass)
+        self.recompute: Final = recompute  # the hit is computed again, not read (read_tokens 0)
 
 
 _NONE: tuple = ()
@@ -325,9 +337,13 @@ class GlobalScheduler:
         else:
             side, self._rr_side = round_robin_read_side(self._rr_side)
         tokens = view.read_tokens(ref)
-        if tokens:
-            node = pe_node if side is ReadSide.PREFILL else de_node
-            reads[node] = reads.get(node, 0) + tokens
+        if not tokens:
+            return DecodeAssignment(req, ref, engine, side, 0)
+        node = pe_node if side is ReadSide.PREFILL else de_node
+        rule = rules.recompute
+        if rule is not None and should_recompute(rule, tokens, view.store_latency_s(node)):
+            return DecodeAssignment(req, ref, engine, side, 0, True)
+        reads[node] = reads.get(node, 0) + tokens
         return DecodeAssignment(req, ref, engine, side, tokens)
 
     # --- ledgers --------------------------------------------------------------------------------

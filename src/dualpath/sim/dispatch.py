@@ -17,7 +17,7 @@ import time
 from typing import Sequence
 
 from ..core.phase import Phase
-from ..core.policy import PrefillThresholds
+from ..core.policy import PrefillThresholds, RecomputeRule
 from ..core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules
 from ..core.snapshot import EngineLoad, ReadSide
 from ..metrics.decisions import DecisionLog
@@ -31,8 +31,9 @@ from .state import Engine, Node, SimRequest
 class SimView(ClusterView):
     """The cluster as the scheduler sees it: engine snapshots, node read queues, hits."""
 
-    def __init__(self, nodes: Sequence[Node], life: TurnLifecycle, io: KvIo) -> None:
+    def __init__(self, nodes: Sequence[Node], life: TurnLifecycle, io: KvIo, latency_s: float = 0.0) -> None:
         assert all(n.nid == i for i, n in enumerate(nodes))
+        self._latency_s = latency_s  # the configured store latency (ClusterConfig), every node
         self._nodes = list(nodes)  # by node id
         self._life = life
         self._io = io
@@ -52,20 +53,25 @@ class SimView(ClusterView):
         self._life.resolve_hit(req)
         return self._io.tokens_to_read(req)
 
+    def store_latency_s(self, node: int) -> float:
+        return self._latency_s
+
 
 class Dispatch:
     def __init__(self, ctx: SimContext, life: TurnLifecycle, reads: StorageReads, nodes: Sequence[Node],
-                 engines: dict[int, Engine], thresholds: PrefillThresholds) -> None:
+                 engines: dict[int, Engine], thresholds: PrefillThresholds,
+                 recompute: RecomputeRule | None = None) -> None:
         self.ctx = ctx
         self.life = life
         self.reads = reads
         self.engines = engines
         f = ctx.features
-        rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor)
+        rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
+                               recompute=recompute)
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)
-        self.view = SimView(nodes, life, ctx.io)
+        self.view = SimView(nodes, life, ctx.io, ctx.cfg.cluster.storage_read_latency_s)
         self._pending = False
         # every decision as metrics/decisions.py writes it; None (the default): not recorded
         self.decisions: DecisionLog | None = None
@@ -119,7 +125,9 @@ class Dispatch:
                 assert req.pe is not None
                 self.decisions.record(str(req.rid), now, req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
                                       d.read_tokens)
-            if d.read_tokens == 0:  # nothing to read, or a free network
+            if d.recompute:  # the store is slower than computing the hit again
+                self.life.recompute_hit(req)
+            if d.read_tokens == 0:  # nothing to read, a free network, or recomputed
                 self.life.prefill_ready(req)
             else:
                 assert req.pe is not None

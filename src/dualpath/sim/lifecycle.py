@@ -51,6 +51,9 @@ class TurnLifecycle:
     def prefill_ready(self, req: SimRequest) -> None:
         raise NotImplementedError
 
+    def recompute_hit(self, req: SimRequest) -> None:
+        raise NotImplementedError
+
     def kick_prefill(self, node_id: int) -> None:
         raise NotImplementedError
 

@@ -7,7 +7,8 @@ Numbered path of one read:
      reservation succeeds (PE side: the hit in the PE buffer; DE side: the whole prompt in the DE
      buffer, since the miss KV will join it there). A head that cannot reserve waits, and registers
      itself on the full node so that a release there pumps this queue again.
-  3. The flow crosses [storage egress (if finite), SNIC in] on the KV lane.
+  3. After the store's latency (ClusterConfig.storage_read_latency_s, 0 by default), the flow
+     crosses [storage egress (if finite), SNIC in] on the KV lane.
   4. `_done`: the read queue shrinks, the request is PREFILL_READY in its PE's batch queue.
 """
 
@@ -43,9 +44,18 @@ class StorageReads:
             node.read_queue.popleft()
             node.reads_active += 1
             req.t_read_start = ctx.loop.now_s
-            nbytes = req.hit_tokens * ctx.kv_bytes_per_token
-            links = (node.snic_in,) if ctx.storage_egress is None else (ctx.storage_egress, node.snic_in)
-            ctx.net.start(nbytes, Lane.KV, links, self._done, (req, node))
+            latency_s = ctx.cfg.cluster.storage_read_latency_s
+            if latency_s > 0:  # the reader waits for the store's first byte, then the bytes flow
+                ctx.loop.call_at(ctx.loop.now_s + latency_s, self._start_flow, (req, node))
+            else:
+                self._start_flow((req, node))
+
+    def _start_flow(self, tag: tuple[SimRequest, Node]) -> None:
+        req, node = tag
+        ctx = self.ctx
+        nbytes = req.hit_tokens * ctx.kv_bytes_per_token
+        links = (node.snic_in,) if ctx.storage_egress is None else (ctx.storage_egress, node.snic_in)
+        ctx.net.start(nbytes, Lane.KV, links, self._done, tag)
 
     def _reserve(self, req: SimRequest) -> bool:
         ctx = self.ctx

@@ -27,6 +27,7 @@ from ..config import Features, SimConfig
 from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds
+from ..core.policy import RecomputeRule
 from ..core.scheduler import derive_thresholds
 from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
@@ -76,7 +77,8 @@ class Simulator(TurnLifecycle):
         self.hits = hit_model_for(trajectories, self.block_tokens)  # the workload's hit model, once
         self._validate_fit()
         self.inflight: dict = {}
-        self.driver = Dispatch(ctx, self, self.reads, self.nodes, self.engines_by_id, self._profile_thresholds())
+        self.num_recomputed, thresholds = 0, self._profile_thresholds()  # hits computed again, not read
+        self.driver = Dispatch(ctx, self, self.reads, self.nodes, self.engines_by_id, thresholds, self._recompute_rule())
         self.recorder = TurnRecorder()
         self.persisted_bytes = 0.0
         self.num_agents_done = 0
@@ -146,6 +148,12 @@ class Simulator(TurnLifecycle):
                         "profile_prompt_tokens": prompt, "profile_miss_tokens": miss, "profile_batch_requests_per_gpu": batch}
         return th
 
+    def _recompute_rule(self) -> RecomputeRule | None:
+        """Read or recompute when configured: a node's read rate, a PE's prompt tokens/s (as beta's)."""
+        if not self.cfg.scheduler.recompute_when_faster:
+            return None
+        return RecomputeRule(self.kv_bytes_per_token, self.cfg.cluster.node.snic_read_bytes_per_s, self.prefill_tokens_per_s)
+
     # --- 1. turns ----------------------------------------------------------------------------
     def _arrive(self, agent: Agent) -> None:
         self._start_turn(agent)
@@ -165,6 +173,12 @@ class Simulator(TurnLifecycle):
         req.hit_tokens = hit
         req.cached_tokens = hit
         req.remaining_tokens = req.input_tokens - hit
+
+    def recompute_hit(self, req: SimRequest) -> None:
+        """The scheduler chose to compute the hit again (core/policy/recompute.py): a miss."""
+        req.hit_tokens = req.cached_tokens = 0
+        req.remaining_tokens = req.input_tokens
+        self.num_recomputed += 1
 
     # --- 4. prefill --------------------------------------------------------------------------
     def prefill_ready(self, req: SimRequest) -> None:

@@ -4,11 +4,13 @@ from .batching import Budget, form_prefill_batch, prefill_budgets
 from .decode import distribute_to_groups, select_decode
 from .prefill import PrefillThresholds, select_prefill
 from .read_side import choose_read_side
+from .recompute import RecomputeRule, should_recompute
 from .round_robin import RoundRobinCursor, round_robin_decode, round_robin_prefill, round_robin_read_side
 
 __all__ = [
     "Budget",
     "PrefillThresholds",
+    "RecomputeRule",
     "RoundRobinCursor",
     "choose_read_side",
     "distribute_to_groups",
@@ -19,4 +21,5 @@ __all__ = [
     "round_robin_read_side",
     "select_decode",
     "select_prefill",
+    "should_recompute",
 ]
