@@ -34,6 +34,7 @@ class FinishedRun(Protocol):
     profile: dict
     persisted_bytes: float
     h2d_bytes: float
+    num_recomputed: int  # hits computed again instead of read (read or recompute)
     snic_samples: list  # per sample: cumulative SNIC-in KV bytes per node
 
 
