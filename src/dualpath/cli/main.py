@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, chaos, demo, fidelity, runtime, sim, store
+from . import bench, chaos, demo, fidelity, runtime, sim, store, testbed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -21,6 +21,11 @@ app.add_typer(bench_app, name="bench")
 store_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The KV storage service.")
 app.add_typer(store_app, name="store")
 store_app.command("serve")(store.serve)
+testbed_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Emulated hosts on this machine (root).")
+app.add_typer(testbed_app, name="testbed")
+testbed_app.command("up")(testbed.up)
+testbed_app.command("down")(testbed.down)
+testbed_app.command("status")(testbed.status)
 
 app.command()(sim.sim)
 trace_app.command("gen")(sim.trace_gen)

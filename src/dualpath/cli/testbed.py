@@ -1,0 +1,71 @@
+"""`dualpath testbed up | down | status`: emulated hosts with kernel-enforced links (testbed/)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InputError
+from .io import console, out
+
+MB = 1e6
+
+
+def _default_id() -> str:
+    return f"{os.getpid() % 100000}"  # unique among runs alive on this machine
+
+
+def up(
+    pd: Annotated[str, typer.Option(help="prefill and decode hosts, e.g. 1P1D")] = "1P1D",
+    snic_mb_s: Annotated[float, typer.Option(help="each node's SNIC, MB/s per direction (the demo derives its own)")] = 50.0,
+    cnic_mb_s: Annotated[float, typer.Option(help="each node's CNIC, MB/s per direction (the demo's rule: 8x SNIC)")] = 400.0,
+    run_id: Annotated[Optional[str], typer.Option("--id", help="1-5 lowercase letters or digits (default: from the PID)")] = None,
+    index: Annotated[int, typer.Option(help="address block 0-255: 10.231.INDEX.0/24 (SNICs), 10.232.INDEX.0/24 (CNICs)")] = 0,
+) -> None:
+    """Create the namespaces, veth links, HTB rates and lane classes of one testbed (needs root)."""
+    from ..config import parse_pd
+    from ..testbed.netns import up as testbed_up
+    from ..testbed.plan import plan_testbed
+
+    p, d = parse_pd(pd)
+    plan = plan_testbed(run_id or _default_id(), p, d, snic_mb_s * MB, cnic_mb_s * MB, index)
+    state = testbed_up(plan)
+    for host, role in zip(plan.hosts, plan.roles):
+        out.print(f"{host}: {role}, SNIC {plan.storage_addr_of[host]} (storage side), CNIC {plan.cnic_addr_of[host]}")
+    console.print(f"testbed {plan.run_id} up: {len(plan.namespaces)} namespaces, {len(plan.links)} links; state {state}")
+
+
+def down(
+    run_id: Annotated[Optional[str], typer.Option("--id", help="the testbed to remove")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="remove every testbed with a state file")] = False,
+) -> None:
+    """Delete a testbed's namespaces (and with them every link and qdisc it made)."""
+    from ..testbed.netns import down as testbed_down, running
+
+    if (run_id is None) == (not all_):
+        raise InputError("give exactly one of --id ID and --all")
+    ids = sorted(running()) if all_ else [run_id]
+    for rid in ids:
+        removed = testbed_down(rid)
+        console.print(f"testbed {rid} down: removed {len(removed)} namespaces")
+
+
+def status(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Testbeds that are up, with the bytes the kernel counted per link end and lane class."""
+    from ..testbed.netns import check_can_run, link_counters, running
+
+    check_can_run()
+    report = {rid: {"hosts": plan["hosts"], "links": link_counters(plan)} for rid, plan in running().items()}
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    if not report:
+        out.print("no testbed is up")
+    for rid, r in report.items():
+        out.print(f"testbed {rid}: hosts {', '.join(r['hosts'])}")
+        for row in r["links"]:
+            out.print(f"  {row['link']} {row['ns']}/{row['dev']}: tx {row['tx_bytes']} B, rx {row['rx_bytes']} B, "
+                      f"classes LC {row['lc_class_bytes']} B, KV {row['kv_class_bytes']} B")
