@@ -48,10 +48,19 @@ def bench_lanes(
     link_gb_s: Annotated[float, typer.Option(help="emulated link rate, GB/s")] = 1.0,
     chunk_kib: Annotated[int, typer.Option(help="KV chunk size, KiB")] = 8,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts, through the kernel's classes (root)")] = False,
+    cnic_mb_s: Annotated[float, typer.Option(help="--testbed: the CNIC rate, MB/s")] = 32.0,
+    bursts: Annotated[int, typer.Option(help="--testbed: bursts per run")] = 400,
+    plot: Annotated[Optional[Path], typer.Option(help="--testbed: write a PNG figure here")] = None,
 ) -> None:
     """64 KiB latency-critical bursts every 5 ms over a saturated KV lane: lanes vs one FIFO."""
     from ..bench.lanes import run_lanes_bench
     from ..sim.runner import write_json
+
+    if testbed:
+        from .testbed import lanes_bench
+
+        return lanes_bench(cnic_mb_s, bursts, json_path, plot)
 
     rows = {}
     for fifo in (False, True):

@@ -69,3 +69,27 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
         for row in r["links"]:
             out.print(f"  {row['link']} {row['ns']}/{row['dev']}: tx {row['tx_bytes']} B, rx {row['rx_bytes']} B, "
                       f"classes LC {row['lc_class_bytes']} B, KV {row['kv_class_bytes']} B")
+
+
+def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
+    """`bench lanes --testbed` (bench/lanes_testbed.py): bursts unloaded, beside KV with the two
+    classes, and with one class."""
+    from ..bench.lanes_testbed import plot_lanes_testbed, run_lanes_testbed
+    from ..sim.runner import write_json
+    from ..testbed.netns import check_can_run
+
+    check_can_run()
+    if cnic_mb_s <= 0 or bursts < 10:
+        raise InputError("--cnic-mb-s must be positive and --bursts at least 10")
+    r = run_lanes_testbed(cnic_mb_s * MB, bursts)
+    out.print(f"64 KiB latency-critical bursts every 5 ms over a {cnic_mb_s:.0f} MB/s CNIC (wire time "
+              f"{r['wire_time_s'] * 1e3:.2f} ms), two shaped hops:")
+    for name, s in r["runs"].items():
+        out.print(f"  {name:12s} p50 {s['p50_s'] * 1e3:7.2f} ms  p99 {s['p99_s'] * 1e3:7.2f} ms  "
+                  f"(x{r['p50_over_unloaded'][name]:.2f} / x{r['p99_over_unloaded'][name]:.2f} of unloaded)")
+    if json_path:
+        write_json(r, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        plot_lanes_testbed(r, plot)
+        console.print(f"wrote {plot}")
