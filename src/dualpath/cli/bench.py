@@ -116,3 +116,29 @@ def bench_store(
     out.print_json(json.dumps(r, default=str))
     if json_path:
         write_json(r, json_path)
+
+
+def bench_overload(
+    model: Annotated[str, typer.Option(help="the served model")] = "tiny",
+    inflight: Annotated[int, typer.Option(help="the server's --max-inflight-requests")] = 8,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """A real server at its capacity (closed loop at the in-flight limit), then 3x it (open loop):
+    429s, their latency, admitted TTFT p90 against capacity's, nothing lost."""
+    import asyncio
+
+    from ..bench.overload import run_overload
+    from ..sim.runner import write_json
+
+    if inflight < 1:
+        raise InputError("--inflight must be positive")
+    r = asyncio.run(run_overload(model, inflight))
+    for name in ("capacity", "overload"):
+        s = r[name]
+        out.print(f"{name:9s}: {s['requests']} requests, {s['finished']} finished, {s['refused_429']} refused (429), "
+                  f"{s['lost']} lost, {s['short']} short; {s['throughput_per_s']:.1f} finished/s; TTFT p50 "
+                  f"{s['ttft_p50_s'] * 1e3:.0f} ms, p90 {s['ttft_p90_s'] * 1e3:.0f} ms; 429 p99 {s['refusal_p99_s'] * 1e3:.1f} ms")
+    out.print(f"offered {r['overload_rate_per_s']:.1f} req/s (3x capacity); admitted TTFT p90 / capacity's = "
+              f"{r['ttft_p90_over_capacity']:.2f}")
+    if json_path:
+        write_json(r, json_path)

@@ -1,0 +1,159 @@
+"""`dualpath bench overload`: the server at its capacity and at 3x it (issue 11.4's acceptance).
+
+A real `dualpath serve` (its own process, with its engine processes) with an in-flight limit L.
+The load comes from this process, streaming /v1/completions of distinct prompts (token ids, so no
+prefix is shared and every request computes its prompt).
+  1. Capacity: L closed-loop clients, each sending its next request when the last one ends, keep
+     the server exactly at its limit for CAPACITY_S. Their throughput is the capacity, and their
+     TTFT p90 is the TTFT at capacity. Nobody is refused.
+  2. Overload: open-loop Poisson arrivals at OVERLOAD_FACTOR x the capacity for OVERLOAD_S. Excess
+     requests must get a 429 (with Retry-After) quickly. Admitted ones must keep a TTFT p90 within
+     1.5x of the one at capacity, and none may be lost: every request ends in 200 with all its
+     tokens, or 429.
+The load generator shares this machine's CPUs with the server, as a client on the same host would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CAPACITY_S = 20.0  # long enough for ~100s of requests on the tiny model
+OVERLOAD_S = 20.0
+OVERLOAD_FACTOR = 3.0  # issue 11's acceptance: 3x the measured capacity
+PROMPT_TOKENS = 128  # two 64-token blocks, computed (distinct prompts: nothing hits)
+MAX_TOKENS = 8
+START_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 120.0  # a request still open after this counts as lost
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: int  # HTTP status, 0: no response (lost)
+    sent_s: float
+    ttft_s: float  # first streamed token (200) or the response (429); -1: none
+    tokens: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, inflight: int, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port),
+                             "--max-inflight-requests", str(inflight)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def wait_ready(client: Any, base: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        try:
+            if (await client.get(f"{base}/health")).json().get("status") == "ok":
+                return
+        except Exception:  # noqa: BLE001 - not listening yet
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the server did not become healthy")
+
+
+async def one_request(client: Any, base: str, model: str, prompt: list[int], t0: float) -> Outcome:
+    sent = time.perf_counter() - t0
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "min_tokens": MAX_TOKENS, "stream": True,
+            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    ttft, tokens = -1.0, 0
+    try:
+        async with client.stream("POST", f"{base}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return Outcome(r.status_code, sent, time.perf_counter() - t0 - sent, 0)
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if ttft < 0 and chunk.get("choices"):
+                    ttft = time.perf_counter() - t0 - sent  # the first token's chunk
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"]["completion_tokens"])
+            return Outcome(200, sent, ttft, tokens)
+    except Exception:  # noqa: BLE001 - a timeout or a dropped connection: the request is lost
+        return Outcome(0, sent, -1.0, tokens)
+
+
+def _prompt(rng: random.Random, vocab: int) -> list[int]:
+    return [rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)]
+
+
+async def closed_loop(client: Any, base: str, model: str, clients: int, duration_s: float, vocab: int, seed: int) -> list[Outcome]:
+    rng, t0, out = random.Random(seed), time.perf_counter(), []
+
+    async def worker() -> None:
+        while time.perf_counter() - t0 < duration_s:
+            out.append(await one_request(client, base, model, _prompt(rng, vocab), t0))
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    return out
+
+
+async def open_loop(client: Any, base: str, model: str, rate_per_s: float, duration_s: float, vocab: int, seed: int) -> list[Outcome]:
+    rng, t0, tasks = random.Random(seed), time.perf_counter(), []
+    nxt = 0.0
+    while nxt < duration_s:
+        await asyncio.sleep(max(0.0, nxt - (time.perf_counter() - t0)))
+        tasks.append(asyncio.create_task(one_request(client, base, model, _prompt(rng, vocab), t0)))
+        nxt += rng.expovariate(rate_per_s)
+    return list(await asyncio.gather(*tasks))
+
+
+def summarise(outcomes: list[Outcome], duration_s: float) -> dict[str, Any]:
+    ok = [o for o in outcomes if o.status == 200]
+    refused = [o for o in outcomes if o.status == 429]
+    pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
+    return {"requests": len(outcomes), "finished": len(ok), "refused_429": len(refused),
+            "other_status": sorted({o.status for o in outcomes} - {200, 429, 0}),
+            "lost": sum(o.status == 0 for o in outcomes), "short": sum(o.tokens != MAX_TOKENS for o in ok),
+            "throughput_per_s": len(ok) / duration_s, "ttft_p50_s": pct([o.ttft_s for o in ok], 50),
+            "ttft_p90_s": pct([o.ttft_s for o in ok], 90), "refusal_p99_s": pct([o.ttft_s for o in refused], 99)}
+
+
+async def run_overload(model: str = "tiny", inflight: int = 8, seed: int = 0) -> dict[str, Any]:
+    import httpx
+
+    from ..runtime.model import load_model
+
+    vocab = load_model(model, device="cpu").model.config.vocab_size
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_server(model, inflight, port)
+    try:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
+            await wait_ready(client, base, proc)
+            await closed_loop(client, base, model, inflight, 3.0, vocab, seed + 99)  # warm-up
+            cap = summarise(await closed_loop(client, base, model, inflight, CAPACITY_S, vocab, seed), CAPACITY_S)
+            if not cap["finished"]:
+                raise RuntimeError(f"no request finished at capacity: {cap}")
+            rate = OVERLOAD_FACTOR * cap["throughput_per_s"]
+            over = summarise(await open_loop(client, base, model, rate, OVERLOAD_S, vocab, seed + 1), OVERLOAD_S)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"model": model, "max_inflight_requests": inflight, "prompt_tokens": PROMPT_TOKENS, "max_tokens": MAX_TOKENS,
+            "cpus": len(os.sched_getaffinity(0)), "capacity": cap, "overload_rate_per_s": rate, "overload": over,
+            "ttft_p90_over_capacity": over["ttft_p90_s"] / cap["ttft_p90_s"]}
