@@ -325,6 +325,11 @@ class RuntimeConfig:
     engine_heartbeat_timeout_s: float = 5.0
     engine_fault_policy: str = "recompute"  # recompute (migrate, Dynamo-style) | fail (an error to the client)
     engine_fault_retries: int = 2  # migrations per request (each after its engine died) before an error
+    # Fault injection (tests, `dualpath chaos --corruptions`): the probability, per checksummed
+    # block piece an engine sends (layer streams, PD transfers; runtime/transport/integrity.py),
+    # that one bit of it is flipped in flight. Each engine draws from its own RNG seeded by
+    # (seed, engine id). 0 = off (the default): no injector is built, the copies are unchanged.
+    kv_corrupt_probability: float = 0.0
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -334,6 +339,8 @@ class RuntimeConfig:
             raise InputError("engine_heartbeat_timeout_s must be positive and engine_fault_retries >= 0")
         if self.num_prefill <= 0 or self.num_decode <= 0:
             raise InputError("need at least one prefill and one decode engine")
+        if not 0.0 <= self.kv_corrupt_probability <= 1.0:
+            raise InputError(f"kv_corrupt_probability must be in [0, 1], got {self.kv_corrupt_probability}")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
         for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
