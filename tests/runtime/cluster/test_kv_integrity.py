@@ -69,3 +69,11 @@ def test_flipped_bits_in_flight_are_caught_and_tokens_match_recompute(reference,
     assert got["layer_retransmits"] > 0 and got["kv_recomputes"] > 0
     # every detection is an injected flip (a flip in a discarded forward's output may go unchecked)
     assert got["layer_checksum_failures"] + got["pd_checksum_failures"] <= got["kv_flips_injected"]
+
+
+def test_integrity_acceptance_bad_input_is_one_line_error():
+    from cli_helpers import cli_here
+
+    for args in (["--corruptions", "-1"], ["--torn-writes", "-5"], ["--corruptions", "10", "--flip-probability", "0"]):
+        r = cli_here("chaos", *args)
+        assert r.returncode == 2 and (r.stdout + r.stderr).count("error:") == 1, (args, r.stdout, r.stderr)
