@@ -128,7 +128,9 @@ async def _round(model: str, index: int, probability: float, prompts: list, refe
     root = tempfile.mkdtemp(prefix="dp-integrity-")
     t0 = time.monotonic()
     try:
-        cfg = _config(model, side, probability, root, seed + index)
+        # the same seed every round: it also names the tiny model's weights. The rounds differ in their
+        # disk flips, which change every later transfer and so the in-flight draws too
+        cfg = _config(model, side, probability, root, seed)
         async with LocalCluster(cfg, start_timeout_s=180) as cluster:
             _, outs, disk = await _conversations(cluster, prompts, random.Random(f"disk:{seed}:{index}"), root)
             await asyncio.sleep(COUNTER_SETTLE_S)
