@@ -12,6 +12,7 @@ from dualpath.config import RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
+from dualpath.runtime.transport.integrity import LAYER_RETRANSMITS_MAX
 from persist_wait import wait_chain_stored
 
 TURNS = [list(range(5, 205)), list(range(30, 100))]  # turn 2 reads turn 1's 3 full blocks
@@ -58,17 +59,33 @@ def reference():
     return recompute_reference()
 
 
-@pytest.mark.parametrize("side", ["prefill", "decode"])
-def test_flipped_bits_in_flight_are_caught_and_tokens_match_recompute(reference, side):
-    cfg = RuntimeConfig(model="tiny", force_read_side=side, kv_corrupt_probability=FLIP_PROBABILITY, host_buffer_bytes=16 * 2**20,
-                        pe_hbm_bytes=16 * 2**20, de_kv_tokens=2048)
-    outs, got = asyncio.run(corrupted_conversation(cfg))
+def _config(side: str, probability: float) -> RuntimeConfig:
+    return RuntimeConfig(model="tiny", force_read_side=side, kv_corrupt_probability=probability,
+                         host_buffer_bytes=16 * 2**20, pe_hbm_bytes=16 * 2**20, de_kv_tokens=2048)
+
+
+def test_flipped_bits_in_flight_are_caught_and_tokens_match_recompute(reference):
+    """PE read side: the layer stream comes from the PE's own buffer; some loads pass on a retry."""
+    outs, got = asyncio.run(corrupted_conversation(_config("prefill", FLIP_PROBABILITY)))
     assert outs == reference
     assert got["layer_checksum_failures"] > 0  # turn 2's hit, streamed layer by layer to the PE
     assert got["pd_checksum_failures"] > 0  # each turn's new KV into the DE
     assert got["layer_retransmits"] > 0 and got["kv_recomputes"] > 0
     # every detection is an injected flip (a flip in a discarded forward's output may go unchecked)
     assert got["layer_checksum_failures"] + got["pd_checksum_failures"] <= got["kv_flips_injected"]
+
+
+def test_every_piece_flipped_exhausts_retries_and_both_engines_recompute(reference):
+    """DE read side, every piece flipped: turn 2's layer 0 load (3 hit blocks, pulled from the DE)
+    fails 1 + LAYER_RETRANSMITS_MAX times, layers 1-3 once each, 3 pieces a time; the PE then
+    recomputes the prompt, and the DE recomputes both turns' prompts (every PD piece fails: turn 1
+    4 blocks x 4 layers, turn 2 after the restart 5 x 4; the poisoned forward's are never checked)."""
+    outs, got = asyncio.run(corrupted_conversation(_config("decode", 1.0)))
+    assert outs == reference
+    assert got["layer_retransmits"] == LAYER_RETRANSMITS_MAX
+    assert got["layer_checksum_failures"] == 3 * (1 + LAYER_RETRANSMITS_MAX) + 3 * 3
+    assert got["pd_checksum_failures"] == 4 * 4 + 5 * 4
+    assert got["kv_recomputes"] == 1 + 2  # the PE once, the DE per turn
 
 
 def test_integrity_acceptance_bad_input_is_one_line_error():
