@@ -77,15 +77,24 @@ def test_flipped_bits_in_flight_are_caught_and_tokens_match_recompute(reference)
 
 def test_every_piece_flipped_exhausts_retries_and_both_engines_recompute(reference):
     """DE read side, every piece flipped: turn 2's layer 0 load (3 hit blocks, pulled from the DE)
-    fails 1 + LAYER_RETRANSMITS_MAX times, layers 1-3 once each, 3 pieces a time; the PE then
-    recomputes the prompt, and the DE recomputes both turns' prompts (every PD piece fails: turn 1
+    fails 1 + LAYER_RETRANSMITS_MAX times, 3 pieces a time; layer 1's load, issued with layer 0's
+    (layerwise: 2 layers in flight), fails once; layers 2-3 are not loaded (the item is poisoned, its
+    outputs discarded). The PE then recomputes the prompt, and the DE recomputes both turns' prompts (every PD piece fails: turn 1
     4 blocks x 4 layers, turn 2 after the restart 5 x 4; the poisoned forward's are never checked)."""
     outs, got = asyncio.run(corrupted_conversation(_config("decode", 1.0)))
     assert outs == reference
     assert got["layer_retransmits"] == LAYER_RETRANSMITS_MAX
-    assert got["layer_checksum_failures"] == 3 * (1 + LAYER_RETRANSMITS_MAX) + 3 * 3
+    assert got["layer_checksum_failures"] == 3 * (1 + LAYER_RETRANSMITS_MAX) + 3
     assert got["pd_checksum_failures"] == 4 * 4 + 5 * 4
     assert got["kv_recomputes"] == 1 + 2  # the PE once, the DE per turn
+
+
+def test_flip_probability_outside_0_1_is_refused():
+    from dualpath.errors import InputError
+
+    for bad in (-0.1, 1.5):
+        with pytest.raises(InputError, match="kv_corrupt_probability"):
+            _config("prefill", bad)
 
 
 def test_integrity_acceptance_bad_input_is_one_line_error():

@@ -161,8 +161,8 @@ class PrefillKvStream:
         pending: set[int] = set()
         self._loads_pending[layer] = pending
         for (r, _), off in zip(self._batch, self._zone):
-            if r.cached == 0 or self._lost(r):
-                continue
+            if r.cached == 0 or self._lost(r) or r.assign.rid in self.poisoned:
+                continue  # a poisoned item's outputs are discarded: its later layers need no load
             pending.add(r.assign.rid)
             self._issue_item(layer, r, base + off)
 
