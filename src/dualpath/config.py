@@ -334,6 +334,11 @@ class RuntimeConfig:
     engine_heartbeat_timeout_s: float = 5.0
     engine_fault_policy: str = "recompute"  # recompute (migrate, Dynamo-style) | fail (an error to the client)
     engine_fault_retries: int = 2  # migrations per request (each after its engine died) before an error
+    # Fault injection (tests, `dualpath chaos --corruptions`): the probability, per checksummed
+    # block piece an engine sends (layer streams, PD transfers; runtime/transport/integrity.py),
+    # that one bit of it is flipped in flight. Each engine draws from its own RNG seeded by
+    # (seed, engine id). 0 = off (the default): no injector is built, the copies are unchanged.
+    kv_corrupt_probability: float = 0.0
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -343,6 +348,8 @@ class RuntimeConfig:
             raise InputError("engine_heartbeat_timeout_s must be positive and engine_fault_retries >= 0")
         if self.num_prefill <= 0 or self.num_decode <= 0:
             raise InputError("need at least one prefill and one decode engine")
+        if not 0.0 <= self.kv_corrupt_probability <= 1.0:
+            raise InputError(f"kv_corrupt_probability must be in [0, 1], got {self.kv_corrupt_probability}")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
         if self.scheduler.recompute_when_faster:  # the router measures no store latency yet (issue 11.3)

@@ -24,9 +24,22 @@ def chaos(
     requests: Annotated[int, typer.Option(help="greedy requests per turn")] = 4,
     gen_tokens: Annotated[int, typer.Option(help="tokens each request generates")] = 48,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the table as JSON here")] = None,
+    corruptions: Annotated[int, typer.Option(
+        help="instead of the engine faults: inject at least this many KV corruptions (bits flipped in flight on layer "
+             "streams and PD transfers, bytes flipped in stored blocks between turns) and count wrong outputs")] = 0,
+    torn_writes: Annotated[int, typer.Option(
+        help="instead of the engine faults: kill this many store writers with SIGKILL mid-put and count torn blocks "
+             "visible after each reopen")] = 0,
+    flip_probability: Annotated[float, typer.Option(
+        help="with --corruptions: probability per KV block piece sent that one bit flips (RuntimeConfig.kv_corrupt_probability)")] = 0.05,
 ) -> None:
     """Kill, terminate or freeze an engine of a 2P2D cluster while it reads, prefills or decodes;
-    print per scenario how many requests finished (with the reference's tokens), errored or were lost."""
+    print per scenario how many requests finished (with the reference's tokens), errored or were lost.
+    With --corruptions / --torn-writes: the transfer and storage integrity acceptance instead."""
+    if corruptions < 0 or torn_writes < 0 or not 0.0 < flip_probability <= 1.0:
+        raise InputError("--corruptions and --torn-writes must be >= 0 and --flip-probability in (0, 1]")
+    if corruptions or torn_writes:
+        return integrity_acceptance(corruptions, torn_writes, model, flip_probability, json_path)
     from ..runtime.apps.chaos import parse_scenarios, run_chaos
 
     names = parse_scenarios(scenario)
@@ -50,4 +63,39 @@ def chaos(
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=lambda x: None))
+        console.print(f"wrote {json_path}")
+
+
+def integrity_acceptance(corruptions: int, torn_writes: int, model: str, probability: float,
+                         json_path: Optional[Path]) -> None:
+    """`chaos --corruptions N --torn-writes M`: damaged KV bytes (in flight, on disk) against a
+    reference (runtime/apps/integrity.py), then writers killed mid-put (runtime/apps/torn_writes.py)."""
+    report: dict = {}
+    if torn_writes:
+        from ..runtime.apps.torn_writes import run_torn_writes
+
+        console.print(f"torn writes: {torn_writes} writers killed with SIGKILL mid-put, the store reopened after each")
+        report["torn_writes"] = tw = run_torn_writes(torn_writes)
+        out.print(f"torn writes: {tw['kills']} kills ({tw['killed_by_sigkill']} by SIGKILL; stall points {tw['stall_points']}), "
+                  f"torn blocks visible after restart: {tw['torn_visible_after_each_restart']} (each), "
+                  f"{tw['torn_visible_at_final_restart']} (final)")
+    if corruptions:
+        from ..runtime.apps.integrity import run_corruptions
+
+        console.print(f"corruptions: rounds on a 1P1D cluster ({model}) until {corruptions} corruptions were injected, "
+                      f"{probability} per block piece in flight, one stored block per even conversation per turn")
+        rep = asyncio.run(run_corruptions(corruptions, model, probability, on_round=lambda r: console.print(
+            f"  {r.side}: {r.flips_in_flight} in flight + {r.flips_on_disk} on disk, {r.wrong_outputs} wrong of {r.requests}")))
+        report["corruptions"] = rep
+        table = Table(title="transfer and storage integrity")
+        cols = ("side", "requests", "wrong_outputs", "flips_in_flight", "flips_on_disk", "layer_checksum_failures",
+                "pd_checksum_failures", "layer_retransmits", "kv_recomputes", "quarantined_blocks")
+        for col in cols:
+            table.add_column(col.replace("_", " "), justify="right")
+        for r in rep["rounds"] + [{**rep["total"], "side": "total"}]:
+            table.add_row(*(str(r[c]) for c in cols))
+        out.print(table)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1))
         console.print(f"wrote {json_path}")

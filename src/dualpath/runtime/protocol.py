@@ -124,8 +124,12 @@ class LayerPull:
 @message
 @dataclass(frozen=True, slots=True)
 class LayerReady:
+    """D -> P (DE path; P -> P on the PE path): layer `layer` of `rid` has landed. `sums`: the
+    sender's checksums of what it sent, relative to the item's landing offset (transport/integrity.py)."""
+
     rid: int
     layer: int
+    sums: list
 
 
 @message
@@ -137,6 +141,7 @@ class PromptReady:
     rid: int
     first_token: int
     hit_tokens: int
+    pd_sums: list  # the PE's checksums of every piece it wrote into D's buffer (transport/integrity.py)
 
 
 @message
@@ -228,6 +233,17 @@ class Counters:
     cnic_lc_bytes: int
     busy_s: float
     forwards: int
+    # transfer integrity (transport/integrity.py): pieces that failed their checksum, by path
+    layer_checksum_failures: int = 0  # found by this PE in its landing zone
+    layer_retransmits: int = 0  # layer loads this PE asked again after a mismatch
+    pd_checksum_failures: int = 0  # found by this DE in its region
+    kv_recomputes: int = 0  # requests whose KV this engine recomputed instead of using bad bytes
+    kv_flips_injected: int = 0  # fault injection: bits this engine flipped in what it sent
+
+
+# Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)
+INTEGRITY_COUNTERS = ("layer_checksum_failures", "layer_retransmits", "pd_checksum_failures", "kv_recomputes",
+                      "kv_flips_injected")
 
 
 @message

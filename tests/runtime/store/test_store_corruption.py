@@ -90,3 +90,18 @@ def test_block_deleted_behind_the_stores_back_is_a_plain_miss(tmp_path):
         stats = store.stats()
         assert (stats.num_blocks, stats.checksum_failures, stats.quarantined_blocks) == (2, 0, 0)
         store.check_invariants()
+
+
+def test_a_block_another_process_quarantined_is_written_again_not_reported_present(tmp_path):
+    """Two processes' stores on one root (a PE reads, a DE persists): the reader quarantines a corrupt
+    block; the writer's index still lists it, yet its next put of that block rewrites the file."""
+    digests, data = chain(1), payloads(1)
+    writer, reader = open_store(tmp_path), open_store(tmp_path)
+    assert writer.put(digests[0], data[0]) is PutOutcome.WRITTEN
+    flip_byte(path_of(writer, digests[0]), 4096 + 7)
+    assert reader.read_into(digests, bytearray(LAYOUT.full_block_bytes)) == 0  # quarantined
+    assert writer.put(digests[0], data[0]) is PutOutcome.WRITTEN
+    out = bytearray(LAYOUT.full_block_bytes)
+    assert reader.read_into(digests, out) == 1 and bytes(out) == data[0]
+    writer.check_invariants()
+    writer.close(), reader.close()

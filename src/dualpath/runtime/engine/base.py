@@ -23,9 +23,10 @@ from ...core.blocks import BlockLayout
 from ...core.lanes import Lane
 from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
+from ..transport.integrity import FlipInjector, piece_sums
 from ..transport.transfer import SpanCopy
 from ..model import load_model
-from ..protocol import HEARTBEATS_PER_TIMEOUT, Counters, EngineRole, Heartbeat, Persisted, Reconfigure, Reconfigured
+from ..protocol import HEARTBEATS_PER_TIMEOUT, INTEGRITY_COUNTERS, Counters, EngineRole, Heartbeat, Persisted, Reconfigure, Reconfigured
 from ..store import BlockStore, PutOutcome
 from ..store.remote import RemoteStore, store_for
 
@@ -120,7 +121,10 @@ class EngineBase:
         self.inbox = Inbox(spec.endpoint)
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
-        self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0}
+        self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
+                         **{k: 0 for k in INTEGRITY_COUNTERS}}
+        p = cfg.kv_corrupt_probability
+        self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._stop = False
@@ -262,6 +266,20 @@ class EngineBase:
         job = SpanCopy(src, src_spans, dst, dst_spans)
         return self.arbiter.submit(lane, job.nbytes, job, on_done)
 
+    def copy_checked(self, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list,
+                     on_done: Callable[[list[int]], None]) -> list[int]:
+        """`copy` on a checked path (a layer stream or PD transfer): the sender's sums of the source
+        bytes (destination offsets relative to `dst`, transport/integrity.py) are returned and
+        handed to `on_done` on the link's thread once the bytes are there. With fault injection on,
+        the link may flip bits of them in flight."""
+        job = SpanCopy(src, src_spans, dst, dst_spans)
+        sums = piece_sums(job)
+        chunk = job if self.flipper is None else self.flipper.wrap(job)
+        if chunk is not job:
+            self.counters["kv_flips_injected"] += chunk.num_flips
+        self.arbiter.submit(Lane.KV, job.nbytes, chunk, lambda _res: on_done(sums))
+        return sums
+
     def maybe_report_counters(self, every_s: float = 0.5) -> None:
         now = self.clock.now_s()
         if now - self._last_report_s >= every_s:
@@ -275,7 +293,7 @@ class EngineBase:
                                 int(st.sent_bytes[Lane.KV] - self._lane_base[Lane.KV]),
                                 int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]),
                                 float(self.counters["busy_s"]),
-                                int(self.counters["forwards"])))
+                                int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS)))
 
     def close(self) -> None:
         self._stop = True

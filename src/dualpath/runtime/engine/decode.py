@@ -6,7 +6,9 @@ Numbered path of one request through a DE (protocol.py has the whole picture):
      to the PE (and `ReadDone` to the router).
   2. `LayerPull` (DE path): this engine's CNIC arbiter writes layer l of the cached tokens from
      the region into the PE's landing zone, then `LayerReady` to the PE.
-  3. `PromptReady`: every prompt byte is in the region. Copy it into the KV cache (H2D, through the
+  3. `PromptReady`: every prompt byte is in the region. Check it against the PE's checksums
+     (transport/integrity.py); if any piece fails, recompute the prompt's KV here into the region
+     (the PE's copies are gone), never use the damaged bytes. Copy it into the KV cache (H2D, through the
      arbiter), tell the router (`PromptLoaded`: the region is freed), persist the prompt's new
      full blocks, and join the running batch with the first token the PE sampled.
   4. Every decode step runs all running requests (continuous batching); each token goes to the
@@ -26,7 +28,9 @@ from ...core.blocks import ROOT_DIGEST, block_digest
 from ...core.snapshot import ReadSide
 from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
-from ..model import PagedKVCache
+from ..model import PagedKVCache, layer_kv_to_bytes
+from ..transport.integrity import bad_pieces
+from ..transport.transfer import SpanCopy
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
 from ..protocol import (Cancel, EngineDown, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
@@ -135,8 +139,8 @@ class DecodeEngine(EngineBase):
         spans = layer_spans(self.layout, r.assign.de_offsets, m.layer, 0, m.num_tokens)
         dst = self._attached.view(ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer))
         reply, rid, layer = m.reply_to, m.rid, m.layer
-        self.copy(self.buffers[self.node], spans, dst, contiguous(0, dst.nbytes),
-                  lambda _res: self.send(reply, LayerReady(rid, layer)))
+        self.copy_checked(self.buffers[self.node], spans, dst, contiguous(0, dst.nbytes),
+                          lambda sums: self.send(reply, LayerReady(rid, layer, sums)))
 
     # --- 3. prompt into the KV cache ------------------------------------------------------------
     def _prompt_ready(self, m: PromptReady) -> None:
@@ -148,6 +152,11 @@ class DecodeEngine(EngineBase):
         r.tokens.append(m.first_token)
         r.generated = 1
         n = len(r.assign.prompt_ids)
+        bad = bad_pieces(self.buffers[self.node], m.pd_sums)
+        if bad:
+            self.counters["pd_checksum_failures"] += len(bad)
+            self.counters["kv_recomputes"] += 1
+            self._recompute_prompt(r)
         self.cache.add_sequence(m.rid, n)
         fbb = self.layout.full_block_bytes
         table = self.cache.block_table(m.rid)
@@ -157,6 +166,16 @@ class DecodeEngine(EngineBase):
         r.pending_copies += 1
         self.copy(self.buffers[self.node], src_spans, self.cache_bytes, dst_spans,
                   lambda _res: self.to_self(CopyDone(rid, CopyKind.H2D, None)))
+
+    def _recompute_prompt(self, r: DecodeRequest) -> None:
+        """The prompt's KV from its tokens, written into its region as the PE would have (a PD
+        transfer failed its checksum; rare, so a plain prefill on this engine's main thread)."""
+        ids = list(r.assign.prompt_ids)
+        buf = self.buffers[self.node]
+        for layer, per_item in enumerate(self.model.prefill([(0, ids)]).new_kv):
+            data = np.frombuffer(layer_kv_to_bytes(per_item[0], self.dtype), dtype=np.uint8)
+            spans = layer_spans(self.layout, r.assign.de_offsets, layer, 0, len(ids))
+            SpanCopy(data, contiguous(0, data.nbytes), buf, spans)(0, data.nbytes)
 
     def _copy_done(self, m: CopyDone) -> None:
         r = self.reqs.get(m.rid)

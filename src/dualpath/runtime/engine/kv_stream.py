@@ -19,6 +19,12 @@ layer otherwise (the whole cached KV loads before compute). PE path: this engine
 copies the layer from the node's host buffer; DE path: a `LayerPull` asks the DE, whose arbiter
 writes it here and answers `LayerReady`, which the engine hands to `layer_ready`.
 
+Integrity (transport/integrity.py). Every load carries the sender's checksum per block piece (in
+`LayerReady`); `wait_for_layer_load` verifies the landed bytes before it returns them. A mismatch
+is loaded again, at most LAYER_RETRANSMITS_MAX times per item and layer; after that the item is
+`poisoned`: the forward goes on (its outputs are discarded) and the engine recomputes its KV from
+its tokens. Every PD copy's sums join the request's `pd_sums`, which the DE verifies.
+
 Saves. Layer l's new KV goes to the DE's host buffer through the arbiter (PE path: the hit once,
 too, and, when a later chunk follows, back into this node's buffer for it). Each copy counts in the
 request's `pending_pd`; the engine's `CopyDone` handling counts it down. The mode is fixed when the
@@ -33,6 +39,7 @@ import numpy as np
 import torch
 
 from .base import CopyDone, CopyKind, EngineBase, as_tensor
+from ..transport.integrity import LAYER_RETRANSMITS_MAX, bad_pieces
 from .kv_region import contiguous, layer_spans
 from ..model import LayerKV, layer_kv_to_bytes
 from ..protocol import LayerPull, LayerReady
@@ -59,6 +66,9 @@ class PrefillKvStream:
         self._loads_pending: dict[int, set[int]] = {}  # layer -> requests whose copy has not landed
         self._issued = -1
         self._deferred: list[list[LayerKV]] = []
+        self._sums: dict[tuple[int, int], list[int]] = {}  # (layer, rid) -> the sender's sums of the load
+        self._tries: dict[tuple[int, int], int] = {}  # (layer, rid) -> loads asked again
+        self.poisoned: set[int] = set()  # rids of this forward whose loaded KV failed every try
 
     def release_views(self) -> None:
         self._landing = None  # type: ignore[assignment]
@@ -75,12 +85,16 @@ class PrefillKvStream:
         self._loads_pending = {}
         self._issued = -1
         self._deferred = []
+        self._sums, self._tries, self.poisoned = {}, {}, set()
         self._issue_through(min(self._num_layers, self.depth_layers) - 1)
 
     def wait_for_layer_load(self, layer: int) -> list[LayerKV | None]:
         """Layer `layer`'s cached KV per item (None where an item has none), as views of the zone."""
         self._issue_through(min(self._num_layers - 1, layer + self.depth_layers - 1))
-        self._engine.pump(lambda: not self._loads_pending[layer], timeout_s=0.05)
+        landed = [r.assign.rid for r, _ in self._batch if r.cached and not self._lost(r)]
+        while landed:
+            self._engine.pump(lambda: not self._loads_pending[layer], timeout_s=0.05)
+            landed = self._verify(layer, landed)
         base = (layer % self.depth_layers) * self._slot_bytes
         views: list[LayerKV | None] = []
         for (r, _), off in zip(self._batch, self._zone):
@@ -95,7 +109,39 @@ class PrefillKvStream:
         return views
 
     def layer_ready(self, msg: LayerReady) -> None:
-        self._loads_pending.get(msg.layer, set()).discard(msg.rid)
+        pending = self._loads_pending.get(msg.layer)
+        if pending is not None and msg.rid in pending:
+            pending.discard(msg.rid)
+            self._sums[(msg.layer, msg.rid)] = msg.sums
+
+    def _verify(self, layer: int, rids: list[int]) -> list[int]:
+        """Check the loads of `rids` that landed against their sender's sums; ask the failed ones
+        again (they are returned, to be checked once landed) or, out of tries, poison them."""
+        eng = self._engine
+        base = (layer % self.depth_layers) * self._slot_bytes
+        again = []
+        for (r, _), off in zip(self._batch, self._zone):
+            rid = r.assign.rid
+            sums = self._sums.pop((layer, rid), None)
+            if rid not in rids or sums is None or self._lost(r):
+                continue
+            bad = bad_pieces(self._landing, sums, base + off)
+            if not bad:
+                continue
+            eng.counters["layer_checksum_failures"] += len(bad)
+            tries = self._tries.get((layer, rid), 0)
+            if rid in self.poisoned:
+                continue
+            if tries >= LAYER_RETRANSMITS_MAX:
+                self.poisoned.add(rid)
+                eng.counters["kv_recomputes"] += 1
+                continue
+            self._tries[(layer, rid)] = tries + 1
+            eng.counters["layer_retransmits"] += 1
+            self._loads_pending[layer].add(rid)
+            self._issue_item(layer, r, base + off)
+            again.append(rid)
+        return again
 
     def peer_lost(self) -> None:
         """A DE was fenced (`engine.lost_engines`): its pulls never answer; stop waiting for them."""
@@ -111,22 +157,26 @@ class PrefillKvStream:
             self._issue(self._issued)
 
     def _issue(self, layer: int) -> None:
-        eng = self._engine
         base = (layer % self.depth_layers) * self._slot_bytes
         pending: set[int] = set()
-        for (r, _), off in zip(self._batch, self._zone):
-            if r.cached == 0 or self._lost(r):
-                continue
-            a = r.assign
-            pending.add(a.rid)
-            if r.pe_path:
-                spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, r.cached)
-                done = _post(eng, LayerReady(a.rid, layer))
-                eng.copy(eng.buffers[eng.spec.engine], spans, self._landing,
-                         contiguous(base + off, r.cached * self._bytes_per_token_layer), done)
-            else:
-                eng.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], base + off, eng.spec.endpoint))
         self._loads_pending[layer] = pending
+        for (r, _), off in zip(self._batch, self._zone):
+            if r.cached == 0 or self._lost(r) or r.assign.rid in self.poisoned:
+                continue  # a poisoned item's outputs are discarded: its later layers need no load
+            pending.add(r.assign.rid)
+            self._issue_item(layer, r, base + off)
+
+    def _issue_item(self, layer: int, r: PrefillRequest, at_bytes: int) -> None:
+        """Load layer `layer` of `r`'s cached KV into the landing zone at `at_bytes`."""
+        eng, a = self._engine, r.assign
+        if r.pe_path:
+            spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, r.cached)
+            dst = self._landing[at_bytes : at_bytes + r.cached * self._bytes_per_token_layer]
+            rid = a.rid
+            eng.copy_checked(eng.buffers[eng.spec.engine], spans, dst, contiguous(0, dst.nbytes),
+                             lambda sums: eng.to_self(LayerReady(rid, layer, sums)))
+        else:
+            eng.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint))
 
     # --- 3, 4, 5: saves ---------------------------------------------------------------------------
     def save_kv_layer(self, layer: int, new: list[LayerKV]) -> None:
@@ -156,18 +206,21 @@ class PrefillKvStream:
             de_buf = eng.buffers[a.de_engine]
             data = np.frombuffer(layer_kv_to_bytes(kv, eng.dtype), dtype=np.uint8)  # D2H on a GPU
             new_spans = layer_spans(eng.layout, a.de_offsets, layer, r.cached, r.cached + n)
-            self._copy(r, layer, data, contiguous(0, data.nbytes), de_buf, new_spans)
+            self._copy_pd(r, layer, data, contiguous(0, data.nbytes), de_buf, new_spans)
             if r.pe_path and not r.hit_sent and r.hit_tokens:
-                self._copy(r, layer, own, layer_spans(eng.layout, a.pe_offsets, layer, 0, r.hit_tokens),
+                self._copy_pd(r, layer, own, layer_spans(eng.layout, a.pe_offsets, layer, 0, r.hit_tokens),
                            de_buf, layer_spans(eng.layout, a.de_offsets, layer, 0, r.hit_tokens))
             if r.pe_path and r.cached + n < len(r.prompt):
-                # a later chunk reloads this chunk's KV from the PE buffer
-                self._copy(r, layer, data, contiguous(0, data.nbytes), own,
-                           layer_spans(eng.layout, a.pe_offsets, layer, r.cached, r.cached + n))
+                # a later chunk reloads this chunk's KV from the PE buffer (checked when it loads)
+                r.pending_pd += 1
+                eng.copy(data, contiguous(0, data.nbytes), own, layer_spans(eng.layout, a.pe_offsets, layer, r.cached, r.cached + n),
+                         _post(eng, CopyDone(a.rid, CopyKind.PD, layer)))
 
-    def _copy(self, r: PrefillRequest, layer: int, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list) -> None:
+    def _copy_pd(self, r: PrefillRequest, layer: int, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list) -> None:
+        """A checked copy into the DE's buffer; its sums join the request's `pd_sums` for the DE."""
         r.pending_pd += 1
-        self._engine.copy(src, src_spans, dst, dst_spans, _post(self._engine, CopyDone(r.assign.rid, CopyKind.PD, layer)))
+        msg = CopyDone(r.assign.rid, CopyKind.PD, layer)
+        r.pd_sums += self._engine.copy_checked(src, src_spans, dst, dst_spans, lambda _sums: self._engine.to_self(msg))
 
 
 def _post(engine: EngineBase, msg: object) -> Callable[[object], None]:

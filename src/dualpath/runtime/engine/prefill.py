@@ -12,6 +12,8 @@ Numbered path of one request through a PE (protocol.py has the whole picture):
      from this node's buffer by this engine's CNIC arbiter; DE path: pulled from the DE, whose
      arbiter writes it here - while layer l-1 computes (layerwise; otherwise all layers load first).
      Layer l's new KV goes to the DE's buffer (PE path: the hit as well), through the arbiter.
+     Every load and PD copy carries a checksum per block piece (transport/integrity.py): a load that
+     fails is loaded again, then (out of tries) the request restarts and recomputes its prompt.
   4. After the last layer, the first token is sampled and sent to the router. Once every byte of
      the prompt has reached the DE: `PromptReady` to the DE and `PrefillDone` to the router.
 """
@@ -198,6 +200,9 @@ class PrefillEngine(EngineBase):
         self.counters["busy_s"] += compute_s
         self.counters["forwards"] += 1
         for i, (r, n) in enumerate(batch):
+            if r.assign.rid in stream.poisoned:
+                r.restart()  # its outputs came from KV that failed its checksums: recompute, never use
+                continue
             r.cached += n
             if r.pe_path:
                 r.hit_sent = True
@@ -230,7 +235,7 @@ class PrefillEngine(EngineBase):
     def _finish(self, r: PrefillRequest) -> None:
         a = r.assign
         if not r.cancelled:
-            self.send(a.de_endpoint, PromptReady(a.rid, r.first_token, r.hit_tokens))
+            self.send(a.de_endpoint, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums))
         self.queue.remove(r)
         del self.reqs[a.rid]
         self.ended(a.rid)

@@ -20,6 +20,14 @@ class PrefillRequest:
     first_token: int | None = None  # sampled when the last chunk is computed
     cancelled: bool = False
     prompt: list = field(default_factory=list)
+    pd_sums: list = field(default_factory=list)  # checksums of every PD piece sent (transport/integrity.py)
+
+    def restart(self) -> None:
+        """Its loaded KV failed every check: forget the hit and everything computed, so the next
+        forwards recompute the whole prompt (rewriting every byte of its DE region)."""
+        self.cached = self.hit_tokens = 0
+        self.hit_sent = False
+        self.pd_sums = []
 
     @property
     def remaining(self) -> int:

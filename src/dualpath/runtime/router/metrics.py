@@ -9,7 +9,7 @@ from typing import Any
 from ...metrics import turn_latencies
 from ...metrics.decisions import DecisionLog
 from ...metrics.prometheus import Family, Sample, family, summary_samples
-from ..protocol import Counters
+from ..protocol import INTEGRITY_COUNTERS, Counters
 
 @dataclass(frozen=True, slots=True)
 class QueueGauges:
@@ -83,6 +83,11 @@ class RouterMetrics:
         self.engine_counters[c.engine] = c
 
     # --- summaries ---------------------------------------------------------------------------------
+    def integrity(self) -> dict[str, int]:
+        """Transfer-integrity counters summed over the engines (transport/integrity.py)."""
+        c = list(self.engine_counters.values())
+        return {k: int(sum(getattr(x, k) for x in c)) for k in INTEGRITY_COUNTERS}
+
     def summary(self) -> dict[str, Any]:
         done = [r for r in self.reqs.values() if r.finished and r.token_s]
         c = list(self.engine_counters.values())
@@ -97,6 +102,7 @@ class RouterMetrics:
                 "cnic_lane_kv": float(sum(x.cnic_kv_bytes for x in c)),
                 "cnic_lane_latency_critical": float(sum(x.cnic_lc_bytes for x in c)),
             },
+            "integrity": self.integrity(),
             "num_turns": len(done),
             "cached_tokens": int(sum(r.hit_tokens for r in done)),
         }
@@ -128,9 +134,24 @@ class RouterMetrics:
                    [Sample(c.storage_read_bytes / (rate * elapsed) if rate else float("nan"), {"engine": str(e)})
                     for e, c in sorted(self.engine_counters.items())]),
         ]
+        out += self._integrity_families()
         for name in ("ttft_s", "tpot_s"):
             d = s[name]
             quantiles = {f"0.{k[1:]}": d[k] for k in ("p50", "p90", "p99")}
             out.append(family(f"dualpath_{name}", "summary", f"{name.upper()[:-2]} in seconds.",
                               summary_samples(quantiles, d["count"])))
         return out
+
+    def _integrity_families(self) -> list[Family]:
+        i = self.integrity()
+        return [
+            family("dualpath_kv_checksum_failures_total", "counter",
+                   "KV block pieces whose bytes failed the sender's checksum at the receiver, by path.",
+                   [Sample(i["layer_checksum_failures"], {"path": "layer_stream"}),
+                    Sample(i["pd_checksum_failures"], {"path": "pd_transfer"})]),
+            family("dualpath_kv_retransmits_total", "counter", "Layer loads asked again after a checksum mismatch.",
+                   [Sample(i["layer_retransmits"])]),
+            family("dualpath_kv_recomputes_total", "counter",
+                   "Requests whose KV was recomputed because its transfer failed every check.",
+                   [Sample(i["kv_recomputes"])]),
+        ]

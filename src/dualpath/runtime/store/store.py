@@ -1,7 +1,7 @@
 """Persistent KV block store: Full Blocks as files named by their chained digest. A block's path:
 
-1. `put(d, payload)` claims d in this process (a second writer of d waits); an indexed d is
-   touched and reported ALREADY_PRESENT.
+1. `put(d, payload)` claims d in this process (a second writer of d waits); an indexed d whose
+   file exists is touched and reported ALREADY_PRESENT (gone: another process quarantined it).
 2. The file for d is probed: a valid block of ours written by another process is adopted; a
    valid block of another model/layout/version is left alone (FOREIGN); a corrupt one is replaced.
 3. Room is made: least recently used unpinned blocks are evicted (files deleted) and the bytes
@@ -151,9 +151,11 @@ class BlockStore:
             while digest in self._writing:
                 self._cv.wait()
             entry = self._index.get(digest)
-            if entry is not None:
+            if entry is not None and os.path.exists(files.block_path(self.root, digest)):
                 self._index.touch(entry, self._clock.now_s())
                 return PutOutcome.ALREADY_PRESENT
+            if entry is not None:  # a stale entry: rewrite the block, or it stays a miss for good
+                self._index.remove_if(entry)
             self._writing.add(digest)
         try:
             return self._write_claimed(digest, view)
@@ -377,7 +379,6 @@ class BlockStore:
         return True
 
     # -- checks and lifetime ---------------------------------------------------------------
-
     def check_invariants(self) -> None:
         """Index conservation, capacity, LRU order, and index bytes == the listed files' sizes.
         Meant for a quiescent store (tests): other processes must not be evicting meanwhile."""

@@ -99,6 +99,11 @@ class SpanCopy:
             if di == dn:
                 j, di = j + 1, 0
 
+    @property
+    def pieces(self) -> list[tuple[int, int, int, int]]:
+        """(logical start, src offset, dst offset, nbytes) of each aligned piece, in stream order."""
+        return [(start, so, do, n) for start, (so, do, n) in zip(self._starts, self._pieces)]
+
     def __call__(self, offset_bytes: int, nbytes: int) -> None:
         end = offset_bytes + nbytes
         k = max(0, bisect.bisect_right(self._starts, offset_bytes) - 1)
