@@ -119,8 +119,8 @@ def bench_store(
 
 
 def bench_overload(
-    model: Annotated[str, typer.Option(help="the served model")] = "tiny",
-    inflight: Annotated[int, typer.Option(help="the server's --max-inflight-requests")] = 8,
+    model: Annotated[str, typer.Option(help="the served model (tiny: the HTTP front, not the engines, is the bottleneck)")] = "smollm2-135m",
+    inflight: Annotated[int, typer.Option(help="the server's --max-inflight-requests")] = 4,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
 ) -> None:
     """A real server at its capacity (closed loop at the in-flight limit), then 3x it (open loop):
