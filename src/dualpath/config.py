@@ -318,6 +318,10 @@ class RuntimeConfig:
     # paper PE's rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
     # attention it chunked cold 3.8K-token prompts ~12 ways (docs/experiments.md, cold workload).
     quota_attention_flops_per_s: float = 640e12
+    # Fault injection, a slow store: seconds each node's storage reader waits before a read job's
+    # first block (0 = none). The engines measure what a read's first block takes and report it
+    # (Counters.read_latency_s), so the scheduler's read-or-recompute rule sees the store's latency.
+    store_read_delay_s: float = 0.0
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None
@@ -352,8 +356,8 @@ class RuntimeConfig:
             raise InputError(f"kv_corrupt_probability must be in [0, 1], got {self.kv_corrupt_probability}")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
-        if self.scheduler.recompute_when_faster:  # the router measures no store latency yet (issue 11.3)
-            raise InputError("scheduler.recompute_when_faster is modelled by the simulator only; the runtime always reads")
+        if self.store_read_delay_s < 0:
+            raise InputError(f"store_read_delay_s must be >= 0, got {self.store_read_delay_s}")
         for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
                      "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch"):
             if getattr(self, name) <= 0:

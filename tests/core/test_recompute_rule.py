@@ -55,9 +55,9 @@ def test_the_simulated_slow_store_recomputes_and_finishes_sooner(mode):
     assert "recomputed_hits" not in slow_read["scheduler"]  # off: the result is what it always was
 
 
-def test_the_runtime_refuses_the_rule_it_does_not_apply_yet():
-    from dualpath.config import RuntimeConfig, SchedulerConfig
+def test_a_negative_store_delay_is_refused():
+    from dualpath.config import RuntimeConfig
     from dualpath.errors import InputError
 
-    with pytest.raises(InputError, match="simulator only"):
-        RuntimeConfig(model="tiny", scheduler=SchedulerConfig(recompute_when_faster=True))
+    with pytest.raises(InputError, match="store_read_delay_s must be >= 0"):
+        RuntimeConfig(model="tiny", store_read_delay_s=-1.0)

@@ -239,6 +239,9 @@ class Counters:
     pd_checksum_failures: int = 0  # found by this DE in its region
     kv_recomputes: int = 0  # requests whose KV this engine recomputed instead of using bad bytes
     kv_flips_injected: int = 0  # fault injection: bits this engine flipped in what it sent
+    # the node's store latency as this engine's reader sees it: an EWMA (READ_LATENCY_EWMA_WEIGHT)
+    # of the seconds a read job's first block takes, its SNIC wait excluded; 0 before any read
+    read_latency_s: float = 0.0
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

@@ -12,6 +12,7 @@ import enum
 import gc
 import queue
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -31,6 +32,9 @@ from ..store import BlockStore, PutOutcome
 from ..store.remote import RemoteStore, store_for
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
+# weight of the newest read in the store-latency EWMA (Counters.read_latency_s): a store that turns
+# slow is seen within two or three reads, one slow read does not flip the estimate on its own
+READ_LATENCY_EWMA_WEIGHT = 0.5
 from ..transport import LinkArbiter, ShmRegion, TokenBucket
 from ..transport.channel import Inbox, Outbox
 from ..transport.messages import message
@@ -122,6 +126,7 @@ class EngineBase:
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
         self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
+                         "read_latency_s": 0.0,
                          **{k: 0 for k in INTEGRITY_COUNTERS}}
         p = cfg.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
@@ -234,7 +239,13 @@ class EngineBase:
             ok = 0
             for d, off in zip(digests, offsets):
                 self.snic_read.consume(fbb)
-                if self.store.read_into([bytes(d)], buf[off : off + fbb]) != 1:
+                t0 = self.clock.now_s()
+                if not ok and self.cfg.store_read_delay_s:
+                    time.sleep(self.cfg.store_read_delay_s)  # fault injection: a slow store
+                got = self.store.read_into([bytes(d)], buf[off : off + fbb])
+                if not ok:
+                    self._sample_read_latency(self.clock.now_s() - t0)
+                if got != 1:
                     break  # a block that fails its checksum is never used: the hit ends here
                 ok += 1
             self.counters["storage_read_bytes"] += ok * fbb
@@ -280,6 +291,11 @@ class EngineBase:
         self.arbiter.submit(Lane.KV, job.nbytes, chunk, lambda _res: on_done(sums))
         return sums
 
+    def _sample_read_latency(self, seconds: float) -> None:
+        c = self.counters
+        c["read_latency_s"] = seconds if not c["read_latency_s"] else (
+            READ_LATENCY_EWMA_WEIGHT * seconds + (1 - READ_LATENCY_EWMA_WEIGHT) * c["read_latency_s"])
+
     def maybe_report_counters(self, every_s: float = 0.5) -> None:
         now = self.clock.now_s()
         if now - self._last_report_s >= every_s:
@@ -293,7 +309,8 @@ class EngineBase:
                                 int(st.sent_bytes[Lane.KV] - self._lane_base[Lane.KV]),
                                 int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]),
                                 float(self.counters["busy_s"]),
-                                int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS)))
+                                int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS),
+                                read_latency_s=float(self.counters["read_latency_s"])))
 
     def close(self) -> None:
         self._stop = True

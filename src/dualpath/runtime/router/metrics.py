@@ -40,6 +40,7 @@ class RouterMetrics:
         self.num_cancelled = 0
         self.num_migrated = 0  # attempts moved to another engine after theirs died (recovery.py)
         self.num_failed = 0  # streams ended by an error (an engine died, none could continue)
+        self.num_recomputed_hits = 0  # hits the scheduler chose to compute again (a slow store)
         self.started_s = clock.now_s()
         # metrics/decisions.py; None (the default): not recorded. engine id -> index within its role
         self.decisions: DecisionLog | None = None
@@ -51,8 +52,9 @@ class RouterMetrics:
     def pe_assigned(self, rid: int) -> None:
         pass
 
-    def de_assigned(self, rr: Any, side: int, read_tokens: int) -> None:
+    def de_assigned(self, rr: Any, side: int, read_tokens: int, recompute: bool = False) -> None:
         """A pass chose the DE and read side of `rr` (a RouterRequest): the decision log's line."""
+        self.num_recomputed_hits += recompute
         if self.decisions is not None:
             self.decisions.record(rr.req.request_id, self.clock.now_s(), self.engine_index[rr.pe.engine],
                                   self.engine_index[rr.de.engine], side, read_tokens)
@@ -79,6 +81,11 @@ class RouterMetrics:
     def failed(self, rid: int) -> None:
         self.num_failed += 1
 
+    def store_latency_s(self, engine: int) -> float:
+        """The store latency `engine`'s reader last reported (Counters.read_latency_s); 0: none yet."""
+        c = self.engine_counters.get(engine)
+        return c.read_latency_s if c is not None else 0.0
+
     def counters(self, c: Counters) -> None:
         self.engine_counters[c.engine] = c
 
@@ -103,6 +110,7 @@ class RouterMetrics:
                 "cnic_lane_latency_critical": float(sum(x.cnic_lc_bytes for x in c)),
             },
             "integrity": self.integrity(),
+            "recomputed_hits": self.num_recomputed_hits,
             "num_turns": len(done),
             "cached_tokens": int(sum(r.hit_tokens for r in done)),
         }

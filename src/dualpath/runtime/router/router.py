@@ -65,7 +65,8 @@ class Router:
         self.clock = clock
         self.engines: dict[int, EngineState] = {}
         self.requests: dict[int, RouterRequest] = {}
-        self.view: ClusterView = RouterView(self.engines, self.placement, kv_bytes_per_token)
+        self.view: ClusterView = RouterView(self.engines, self.placement, kv_bytes_per_token,
+                                            lambda node: self.metrics.store_latency_s(node))
         self.scheduler: GlobalScheduler | None = None  # built when every engine has said hello
         self.unscheduled: deque[RouterRequest] = deque()  # arrived before the scheduler existed
         self.placing: deque[RouterRequest] = deque()  # both engines chosen, waiting for buffer room
@@ -252,10 +253,10 @@ class Router:
             de.num_tokens += rr.total_tokens
             de.kv_reserved_tokens += rr.total_tokens
             rr.side = ReadSide.PREFILL if rr.pe_side_only else d.side  # (a DE-path retry: recovery.py)
-            rr.read_charged_tokens = d.read_tokens
+            rr.read_charged_tokens, rr.recompute = d.read_tokens, d.recompute  # recompute: a slow store's hit is a miss
             rr.side_engine.read_queue_tokens += d.read_tokens
             self.placing.append(rr)
-            self.metrics.de_assigned(rr, int(d.side), d.read_tokens)
+            self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute)
 
     # --- 3. placement and assignment ----------------------------------------------------------------
     def _place(self) -> None:
@@ -267,9 +268,9 @@ class Router:
 
     def _try_place(self, rr: RouterRequest) -> bool:
         prompt = list(rr.req.prompt_ids)
-        stored = self.placement.store.lookup(rr.digests)  # a persist may have landed since the pass
-        if self.placement.wait_for_persist(rr, prompt, stored, self.clock.now_s(), self.cfg.persist_wait_s,
-                                           lambda: self._loop.call_later(self.cfg.persist_wait_s, self.kick)):
+        stored = 0 if rr.recompute else self.placement.store.lookup(rr.digests)  # a persist may have landed since
+        if not rr.recompute and self.placement.wait_for_persist(rr, prompt, stored, self.clock.now_s(), self.cfg.persist_wait_s,
+                                                                lambda: self._loop.call_later(self.cfg.persist_wait_s, self.kick)):
             return False
         regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side)
         if regions is None:

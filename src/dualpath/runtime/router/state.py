@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ...config import RuntimeConfig
+from ...core.policy import RecomputeRule
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulerRules, derive_thresholds
 from ...core.phase import Phase, check_transition
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
@@ -75,6 +76,7 @@ class RouterRequest:
     base_tokens: int = 0
     emitted: list = field(default_factory=list)
     pe_side_only: bool = False  # a DE-path read whose DE died: the retry reads on the PE side
+    recompute: bool = False  # the scheduler chose to compute its hit again (a slow store): a miss
     successor: "RouterRequest | None" = None
     failed: bool = False  # the stream ended with an error (ServiceUnavailable)
 
@@ -135,9 +137,11 @@ class RouterRequest:
 class RouterView(ClusterView):
     """The live cluster as the scheduler asks about it (ClusterView)."""
 
-    def __init__(self, engines: dict[int, EngineState], placement: Placement, kv_bytes_per_token: int) -> None:
+    def __init__(self, engines: dict[int, EngineState], placement: Placement, kv_bytes_per_token: int,
+                 store_latency_s: Callable[[int], float] = lambda node: 0.0) -> None:
         self._engines, self._placement = engines, placement
         self._kvb = kv_bytes_per_token
+        self._latency_s = store_latency_s  # a node's store latency as its reader last reported
 
     def pe_loads(self, group: int) -> tuple[EngineLoad, ...]:
         return (self._engines[group].load(self._kvb),)
@@ -150,6 +154,9 @@ class RouterView(ClusterView):
     def read_tokens(self, rr: RouterRequest) -> int:
         rr.digests, rr.hit_tokens = self._placement.lookup(list(rr.req.prompt_ids))
         return rr.hit_tokens
+
+    def store_latency_s(self, node: int) -> float:
+        return self._latency_s(node)
 
 
 def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequest]) -> None:
@@ -194,7 +201,11 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     rate = min(by_id[e].prefill_tokens_per_s for e in pes)
     thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, kv_bytes_per_token, rate)
     forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
-    rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced)
+    recompute = None
+    if cfg.scheduler.recompute_when_faster:  # read or recompute (core/policy/recompute.py)
+        recompute = RecomputeRule(kv_bytes_per_token, cfg.snic_bytes_per_s or float("inf"), rate)
+    rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
+                           recompute)
     scheduler = GlobalScheduler(pes, des, rules)
     for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
         if by_id[g].num_tokens:
