@@ -56,6 +56,7 @@ class EngineSpec:
     fingerprint: str
     cpus: tuple = ()  # this process's CPU set (runtime/engine/cpus.py); () = no affinity
     threads: int = 1  # torch threads
+    environ: tuple = ()  # the parent's environment at the cluster's start, as (key, value) pairs
 
 
 @message

@@ -1,5 +1,5 @@
-"""Entry point of an engine process (the multiprocessing spawn target): the factory that stands
-above both roles, so neither role's module imports the other or this one."""
+"""Entry point of an engine process (the multiprocessing target, runtime/cluster.py): the factory
+that stands above both roles, so neither role's module imports the other or this one."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from .prefill import PrefillEngine
 
 
 def engine_main(spec: EngineSpec) -> None:
+    # a process forked from the forkserver has that server's environment: take the cluster's
+    if spec.environ:
+        os.environ.clear()
+        os.environ.update(spec.environ)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     apply_affinity(spec.cpus)  # before the engine starts its threads: they inherit the CPU set
     engine = PrefillEngine(spec) if spec.role == EngineRole.PREFILL else DecodeEngine(spec)
