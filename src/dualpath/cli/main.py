@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, chaos, demo, fidelity, runtime, sim, store
+from . import bench, chaos, demo, fidelity, runtime, sim, store, sweep
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -23,6 +23,7 @@ app.add_typer(store_app, name="store")
 store_app.command("serve")(store.serve)
 
 app.command()(sim.sim)
+app.command()(sweep.sweep)
 trace_app.command("gen")(sim.trace_gen)
 trace_app.command("stats")(sim.trace_stats)
 app.command("repro", help="Regenerate the paper's experiments (Table 1, Figs. 7-14, Table 3) in the simulator.")(repro)

@@ -10,8 +10,9 @@ Ray's `ray.init(address=...)` on an address where no head answers does not fail:
 without end (measured with 2.60.0: still waiting after 200 s). So a remote address is first
 probed with a plain TCP connect, bounded by `CONNECT_TIMEOUT_S`; one that refuses or does not
 answer is an InputError before Ray starts anything. For a port that accepts but is no Ray head,
-Ray's own GCS waits are bounded by the `RAY_*` settings in `_BOUNDED_CONNECT` (Ray then ends the
-process itself, with its message, in about 10 s).
+Ray's own GCS waits are bounded by the `RAY_*` settings in `_BOUNDED_CONNECT`: `ray.init` then
+raises within about 6 s (an InputError here), or, where the connect itself stalls, Ray ends the
+process with its own message after about 10 s.
 
 The workers must import the same `dualpath` (the local cluster inherits this process's
 environment; on a remote cluster install the same commit on every node): each task returns its
@@ -103,7 +104,28 @@ def _init(ray: Any, address: str, num_workers: int | None) -> None:
     for k, v in _BOUNDED_CONNECT.items():
         os.environ.setdefault(k, v)
     common.pop("include_dashboard")  # only for a cluster this process starts
-    ray.init(address=address if address.startswith("ray://") else target, **common)
+    try:
+        with _quiet_stderr():  # Ray's C++ client logs a warning per retry: the one error line would drown
+            ray.init(address=address if address.startswith("ray://") else target, **common)
+    except (ConnectionError, RuntimeError) as e:  # it answered TCP but is no Ray head (or a different Ray)
+        raise InputError(f"--ray {address}: no Ray head answers at {target} ({' '.join(str(e).split())[:200]})") from None
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for the block (the C++ logs bypass sys.stderr)."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 @contextlib.contextmanager
