@@ -45,7 +45,8 @@ def prefetch(ctx: Context, specs: Sequence[SimSpec]) -> int:
         ctx.memo[keys[i]] = result
         ctx.progress.sim_finished(batch[i].label(), result["wall_s"], done, len(batch))
 
-    ctx.executor.map(run_spec, [(spec, ctx.seed) for spec in batch], landed)
+    if batch:
+        ctx.executor.map(run_spec, [(spec, ctx.seed) for spec in batch], landed)
     return len(batch)
 
 

@@ -135,11 +135,13 @@ def ray_session(address: str, num_workers: int | None = None,
     ray = _import_ray()
     if address not in ("local", "auto"):
         parse_address(address)  # a malformed address is an error before anything starts
+    if ray.is_initialized():  # not ours to shut down afterwards
+        raise InputError("Ray is already initialised in this process: use RayExecutor(ray) directly")
     try:
         _init(ray, address, num_workers)
         yield RayExecutor(ray, identity)
     finally:
-        if ray.is_initialized():
+        if ray.is_initialized():  # also after a failed init: a local cluster's processes end here
             ray.shutdown()
 
 
