@@ -28,7 +28,7 @@ import socket
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import InputError
-from .executor import OnDone
+OnDone = Callable[[int, Any], None]  # (index into the batch, result), as executor.OnDone
 
 CONNECT_TIMEOUT_S = 5.0  # project choice: a reachable head answers a TCP connect within milliseconds
 # Ray's GCS waits while joining a cluster (env names from ray 2.60.0's ray_config_def.h and
