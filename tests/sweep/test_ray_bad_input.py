@@ -65,3 +65,15 @@ def test_sim_ray_refuses_options_that_need_this_process(tmp_path):
     r = cli_here("sim", "--model", "ds-27b", "--max-len", "32k", "--agents", "8", "--ray", "local",
                  "--turns", str(tmp_path / "t.csv"))
     _one_error_line(r, "--turns", "--ray")
+
+
+def test_the_single_host_commands_do_not_import_ray(tmp_path, spec):
+    import subprocess
+
+    code = ("import sys; from dualpath.cli.main import app; from dualpath.errors import run_cli; "
+            f"sys.argv = ['dualpath', 'sweep', {str(spec)!r}, '--out', {str(tmp_path / 'o')!r}]\n"
+            "try:\n    run_cli(app)\nexcept SystemExit:\n    pass\n"
+            "print('ray' in sys.modules, 'dualpath.pool.ray_pool' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "False False", r.stdout + r.stderr
+    assert (tmp_path / "o" / "sweep.csv").read_text().count("\n") == 2  # it ran: a header and one row

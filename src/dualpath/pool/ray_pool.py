@@ -28,6 +28,7 @@ import socket
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import InputError
+
 OnDone = Callable[[int, Any], None]  # (index into the batch, result), as executor.OnDone
 
 CONNECT_TIMEOUT_S = 5.0  # project choice: a reachable head answers a TCP connect within milliseconds
