@@ -77,3 +77,4 @@ def test_the_single_host_commands_do_not_import_ray(tmp_path, spec):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip().splitlines()[-1] == "False False", r.stdout + r.stderr
     assert (tmp_path / "o" / "sweep.csv").read_text().count("\n") == 2  # it ran: a header and one row
+    assert (tmp_path / "o" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
