@@ -142,3 +142,27 @@ def bench_overload(
               f"{r['ttft_p90_over_capacity']:.2f}")
     if json_path:
         write_json(r, json_path)
+
+
+def bench_ray_repro(
+    out_dir: Annotated[Path, typer.Option("--out", help="serial/ and ray/ repro outputs, bench.json")] = Path("out/bench-ray-repro"),
+    scale: Annotated[str, typer.Option(help="quick (`repro --quick`), smoke (seconds) or full")] = "quick",
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="these experiments only (repeat)")] = None,
+    workers: Annotated[int, typer.Option(help="CPUs of the local Ray cluster")] = 2,
+) -> None:
+    """`repro` serially, then on a local Ray cluster (start-up included): wall times, ratio, identity."""
+    from ..bench.ray_repro import run_ray_repro_bench
+    from ..experiments.common import SCALES
+    from ..experiments.suite import resolve_names
+    from ..sim.runner import write_json
+
+    if scale not in SCALES:
+        raise InputError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
+    r = run_ray_repro_bench(out_dir, scale, resolve_names(only), _positive(workers, "--workers"))
+    table = Table(title=f"repro ({scale}) serial vs a local Ray of {workers} workers: {r['num_sims']} simulations")
+    for col in ("serial s", "Ray s (all)", "Ray start-up s", "Ray shutdown s", "Ray / serial", "JSONs identical"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{r['serial_s']:.1f}", f"{r['ray_s']:.1f}", f"{r['ray_startup_s']:.1f}", f"{r['ray_shutdown_s']:.1f}",
+                  f"{r['ratio']:.2f}", "yes" if not r["differing"] else "no: " + ", ".join(r["differing"]))
+    out.print(table)
+    write_json(r, out_dir / "bench.json")

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, chaos, demo, fidelity, runtime, sim, store, testbed
+from . import bench, chaos, demo, fidelity, runtime, sim, store, sweep, testbed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -28,6 +28,7 @@ testbed_app.command("down")(testbed.down)
 testbed_app.command("status")(testbed.status)
 
 app.command()(sim.sim)
+app.command()(sweep.sweep)
 trace_app.command("gen")(sim.trace_gen)
 trace_app.command("stats")(sim.trace_stats)
 app.command("repro", help="Regenerate the paper's experiments (Table 1, Figs. 7-14, Table 3) in the simulator.")(repro)
@@ -43,6 +44,7 @@ bench_app.command("lanes")(bench.bench_lanes)
 bench_app.command("transport")(bench.bench_transport)
 bench_app.command("store")(bench.bench_store)
 bench_app.command("overload")(bench.bench_overload)
+bench_app.command("ray-repro")(bench.bench_ray_repro)
 bench_app.command("model-speed")(demo.bench_model_speed)
 bench_app.command("demo-robustness")(demo.bench_demo_robustness)
 bench_app.command("cold")(demo.bench_cold)

@@ -16,6 +16,7 @@ from rich.table import Table
 from ..config import ClusterConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
 from ..config_overrides import apply_overrides
 from ..errors import InputError
+from ..experiments.cli import RAY_HELP, WORKERS_HELP
 from ..progress import reporter
 from .io import console, out
 from .results import SIM_COLUMNS, print_runs
@@ -65,6 +66,8 @@ def sim(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
     turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
     decisions: Annotated[Optional[Path], typer.Option(help="write every scheduling decision as JSONL, one file per mode: F -> F.<mode>.jsonl")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help="each mode a Ray task: " + RAY_HELP.split(": ", 1)[1])] = None,
+    workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
 ) -> None:
     """Simulate a PD-disaggregated cluster on an agentic workload, one run per mode.
 
@@ -78,7 +81,11 @@ def sim(
     cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale), set_ or [])
     if turns is not None:
         turns.parent.mkdir(parents=True, exist_ok=True)
-    if quiet:
+    if ray is not None:
+        result = _sim_on_ray(cfg, modes, replay, ray, workers, not quiet, turns, decisions)
+    elif workers is not None:
+        raise InputError("--workers is for a local Ray cluster: give it with --ray local")
+    elif quiet:
         result = run_modes(cfg, modes, turns_csv=turns, replay=replay, decisions=decisions)
     else:
         with reporter("sim", "agents", console) as progress:
@@ -95,6 +102,28 @@ def sim(
     if plot:
         plot_runs(result, plot, f"{cfg.cluster.model} {cfg.cluster.pd} {max_len} {result['runs'][0]['num_agents']} agents")
         console.print(f"wrote {plot}")
+
+
+def _sim_on_ray(cfg: SimConfig, modes: list[str], replay, address: str, workers: Optional[int], with_progress: bool,
+                turns: Optional[Path], decisions: Optional[Path]) -> dict:
+    """`run_modes`'s result with each mode a Ray task (sim/runner.run_mode): the same numbers, a
+    line per finished mode."""
+    from ..experiments.simrun import code_fingerprint
+    from ..pool.executor import open_executor
+    from ..sim.runner import load_workload, run_mode
+
+    if turns is not None or decisions is not None:
+        raise InputError("--turns and --decisions need the simulations in this process: drop --ray")
+    stats = load_workload(cfg, replay).stats  # also checks the workload before Ray starts
+    runs: dict[int, dict] = {}
+
+    def landed(i: int, r: dict) -> None:
+        runs[i] = r
+        console.print(f"sim {modes[i]}: done ({len(runs)}/{len(modes)}), {r['wall_s']:.1f} s")
+
+    with open_executor(address, workers, code_fingerprint) as executor:
+        executor.map(run_mode, [(cfg, m, replay, with_progress) for m in modes], landed)
+    return {"config": cfg.to_dict(), "workload": stats, "runs": [runs[i] for i in range(len(modes))]}
 
 
 def trace_gen(

@@ -1,5 +1,5 @@
-"""`dualpath repro [--quick] [--only NAME]... --out DIR [--seed N]`: regenerate the paper's
-experiments in the simulator.
+"""`dualpath repro [--quick] [--only NAME]... --out DIR [--seed N] [--ray ADDRESS [--workers N]]`:
+regenerate the paper's experiments in the simulator, serially or as Ray tasks (pool/ray_pool.py).
 
 Register in `dualpath.cli` with `app.command()(repro)`; `python -m dualpath.experiments.cli`
 runs it standalone. Bad input raises `InputError` (the main CLI prints it and exits 2).
@@ -18,9 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..errors import InputError, run_cli
+from ..pool.executor import open_executor
 from ..progress import PlainProgress
 from .common import Context
 from .registry import EXPERIMENTS
+from .simrun import code_fingerprint
 from .suite import resolve_names, run_suite
 
 console = Console(stderr=True, soft_wrap=True)  # status lines ("wrote PATH") never hard-wrap a path
@@ -56,6 +58,10 @@ class RichProgress:
     def cached(self, label: str) -> None:
         self.num_cached += 1
 
+    def sim_finished(self, label: str, wall_s: float, num_done: int, num_total: int) -> None:
+        self.num_sims += 1
+        self.progress.console.log(f"sim {num_done}/{num_total} {label}: {wall_s:.1f} s")
+
 
 class PlainLinesProgress:
     """Without a terminal: a line per experiment and `PlainProgress` lines per simulation."""
@@ -88,6 +94,15 @@ class PlainLinesProgress:
     def cached(self, label: str) -> None:
         self.num_cached += 1
 
+    def sim_finished(self, label: str, wall_s: float, num_done: int, num_total: int) -> None:
+        self.num_sims += 1
+        self.lines.log(f"sim {num_done}/{num_total} {label}: {wall_s:.1f} s")
+
+
+RAY_HELP = ("run the simulations as Ray tasks: `local` (a Ray cluster on this machine for this command), `auto` "
+            "(the one `ray start` runs here) or HOST:PORT of a head; needs pip install 'dualpath[cluster]'")
+WORKERS_HELP = "with --ray local: the local cluster's CPUs, one simulation each (default: every core)"
+
 
 def repro(
     out: Annotated[Path, typer.Option("--out", help="output directory: report.md, summary.json, <name>.json, PNGs")],
@@ -95,6 +110,8 @@ def repro(
     only: Annotated[Optional[list[str]], typer.Option("--only", help=f"run only this experiment (repeat): {', '.join(EXPERIMENTS)}")] = None,
     seed: Annotated[int, typer.Option(help="workload seed")] = 1,
     cache: Annotated[bool, typer.Option(help="reuse simulation results cached under DIR/cache (same spec, seed and simulator code)")] = True,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
+    workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
 ) -> None:
     """Regenerate every experiment of the paper (or --only some) and compare with its numbers."""
     names = resolve_names(only)
@@ -102,16 +119,8 @@ def repro(
         raise InputError(f"--out {out} exists and is not a directory")
     t0 = time.perf_counter()
     scale = "quick" if quick else "full"
-    sink: RichProgress | PlainLinesProgress
-    if sys.stdout.isatty():
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
-            sink = RichProgress(progress, len(names))
-            outputs = run_suite(Context(out, scale=scale, seed=seed, progress=sink, use_disk_cache=cache), names)
-    else:  # a log or a pipe: plain lines on stdout (at most one per 5 s, and one per finished simulation)
-        with PlainProgress("repro", "agents", sys.stdout) as lines:
-            sink = PlainLinesProgress(lines, len(names))
-            outputs = run_suite(Context(out, scale=scale, seed=seed, progress=sink, use_disk_cache=cache), names)
+    with open_executor(ray, workers, code_fingerprint) as executor:
+        outputs, sink = _run(Context(out, scale=scale, seed=seed, use_disk_cache=cache, executor=executor), names)
     table = Table(title=f"dualpath repro ({scale}) -> {out}")
     for col in ("experiment", "wall s", "simulations", "simulation wall s", "headlines met"):
         table.add_column(col, justify="right")
@@ -122,6 +131,20 @@ def repro(
     Console().print(table)
     console.print(f"{sink.num_sims} simulations run, {sink.num_cached} from cache; total {time.perf_counter() - t0:.0f} s; "
                   f"wrote {out / 'report.md'} and {out / 'summary.json'}")
+
+
+def _run(ctx: Context, names: list[str]) -> tuple[list[Any], RichProgress | PlainLinesProgress]:
+    """The suite with a progress bar on a terminal, plain lines on stdout otherwise (a log or a pipe:
+    at most one per 5 s, and one per finished simulation)."""
+    sink: RichProgress | PlainLinesProgress
+    if sys.stdout.isatty():
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            ctx.progress = sink = RichProgress(progress, len(names))
+            return run_suite(ctx, names), sink
+    with PlainProgress("repro", "agents", sys.stdout) as lines:
+        ctx.progress = sink = PlainLinesProgress(lines, len(names))
+        return run_suite(ctx, names), sink
 
 
 app.command()(repro)

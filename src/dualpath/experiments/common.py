@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from ..errors import InputError
+from ..pool.executor import Executor, SerialExecutor
 from .knobs import fitted_knob_names
 
 T = TypeVar("T")
@@ -30,6 +31,8 @@ class ProgressSink(Protocol):
     def update_sim(self, task: Any, done: int, total: int) -> None: ...
     def end_sim(self, task: Any) -> None: ...
     def cached(self, label: str) -> None: ...
+    # a simulation run elsewhere (a Ray task) has finished: `num_done` of the batch's `num_total`
+    def sim_finished(self, label: str, wall_s: float, num_done: int, num_total: int) -> None: ...
 
 
 class NullProgress:
@@ -51,6 +54,9 @@ class NullProgress:
     def cached(self, label: str) -> None:
         pass
 
+    def sim_finished(self, label: str, wall_s: float, num_done: int, num_total: int) -> None:
+        pass
+
 
 @dataclass
 class Context:
@@ -64,6 +70,8 @@ class Context:
     # the suite resets it per experiment, so a cached rerun still reports the simulation cost.
     sim_wall_s: dict[str, float] = field(default_factory=dict)
     sim_build: dict[str, str] = field(default_factory=dict)  # cache key -> "pure" | "compiled" (that run's build)
+    # where batches of simulations run (experiments/batch.py); serial: each where it is asked for
+    executor: Executor = field(default_factory=SerialExecutor)
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:

@@ -24,7 +24,8 @@ from .common import (
     MODE_COLORS, MODE_LABELS, Context, ExperimentOutput, Headline, finite_mean, headline_table, md_table, pyplot, ratio,
     save_figure, scale_note, with_hardware_only,
 )
-from .simrun import TPOT_SLO_S, TTFT_SLO_S, SimSpec, hardware_only, meets_slo, online_spec, simulate
+from .batch import simulate_many
+from .simrun import TPOT_SLO_S, TTFT_SLO_S, SimSpec, hardware_only, meets_slo, online_spec
 
 NAME = "fig10_11"
 TITLE = "Figs. 10-11: online serving (APS sweep, capacity at the SLO)"
@@ -75,23 +76,54 @@ def ds660b_setup(ctx: Context) -> OnlineSetup:
                        ctx.pick(3, 1, 0))
 
 
-def capacity(ctx: Context, setup: OnlineSetup, mode: str, points: dict[float, dict[str, Any]]) -> dict[str, Any]:
-    """Largest APS meeting the SLO: grid, then bisection. `points` (APS -> result) gains every run."""
-    for aps in setup.grid:
-        points[aps] = simulate(ctx, setup.spec(mode, aps))
-    ok = {a: meets_slo(r) for a, r in points.items()}
+Search = tuple[OnlineSetup, str]  # (setup, mode): one capacity search
+
+
+def planned(ctx: Context) -> list[SimSpec]:
+    """The runs of `run` known up front: every search's grid (the bisection steps depend on them)."""
+    return [setup.spec(mode, aps) for setup, mode in _searches(ctx) for aps in setup.grid]
+
+
+def _searches(ctx: Context) -> tuple[list[Search], list[Search]]:
+    """The capacity searches of Figs. 10-11, then those behind the headlines again with every
+    fitted knob at its hardware-only estimate."""
+    hw_setups = [replace(s, hardware_only_knobs=True) for s in setups(ctx)]
+    return [(s, m) for s in setups(ctx) for m in MODES] + [(s, m) for s in hw_setups for m in ("dualpath", "basic")]
+
+
+def capacities(ctx: Context, searches: list[Search]) -> list[tuple[dict[str, Any], dict[float, dict[str, Any]]]]:
+    """Per search: (largest APS meeting the SLO, APS -> result of every run). Grid, then bisection;
+    the grids of all searches are one batch, then each bisection step of all of them (a search's
+    steps depend only on its own runs, so the answers are those of one search at a time)."""
+    specs = [setup.spec(mode, aps) for setup, mode in searches for aps in setup.grid]
+    results = iter(simulate_many(ctx, specs))
+    points = [{aps: next(results) for aps in setup.grid} for setup, _ in searches]
+    brackets = [_bracket(setup, pts) for (setup, _), pts in zip(searches, points)]
+    for step in range(max((setup.bisect_steps for setup, _ in searches), default=0)):
+        live = [i for i, (setup, _) in enumerate(searches) if brackets[i] is not None and step < setup.bisect_steps]
+        mids = [round(sum(brackets[i]) / 2, 6) for i in live]
+        for i, mid, r in zip(live, mids, simulate_many(ctx, [searches[i][0].spec(searches[i][1], m) for i, m in zip(live, mids)])):
+            points[i][mid] = r
+            lo, hi = brackets[i]
+            brackets[i] = (mid, hi) if meets_slo(r) else (lo, mid)
+    caps = []
+    for (setup, _), pts, b in zip(searches, points, brackets):
+        if b is None:
+            caps.append({"aps": sorted(setup.grid)[-1], "bound": "lower", "steps": 0})
+        else:
+            caps.append({"aps": b[0], "bound": "bracket" if b[0] > 0 else "upper", "fail_aps": b[1], "steps": setup.bisect_steps})
+    return list(zip(caps, points))
+
+
+def _bracket(setup: OnlineSetup, points: dict[float, dict[str, Any]]) -> tuple[float, float] | None:
+    """(last passing APS below the first failing one, or 0; that first failing APS); None: all pass."""
     grid = sorted(setup.grid)
+    ok = {a: meets_slo(points[a]) for a in grid}
     first_fail = next((a for a in grid if not ok[a]), None)
     if first_fail is None:
-        return {"aps": grid[-1], "bound": "lower", "steps": 0}
+        return None
     passing = [a for a in grid if a < first_fail and ok[a]]
-    lo, hi = (passing[-1] if passing else 0.0), first_fail
-    for _ in range(setup.bisect_steps):
-        mid = round((lo + hi) / 2, 6)
-        points[mid] = simulate(ctx, setup.spec(mode, mid))
-        ok[mid] = meets_slo(points[mid])
-        lo, hi = (mid, hi) if ok[mid] else (lo, mid)
-    return {"aps": lo, "bound": "bracket" if lo > 0 else "upper", "fail_aps": hi, "steps": setup.bisect_steps}
+    return (passing[-1] if passing else 0.0), first_fail
 
 
 def row(setup: OnlineSetup, mode: str, aps: float, r: dict[str, Any]) -> dict[str, Any]:
@@ -105,16 +137,16 @@ def row(setup: OnlineSetup, mode: str, aps: float, r: dict[str, Any]) -> dict[st
 
 def run(ctx: Context) -> ExperimentOutput:
     table: list[dict[str, Any]] = []
-    caps: dict[tuple[str, str], dict[str, Any]] = {}
+    searches = _searches(ctx)
+    found = dict(zip(searches, capacities(ctx, searches)))
+    caps = {(setup.model, mode): found[(setup, mode)][0] for setup in setups(ctx) for mode in MODES}
     for setup in setups(ctx):
         for mode in MODES:
-            points: dict[float, dict[str, Any]] = {}
-            caps[(setup.model, mode)] = capacity(ctx, setup, mode, points)
+            points = found[(setup, mode)][1]
             table += [row(setup, mode, a, points[a]) for a in sorted(points)]
     cap_rows = _capacity_rows(setups(ctx), caps, MODES)
-    # The capacity searches behind the headlines again, with every fitted knob at its hardware-only estimate
     hw_setups = [replace(s, hardware_only_knobs=True) for s in setups(ctx)]
-    hw_caps = {(s.model, m): capacity(ctx, s, m, {}) for s in hw_setups for m in ("dualpath", "basic")}
+    hw_caps = {(s.model, m): found[(s, m)][0] for s in hw_setups for m in ("dualpath", "basic")}
     hw_rows = _capacity_rows(hw_setups, hw_caps, ("dualpath", "basic"))
     headlines = with_hardware_only(_headlines(cap_rows), _headlines(hw_rows))
     figs = [_fig10(ctx, table), _fig11(ctx, table)]

@@ -60,6 +60,19 @@ def ablation_agents(ctx: Context) -> tuple[int, ...]:
     return ctx.pick((1024, 2048), (256,), (16,))
 
 
+def planned(ctx: Context) -> list[SimSpec]:
+    """Every run of `run`, known up front (suite.py runs them as one batch on a parallel executor)."""
+    setup = ds660b_setup(ctx)
+    left = [setup.spec(mode, aps) for aps in breakdown_aps(ctx) for mode in ("dualpath", "basic")]
+    return left + [s for hw in (False, True) for n in ablation_agents(ctx) for s in _ablation_specs(ctx, n, hw).values()]
+
+
+def _ablation_specs(ctx: Context, n: int, hardware_only_knobs: bool) -> dict[str, SimSpec]:
+    setup = ds660b_setup(ctx)
+    specs = {m: SimSpec(setup.model, setup.pd, setup.max_len, n, m) for m, _ in ABLATION}
+    return {m: hardware_only(s) for m, s in specs.items()} if hardware_only_knobs else specs
+
+
 def run(ctx: Context) -> ExperimentOutput:
     setup = ds660b_setup(ctx)
     left = []
@@ -109,11 +122,9 @@ def _headlines(right: list[dict[str, Any]]) -> list[Headline]:
 
 
 def _ablation(ctx: Context, hardware_only_knobs: bool) -> list[dict[str, Any]]:
-    setup = ds660b_setup(ctx)
     rows = []
     for n in ablation_agents(ctx):
-        specs = {m: SimSpec(setup.model, setup.pd, setup.max_len, n, m) for m, _ in ABLATION}
-        jct = {m: simulate(ctx, hardware_only(s) if hardware_only_knobs else s)["jct_s"] for m, s in specs.items()}
+        jct = {m: simulate(ctx, s)["jct_s"] for m, s in _ablation_specs(ctx, n, hardware_only_knobs).items()}
         for m, label in ABLATION:
             rows.append({"agents": n, "mode": m, "label": label, "jct_s": jct[m], "reduction_pct": 100 * (1 - jct[m] / jct["basic"])})
     return rows

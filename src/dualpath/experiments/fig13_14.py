@@ -50,11 +50,20 @@ def max_len(ctx: Context) -> int:
     return ctx.pick(49152, 49152, 32768)
 
 
+def planned(ctx: Context) -> list[SimSpec]:
+    """Every run of `run`, known up front (suite.py runs them as one batch on a parallel executor)."""
+    return [_spec(ctx, pd, mode) for pd in PDS for mode, _ in MODES] + [hardware_only(_spec(ctx, HEADLINE_PD, "dualpath"))]
+
+
+def _spec(ctx: Context, pd: str, mode: str) -> SimSpec:
+    return SimSpec(MODEL, pd, max_len(ctx), num_agents(ctx), mode)
+
+
 def run(ctx: Context) -> ExperimentOutput:
     table, series = [], {}
     for pd in PDS:
         for mode, label in MODES:
-            r = simulate(ctx, SimSpec(MODEL, pd, max_len(ctx), num_agents(ctx), mode))
+            r = simulate(ctx, _spec(ctx, pd, mode))
             probe = r["probe"]
             table.append({"pd": pd, "mode": mode, "label": label, "snic_max_over_avg": r["snic_max_over_avg"],
                           "snic_max_over_avg_run": r["snic_max_over_avg_run"],
@@ -63,7 +72,7 @@ def run(ctx: Context) -> ExperimentOutput:
                           "de_path_share": _share(r)})
             series[(pd, mode)] = probe
     head = {r["mode"]: r for r in table if r["pd"] == HEADLINE_PD}
-    hw = simulate(ctx, hardware_only(SimSpec(MODEL, HEADLINE_PD, max_len(ctx), num_agents(ctx), "dualpath")))
+    hw = simulate(ctx, hardware_only(_spec(ctx, HEADLINE_PD, "dualpath")))
     headlines = _headlines({m: r["snic_max_over_avg"] for m, r in head.items()}, head["dualpath"]["attention_first_5pct"])
     headlines = with_hardware_only(headlines, _headlines({"dualpath": hw["snic_max_over_avg"]}, None))
     figs = [_fig13(ctx, series), _fig14(ctx, series)]

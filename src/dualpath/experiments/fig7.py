@@ -17,7 +17,7 @@ paper reports gains only over Basic (PAPER.md 5).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from .common import (
     MODE_COLORS, MODE_LABELS, Context, ExperimentOutput, Headline, grouped_bars, headline_table, md_table, pyplot,
@@ -67,10 +67,15 @@ def run(ctx: Context) -> ExperimentOutput:
     return out
 
 
-def _rows(ctx: Context, headline_only: bool) -> list[dict[str, Any]]:
-    """JCT rows of every panel; `headline_only`: the headlines' panels (DS 660B at the largest
-    MaxLen, every DS 27B panel), Basic and DualPath, with the hardware-only estimates."""
-    table: list[dict[str, Any]] = []
+def planned(ctx: Context) -> list[SimSpec]:
+    """Every run of `run`, known up front (suite.py runs them as one batch on a parallel executor)."""
+    return [s for hw in (False, True) for _, specs in _cells(ctx, hw) for s in specs.values()]
+
+
+def _cells(ctx: Context, headline_only: bool) -> Iterator[tuple[tuple[str, str, str, str | None, int, int], dict[str, SimSpec]]]:
+    """((label, model, P/D, GPU, MaxLen, agents), mode -> spec) per bar group; `headline_only`: the
+    headlines' panels (DS 660B at the largest MaxLen, every DS 27B panel), Basic and DualPath, with
+    the hardware-only estimates."""
     modes = ("dualpath", "basic") if headline_only else MODES
     for label, model, pd, gpu in MODELS:
         if headline_only and model not in ("ds-v3.2-660b", "ds-27b"):
@@ -80,13 +85,20 @@ def _rows(ctx: Context, headline_only: bool) -> list[dict[str, Any]]:
                 continue
             for n in agent_counts(ctx, model):
                 specs = {m: SimSpec(model, pd, max_len, n, m, gpu=gpu) for m in modes}
-                jct = {m: simulate(ctx, hardware_only(s) if headline_only else s)["jct_s"] for m, s in specs.items()}
-                table.append({
-                    "model": model, "label": label, "pd": pd, "gpu": gpu or "h800", "max_len": max_len, "agents": n,
-                    **{f"jct_{m}_s": jct[m] for m in modes},
-                    "speedup": ratio(jct["basic"], jct["dualpath"]),
-                    "dualpath_over_oracle": ratio(jct["dualpath"], jct.get("oracle")),
-                })
+                yield (label, model, pd, gpu, max_len, n), ({m: hardware_only(s) for m, s in specs.items()} if headline_only else specs)
+
+
+def _rows(ctx: Context, headline_only: bool) -> list[dict[str, Any]]:
+    """JCT rows of every panel (`_cells`)."""
+    table: list[dict[str, Any]] = []
+    for (label, model, pd, gpu, max_len, n), specs in _cells(ctx, headline_only):
+        jct = {m: simulate(ctx, s)["jct_s"] for m, s in specs.items()}
+        table.append({
+            "model": model, "label": label, "pd": pd, "gpu": gpu or "h800", "max_len": max_len, "agents": n,
+            **{f"jct_{m}_s": jct[m] for m in specs},
+            "speedup": ratio(jct["basic"], jct["dualpath"]),
+            "dualpath_over_oracle": ratio(jct["dualpath"], jct.get("oracle")),
+        })
     return table
 
 

@@ -55,6 +55,16 @@ def run(ctx: Context) -> ExperimentOutput:
     return ExperimentOutput(NAME, TITLE, table, headlines, [fig], md, extra={"pairs": pairs, "hardware_only": hw_table})
 
 
+def planned(ctx: Context) -> list[SimSpec]:
+    """Every run of `run`, known up front (suite.py runs them as one batch on a parallel executor)."""
+    return [_spec(ctx, pd, m, n, hw) for hw in (False, True) for n in agent_counts(ctx) for pd in PDS for m in MODES]
+
+
+def _spec(ctx: Context, pd: str, mode: str, n: int, hardware_only_knobs: bool) -> SimSpec:
+    spec = SimSpec(MODEL, pd, max_len(ctx), n, mode)
+    return hardware_only(spec) if hardware_only_knobs else spec
+
+
 def _runs(ctx: Context, hardware_only_knobs: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(JCT rows, alike pairs); `hardware_only_knobs`: every fitted knob at its hardware-only estimate."""
     jct: dict[tuple[str, str, int], float] = {}
@@ -62,8 +72,7 @@ def _runs(ctx: Context, hardware_only_knobs: bool) -> tuple[list[dict[str, Any]]
     for n in agent_counts(ctx):
         for pd in PDS:
             for m in MODES:
-                spec = SimSpec(MODEL, pd, max_len(ctx), n, m)
-                jct[(pd, m, n)] = simulate(ctx, hardware_only(spec) if hardware_only_knobs else spec)["jct_s"]
+                jct[(pd, m, n)] = simulate(ctx, _spec(ctx, pd, m, n, hardware_only_knobs))["jct_s"]
             table.append({"pd": pd, "agents": n, "jct_basic_s": jct[(pd, "basic", n)],
                           "jct_dualpath_s": jct[(pd, "dualpath", n)],
                           "speedup": ratio(jct[(pd, "basic", n)], jct[(pd, "dualpath", n)])})

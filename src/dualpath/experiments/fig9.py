@@ -33,19 +33,29 @@ def max_len(ctx: Context) -> int:
     return ctx.pick(MAX_LEN, MAX_LEN, 32768)
 
 
+def planned(ctx: Context) -> list[SimSpec]:
+    """Every run of `run`, known up front (suite.py runs them as one batch on a parallel executor)."""
+    return ([_spec(ctx, kind, s, m) for kind in ("append", "gen") for s in scales(ctx) for m in MODES]
+            + [hardware_only(_spec(ctx, "append", s, m)) for s in scales(ctx) for m in ("dualpath", "basic")])
+
+
+def _spec(ctx: Context, kind: str, scale: float, mode: str) -> SimSpec:
+    spec_kw = {"append_scale": scale} if kind == "append" else {"gen_scale": scale}
+    return SimSpec(MODEL, PD, max_len(ctx), num_agents(ctx), mode, **spec_kw)
+
+
 def run(ctx: Context) -> ExperimentOutput:
     table: list[dict[str, Any]] = []
     for kind in ("append", "gen"):
         for s in scales(ctx):
-            spec_kw = {"append_scale": s} if kind == "append" else {"gen_scale": s}
-            results = {m: simulate(ctx, SimSpec(MODEL, PD, max_len(ctx), num_agents(ctx), m, **spec_kw)) for m in MODES}
+            results = {m: simulate(ctx, _spec(ctx, kind, s, m)) for m in MODES}
             jct = {m: r["jct_s"] for m, r in results.items()}
             table.append({"scaled": kind, "scale": s, **{f"jct_{m}_s": jct[m] for m in MODES},
                           "speedup": ratio(jct["basic"], jct["dualpath"]),
                           "turns": results["dualpath"]["num_turns"]})
     hw_table = []  # the headlines' runs with every fitted knob at its hardware-only estimate
     for s in scales(ctx):
-        jct = {m: simulate(ctx, hardware_only(SimSpec(MODEL, PD, max_len(ctx), num_agents(ctx), m, append_scale=s)))["jct_s"]
+        jct = {m: simulate(ctx, hardware_only(_spec(ctx, "append", s, m)))["jct_s"]
                for m in ("dualpath", "basic")}
         hw_table.append({"scaled": "append", "scale": s, "jct_dualpath_s": jct["dualpath"], "jct_basic_s": jct["basic"],
                          "speedup": ratio(jct["basic"], jct["dualpath"])})

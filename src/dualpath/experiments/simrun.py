@@ -22,10 +22,11 @@ import hashlib
 import inspect
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -159,27 +160,54 @@ def simulate(ctx: "Context", spec: SimSpec) -> dict[str, Any]:
 
 
 def _load_or_run(ctx: "Context", spec: SimSpec, key: str) -> dict[str, Any]:
+    cached = load_cached(ctx, spec, key)
+    if cached is not None:
+        return cached
+    task = ctx.progress.start_sim(spec.label(), spec.num_agents)
+    result = run_spec(spec, ctx.seed, lambda done, total: ctx.progress.update_sim(task, done, total))
+    ctx.progress.end_sim(task)
+    store_result(ctx, key, result)
+    return result
+
+
+def load_cached(ctx: "Context", spec: SimSpec, key: str) -> dict[str, Any] | None:
+    """The result on disk under DIR/cache (announced to the progress sink), or None."""
     path = ctx.out_dir / "cache" / f"{key}.json"
     if ctx.use_disk_cache and path.is_file():
         ctx.progress.cached(spec.label())
         return json.loads(path.read_text())
-    cfg = sim_config(spec, ctx.seed)
+    return None
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
+
+
+def run_spec(spec: SimSpec, seed: int, progress: Callable[[int, int], None] = _no_progress) -> dict[str, Any]:
+    """Simulate `spec` with `seed`: the result dict with `mode`, `spec`, `seed` and `probe`. Needs
+    nothing of the context, so a worker process (pool/ray_pool.py) runs it as the suite does.
+
+    Always with a progress callable: `Simulator.run` with one runs its loop in chunks and stops
+    later than without (its clock, and so the probes' durations, differ slightly), so a worker's
+    result equals the suite's only if both pass one."""
+    cfg = sim_config(spec, seed)
     trajs, arrivals = _trajectories(cfg)
     sim = Simulator(cfg, parse_mode(spec.mode), trajs, arrivals)
-    task = ctx.progress.start_sim(spec.label(), len(trajs))
-    result = sim.run(progress=lambda done, total: ctx.progress.update_sim(task, done, total))
-    ctx.progress.end_sim(task)
+    result = sim.run(progress=progress)
     result["mode"] = spec.mode
     result["spec"] = asdict(spec)
-    result["seed"] = ctx.seed
+    result["seed"] = seed
     result["probe"] = probe(sim)
-    result = _clean(result)
+    return _clean(result)
+
+
+def store_result(ctx: "Context", key: str, result: dict[str, Any]) -> None:
     if ctx.use_disk_cache:
+        path = ctx.out_dir / "cache" / f"{key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(result, sort_keys=True))
         tmp.replace(path)  # atomic: two suites sharing DIR never read a half-written file
-    return result
 
 
 # --- probes ------------------------------------------------------------------------------------

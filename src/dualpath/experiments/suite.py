@@ -4,6 +4,9 @@ Each experiment writes DIR/<name>.json (its table, headlines, figures, report se
 time) as soon as it finishes; report.md and summary.json are then rebuilt from every
 DIR/<name>.json of the same scale and seed, so `--only NAME` refreshes one section of an earlier
 full report, and an interrupted suite keeps what it finished.
+
+On a parallel executor (`--ray`) the experiments' `planned(ctx)` runs go out first, as one batch
+(batch.py); the experiments then run as before, reading those results from the memo.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Sequence
 
 from ..errors import InputError
 from ..sim.runner import write_json
+from .batch import prefetch
 from .common import Context, ExperimentOutput, Headline, headline_table
 from .knobs import all_knob_rows, calibration_sentence, knobs_markdown
 from .registry import EXPERIMENTS
@@ -35,6 +39,9 @@ def run_suite(ctx: Context, names: Sequence[str]) -> list[ExperimentOutput]:
     if ctx.out_dir.exists() and not ctx.out_dir.is_dir():
         raise InputError(f"--out {ctx.out_dir} exists and is not a directory")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    # On a parallel executor, every run the experiments know up front goes out as one batch; the
+    # experiments then read them from the memo (adaptive steps follow as batches of their own).
+    prefetch(ctx, [spec for name in names for spec in getattr(EXPERIMENTS[name], "planned", lambda _: [])(ctx)])
     outputs = []
     for name in names:
         module = EXPERIMENTS[name]

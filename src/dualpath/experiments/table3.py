@@ -73,24 +73,37 @@ def run(ctx: Context) -> ExperimentOutput:
     return ExperimentOutput(NAME, TITLE, table, headlines, [fig], md, extra={"hardware_only": hw_table})
 
 
-def _rows(ctx: Context, sizes: tuple[str, ...], hardware_only_knobs: bool) -> list[dict[str, Any]]:
+def planned(ctx: Context) -> list[SimSpec]:
+    """Every run of `run`, known up front (suite.py runs them as one batch on a parallel executor)."""
+    groups = ((("small", "large"), False), (ctx.pick(("small",), ("small", "large")), True))
+    return [s for sizes, hw in groups for kind in ("offline", "online") for _, s in _specs(ctx, kind, sizes, hw)]
+
+
+def _specs(ctx: Context, kind: str, sizes: tuple[str, ...], hardware_only_knobs: bool) -> list[tuple[str, SimSpec]]:
+    """(size, spec) of the offline or online rows."""
     setup = ds660b_setup(ctx)
+    out = []
+    for size, (pd, x) in (offline_shapes(ctx) if kind == "offline" else online_shapes(ctx)).items():
+        if size in sizes:
+            spec = (SimSpec(MODEL, pd, setup.max_len, x, "dualpath") if kind == "offline"
+                    else online_spec(MODEL, pd, setup.max_len, "dualpath", x, setup.horizon_s, setup.warmup_s))
+            out.append((size, hardware_only(spec) if hardware_only_knobs else spec))
+    return out
+
+
+def _rows(ctx: Context, sizes: tuple[str, ...], hardware_only_knobs: bool) -> list[dict[str, Any]]:
     table: list[dict[str, Any]] = []
-    for size, (pd, n) in offline_shapes(ctx).items():
-        if size in sizes:
-            spec = SimSpec(MODEL, pd, setup.max_len, n, "dualpath")
-            r = simulate(ctx, hardware_only(spec) if hardware_only_knobs else spec)
-            table.append({"kind": "offline", "size": size, "pd": pd, "agents": n, "aps": None, "jct_s": r["jct_s"],
-                          "paper_jct_s": PAPER_OFFLINE[size], **_scheduler(r)})
-    for size, (pd, aps) in online_shapes(ctx).items():
-        if size in sizes:
-            spec = online_spec(MODEL, pd, setup.max_len, "dualpath", aps, setup.horizon_s, setup.warmup_s)
-            r = simulate(ctx, hardware_only(spec) if hardware_only_knobs else spec)
-            on = r["probe"]["online"]
-            table.append({"kind": "online", "size": size, "pd": pd, "agents": spec.num_agents, "aps": aps,
-                          "ttft_mean_s": on["ttft_mean_s"], "ttst_mean_s": on["ttst_mean_s"], "tpot_mean_s": on["tpot_mean_s"],
-                          "ttft_window_max_s": on["ttft_window_max_s"],
-                          **{f"paper_{k}_s": v for k, v in PAPER_ONLINE[size].items()}, **_scheduler(r)})
+    for size, spec in _specs(ctx, "offline", sizes, hardware_only_knobs):
+        r = simulate(ctx, spec)
+        table.append({"kind": "offline", "size": size, "pd": spec.pd, "agents": spec.num_agents, "aps": None, "jct_s": r["jct_s"],
+                      "paper_jct_s": PAPER_OFFLINE[size], **_scheduler(r)})
+    for size, spec in _specs(ctx, "online", sizes, hardware_only_knobs):
+        r = simulate(ctx, spec)
+        on = r["probe"]["online"]
+        table.append({"kind": "online", "size": size, "pd": spec.pd, "agents": spec.num_agents, "aps": online_shapes(ctx)[size][1],
+                      "ttft_mean_s": on["ttft_mean_s"], "ttst_mean_s": on["ttst_mean_s"], "tpot_mean_s": on["tpot_mean_s"],
+                      "ttft_window_max_s": on["ttft_window_max_s"],
+                      **{f"paper_{k}_s": v for k, v in PAPER_ONLINE[size].items()}, **_scheduler(r)})
     return table
 
 

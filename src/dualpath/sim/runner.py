@@ -131,6 +131,17 @@ def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = 
     }
 
 
+def run_mode(cfg: SimConfig, mode: str, replay: TraceReplay = TraceReplay(), with_progress: bool = True) -> dict[str, Any]:
+    """One mode of `run_modes` on its own (a Ray task of `dualpath sim --ray`): the same result as
+    there. `with_progress`: run as `run_modes` does with a progress callback (the simulator's
+    loop then runs in chunks and stops a little later, which moves the end-of-run clock)."""
+    work = load_workload(cfg, replay)
+    sim = Simulator(cfg, parse_mode(mode), work.agents, work.arrivals_s)
+    result = sim.run(progress=(lambda done, total: None) if with_progress else None)
+    result["mode"] = mode
+    return result
+
+
 def _clean(x: Any) -> Any:
     """JSON has no NaN/inf: write null."""
     if isinstance(x, float) and not math.isfinite(x):

@@ -1,0 +1,60 @@
+"""Executors: run a batch of independent calls `fn(*args)` and report each result as it lands.
+
+Two kinds, one interface (`Executor.map`):
+
+- `SerialExecutor`: in this process, in the order given; nothing is started. The default of every
+  command, and what `--ray` absent means: exactly the behaviour before executors existed.
+- `RayExecutor` (ray_pool.py, imported only when `--ray` is given): each call a Ray task
+  (one CPU each), results reported in the order they finish.
+
+`fn` must be a module-level function (a Ray worker imports it by name) whose result depends on
+its arguments only: the simulator is deterministic, so where a call runs never changes a number.
+`open_executor(address)` is the one way the CLI gets an executor; it keeps Ray out of the import
+graph of the single-host commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+OnDone = Callable[[int, Any], None]  # (index into the batch, result)
+
+
+class Executor(Protocol):
+    parallel: bool  # False: map runs the calls one after another in this process
+    num_workers: int  # calls that may run at once
+
+    def map(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], on_done: OnDone) -> None:
+        """Run `fn(*a)` for every `a` in `args`; `on_done(i, result)` once per call, in the caller's
+        thread, as each finishes. A call that raises stops the batch and the exception propagates."""
+        ...
+
+
+class SerialExecutor:
+    parallel = False
+    num_workers = 1
+
+    def map(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], on_done: OnDone) -> None:
+        for i, a in enumerate(args):
+            on_done(i, fn(*a))
+
+
+@contextlib.contextmanager
+def open_executor(ray_address: str | None, num_workers: int | None = None,
+                  identity: Callable[[], str] | None = None) -> Iterator[Executor]:
+    """No address: the serial executor. An address: a Ray session for the block (ray_pool.py:
+    `local` starts a local cluster of `num_workers` CPUs and stops it on exit, `auto` or HOST:PORT
+    joins a running one); an unusable address or a missing Ray raises InputError before anything
+    starts. `identity` (e.g. the simulator's code fingerprint) must be the same in every worker."""
+    if ray_address is None:
+        if num_workers is not None:
+            from ..errors import InputError
+
+            raise InputError("--workers is for a local Ray cluster: give it with --ray local")
+        yield SerialExecutor()
+        return
+    from .ray_pool import ray_session
+
+    with ray_session(ray_address, num_workers, *(() if identity is None else (identity,))) as executor:
+        yield executor
