@@ -131,9 +131,9 @@ class SchedulerConfig:
     # setting (HARDWARE.md 7.1, [S-PROF]).
     basic_tokens_per_forward: int = 16384
     lane_weights: LaneWeights = field(default_factory=LaneWeights)
-    # Read or recompute (core/policy/recompute.py, issue 11.3): a hit whose read the store would
-    # deliver later than a PE computes it again is recomputed. Off by default (the paper always
-    # reads); a choice for a degraded store.
+    # choice: read or recompute (core/policy/recompute.py, issue 11.3): a hit whose read the store
+    # would deliver later than a PE computes it again is recomputed. Off by default (the paper
+    # always reads); for a degraded store.
     recompute_when_faster: bool = False
 
     def __post_init__(self) -> None:

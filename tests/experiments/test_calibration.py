@@ -24,6 +24,7 @@ def test_knob_kinds_are_read_from_the_config_comments():
     assert fitted_knob_names() == ("compute.prefill_forward_overhead_s", "compute.fig3_overhead_per_request_ratio")
     assert {n for n, k in knobs.items() if k.kind == "choice"} == {
         "cluster.storage_egress_bytes_per_s", "cluster.reads_in_flight_per_node", "cluster.hbm_usable_fraction",
+        "cluster.storage_read_latency_s", "scheduler.recompute_when_faster",
         "metrics.balance_window_s", "metrics.balance_min_utilisation"}
     assert knobs["compute.prefill_mfu"].kind == "hardware" and knobs["scheduler.z_factor"].kind == "paper"
     assert all(k.kind != "unclassified" for k in knobs.values())
