@@ -78,3 +78,25 @@ def test_the_single_host_commands_do_not_import_ray(tmp_path, spec):
     assert r.stdout.strip().splitlines()[-1] == "False False", r.stdout + r.stderr
     assert (tmp_path / "o" / "sweep.csv").read_text().count("\n") == 2  # it ran: a header and one row
     assert (tmp_path / "o" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_a_port_that_answers_but_is_no_ray_head_is_refused_within_the_preflight_bound():
+    """An HTTP server on loopback: Ray's own join retried for 206 s; the pre-flight child is
+    killed or fails within PREFLIGHT_TIMEOUT_S (measured: 13 s)."""
+    pytest.importorskip("ray")
+    import http.server
+    import threading
+
+    from dualpath.pool.ray_pool import PREFLIGHT_TIMEOUT_S
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        r = cli_here("sim", "--model", "ds-27b", "--max-len", "32k", "--agents", "4", "--ray", f"127.0.0.1:{srv.server_port}")
+        took = time.monotonic() - t0
+    finally:
+        srv.shutdown()
+    _one_error_line(r, f"127.0.0.1:{srv.server_port}")
+    assert took < PREFLIGHT_TIMEOUT_S + 10

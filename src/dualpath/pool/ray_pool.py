@@ -9,10 +9,10 @@
 Ray's `ray.init(address=...)` on an address where no head answers does not fail: it retries
 without end (measured with 2.60.0: still waiting after 200 s). So a remote address is first
 probed with a plain TCP connect, bounded by `CONNECT_TIMEOUT_S`; one that refuses or does not
-answer is an InputError before Ray starts anything. For a port that accepts but is no Ray head,
-Ray's own GCS waits are bounded by the `RAY_*` settings in `_BOUNDED_CONNECT`: `ray.init` then
-raises within about 6 s (an InputError here), or, where the connect itself stalls, Ray ends the
-process with its own message after about 10 s.
+answer is an InputError before Ray starts anything. A port that accepts but is no Ray head (an
+HTTP server on loopback kept `ray.init` retrying for 206 s even with Ray's GCS waits bounded by
+`_BOUNDED_CONNECT`) is caught by a pre-flight: a child process joins and leaves the cluster first,
+killed after `PREFLIGHT_TIMEOUT_S`; only then does this process join.
 
 The workers must import the same `dualpath` (the local cluster inherits this process's
 environment; on a remote cluster install the same commit on every node): each task returns its
@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import InputError
@@ -32,6 +34,11 @@ from ..errors import InputError
 OnDone = Callable[[int, Any], None]  # (index into the batch, result), as executor.OnDone
 
 CONNECT_TIMEOUT_S = 5.0  # project choice: a reachable head answers a TCP connect within milliseconds
+# project choice: a live head on this machine was joined (Ray imported, connected, left) in a few
+# seconds; Ray's own retries against a non-Ray port ran for minutes
+PREFLIGHT_TIMEOUT_S = 30.0
+_PREFLIGHT = ("import sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False, "
+              "configure_logging=True); ray.shutdown()")
 # Ray's GCS waits while joining a cluster (env names from ray 2.60.0's ray_config_def.h and
 # _private/node.py); Ray's defaults retry for minutes. Set only where the user has not.
 _BOUNDED_CONNECT = {
@@ -77,6 +84,21 @@ def probe(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         raise InputError(f"--ray {address}: cannot reach a Ray head there within {timeout_s:g} s ({why})") from None
 
 
+def preflight(address: str, target: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Join and leave the cluster at `target` from a child process, or an InputError; the child is
+    killed when it takes longer than `timeout_s` (Ray retries without end against a non-Ray port)."""
+    try:
+        p = subprocess.run([sys.executable, "-c", _PREFLIGHT, target], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"--ray {address}: no Ray head answered at {target} within {timeout_s:g} s") from None
+    if p.returncode != 0:
+        if "InvalidAuthToken" in p.stderr:  # Ray >= 2.52 heads started by `ray start` require their token
+            raise InputError(f"--ray {address}: the cluster at {target} wants its auth token: set RAY_AUTH_MODE=token "
+                             "(the token from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+        last = (p.stderr.strip().splitlines() or ["exit code %d" % p.returncode])[-1]
+        raise InputError(f"--ray {address}: no Ray head answers at {target} ({last[:200]})")
+
+
 def _auto_address(ray: Any) -> str:
     """The address `ray.init(address="auto")` would join (Ray's lookup), or an InputError."""
     from ray._private.services import canonicalize_bootstrap_address
@@ -104,6 +126,7 @@ def _init(ray: Any, address: str, num_workers: int | None) -> None:
     probe(target)
     for k, v in _BOUNDED_CONNECT.items():
         os.environ.setdefault(k, v)
+    preflight(address, address if address.startswith("ray://") else target)
     common.pop("include_dashboard")  # only for a cluster this process starts
     try:
         with _quiet_stderr():  # Ray's C++ client logs a warning per retry: the one error line would drown
@@ -115,7 +138,6 @@ def _init(ray: Any, address: str, num_workers: int | None) -> None:
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
     """File descriptor 2 to /dev/null for the block (the C++ logs bypass sys.stderr)."""
-    import sys
 
     sys.stderr.flush()
     saved = os.dup(2)
