@@ -322,6 +322,11 @@ class RuntimeConfig:
     # first block (0 = none). The engines measure what a read's first block takes and report it
     # (Counters.read_latency_s), so the scheduler's read-or-recompute rule sees the store's latency.
     store_read_delay_s: float = 0.0
+    # The engines read stored blocks with O_DIRECT (BlockStore direct_io), as a storage client
+    # reading SSDs does: the page cache would serve a hot prefix from this host's DRAM, which a
+    # remote store (3FS, PAPER.md 1.1) never does. A file system that refuses O_DIRECT (tmpfs) falls
+    # back to buffered reads on its first refusal. False: buffered.
+    store_direct_io: bool = True
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None

@@ -86,7 +86,7 @@ def read_token(path: str) -> bytes:
 
 
 def store_for(url: str, layout: BlockLayout, fingerprint: str, dtype: str, *,
-              capacity_bytes: int | None = None, num_threads: int = 4) -> "BlockStore | RemoteStore":
+              capacity_bytes: int | None = None, num_threads: int = 4, direct_io: bool = False) -> "BlockStore | RemoteStore":
     """A BlockStore for a directory, a RemoteStore for tcp://HOST:PORT (whose capacity is the
     server's --capacity-bytes; `capacity_bytes` then does not apply). A malformed URL, a bad
     token file or a service that does not answer is an InputError naming the URL."""
@@ -100,7 +100,8 @@ def store_for(url: str, layout: BlockLayout, fingerprint: str, dtype: str, *,
             raise InputError(f"store {url}: {exc}") from exc
     if "://" in url:
         raise InputError(f"store {url!r}: a directory or tcp://HOST:PORT")
-    return BlockStore(url, layout, fingerprint, dtype, capacity_bytes=capacity_bytes, num_threads=num_threads)
+    return BlockStore(url, layout, fingerprint, dtype, capacity_bytes=capacity_bytes, num_threads=num_threads,
+                      direct_io=direct_io)
 
 
 class RemoteStore:
