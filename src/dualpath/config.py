@@ -327,6 +327,11 @@ class RuntimeConfig:
     # remote store (3FS, PAPER.md 1.1) never does. A file system that refuses O_DIRECT (tmpfs) falls
     # back to buffered reads on its first refusal. False: buffered.
     store_direct_io: bool = True
+    # A call to a storage service (--store tcp://...) that has not answered after this many seconds
+    # fails: a lookup finds nothing, a read is a miss (recomputed), a persist is WRITE_FAILED. A
+    # frozen service then costs each call this bound instead of hanging it (issue 11's matrix).
+    # 5 s: a get of a prompt's blocks on loopback takes milliseconds (docs/experiments.md section 10).
+    store_timeout_s: float = 5.0
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None
@@ -361,6 +366,8 @@ class RuntimeConfig:
             raise InputError(f"kv_corrupt_probability must be in [0, 1], got {self.kv_corrupt_probability}")
         if self.persist_wait_s < 0:
             raise InputError("persist_wait_s must be >= 0")
+        if self.store_timeout_s <= 0:
+            raise InputError(f"store_timeout_s must be positive, got {self.store_timeout_s}")
         if self.store_read_delay_s < 0:
             raise InputError(f"store_read_delay_s must be >= 0, got {self.store_read_delay_s}")
         for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",

@@ -107,7 +107,8 @@ class LocalCluster:
         tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
         layout = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl)
         fingerprint = mcfg.fingerprint(dtype)
-        self.store = store_for(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1)
+        self.store = store_for(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1,
+                               timeout_s=cfg.store_timeout_s)
         self._layout, self._fingerprint = layout, fingerprint
         engines = ([(e, EngineRole.PREFILL) for e in range(cfg.num_prefill)]
                    + [(cfg.num_prefill + d, EngineRole.DECODE) for d in range(cfg.num_decode)])

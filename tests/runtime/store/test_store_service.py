@@ -340,3 +340,42 @@ def test_service_bench_reports_both_rates_side_by_side_and_leaves_nothing(tmp_pa
         assert c["local_read_gbps"] == pytest.approx(16 * BB / min(c["local_read_s"]) / 1e9)
     assert r["ratio"] == r["cold"]["ratio"] and r["meets_target"] == (r["ratio"] >= 0.8)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_frozen_service_costs_each_call_its_timeout_and_the_next_turn_still_finishes_right(tmp_path):
+    """SIGSTOP the storage service between two turns: the router's lookup, the engines' reads and
+    persists time out (RuntimeConfig.store_timeout_s) instead of hanging, and the second turn
+    finishes with the tokens a local store gives (its hit recomputed)."""
+    import asyncio
+    import time
+
+    from dualpath.config import RuntimeConfig
+    from dualpath.runtime.api import GenerationRequest, SamplingParams
+    from dualpath.runtime.cluster import LocalCluster
+
+    base = dict(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+    local_outs, _, _ = asyncio.run(_two_turns(RuntimeConfig(**base)))
+    proc, url = spawn(str(tmp_path / "svc"))
+
+    async def frozen_between_turns() -> tuple[list[list[int]], float]:
+        outs, context = [], []
+        async with LocalCluster(RuntimeConfig(store_dir=url, store_timeout_s=1.0, **base), start_timeout_s=180) as c:
+            for i, append in enumerate([list(range(5, 205)), list(range(20, 60))]):
+                if i == 1:
+                    await asyncio.sleep(1.0)  # the first turn's persists land
+                    proc.send_signal(signal.SIGSTOP)
+                    t0 = time.monotonic()
+                prompt = tuple(context + append)
+                out = [ev.token_id async for ev in c.router.generate(
+                    GenerationRequest(f"t{i}", prompt, SamplingParams(max_tokens=8, temperature=0)))]
+                outs.append(out)
+                context = list(prompt) + out
+            return outs, time.monotonic() - t0
+
+    try:
+        outs, second_s = asyncio.run(asyncio.wait_for(frozen_between_turns(), 120))
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        kill9(proc)
+    assert outs == local_outs
+    assert second_s < 20.0  # a few timed-out calls of 1 s each, never a hang

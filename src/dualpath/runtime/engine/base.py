@@ -156,7 +156,8 @@ class EngineBase:
 
     def _open_store(self, root: str) -> BlockStore | RemoteStore:
         return store_for(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
-                         capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2, direct_io=self.cfg.store_direct_io)
+                         capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2, direct_io=self.cfg.store_direct_io,
+                         timeout_s=self.cfg.store_timeout_s)
 
     def reconfigure(self, msg: Reconfigure) -> None:
         """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""

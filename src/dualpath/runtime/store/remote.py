@@ -86,7 +86,8 @@ def read_token(path: str) -> bytes:
 
 
 def store_for(url: str, layout: BlockLayout, fingerprint: str, dtype: str, *,
-              capacity_bytes: int | None = None, num_threads: int = 4, direct_io: bool = False) -> "BlockStore | RemoteStore":
+              capacity_bytes: int | None = None, num_threads: int = 4, direct_io: bool = False,
+              timeout_s: float | None = None) -> "BlockStore | RemoteStore":
     """A BlockStore for a directory, a RemoteStore for tcp://HOST:PORT (whose capacity is the
     server's --capacity-bytes; `capacity_bytes` then does not apply). A malformed URL, a bad
     token file or a service that does not answer is an InputError naming the URL."""
@@ -95,7 +96,7 @@ def store_for(url: str, layout: BlockLayout, fingerprint: str, dtype: str, *,
         token = read_token(addr.token_file) if addr.token_file else None
         try:
             return RemoteStore(addr.host, addr.port, layout, fingerprint, dtype, token=token, url=url,
-                               num_streams=num_threads)
+                               num_streams=num_threads, timeout_s=timeout_s)
         except RemoteStoreError as exc:
             raise InputError(f"store {url}: {exc}") from exc
     if "://" in url:
