@@ -105,8 +105,7 @@ class LocalCluster:
             raise InputError(f"no tokenizer in {cfg.model} (no tokenizer.json): the cluster needs one")
         dtype = kv_dtype(cfg)
         tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
-        layout = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl)
-        fingerprint = mcfg.fingerprint(dtype)
+        layout, fingerprint = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl), mcfg.fingerprint(dtype)
         self.store = store_for(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1,
                                timeout_s=cfg.store_timeout_s)
         self._layout, self._fingerprint = layout, fingerprint
