@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..testbed.netns import _run, down, up
+from ..testbed.netns import down, run_command, up
 from ..testbed.plan import plan_testbed
 
 BURST_BYTES = 64 * 1024  # a latency-critical message: the in-process lanes bench's burst size
@@ -112,7 +112,7 @@ def _one_class(plan) -> None:
     for link in plan.links:
         if link.name == "cnic":
             for ns, dev in ((link.a_ns, link.a_if), (link.b_ns, link.b_if)):
-                _run(["ip", "netns", "exec", ns, "tc", "filter", "del", "dev", dev, "parent", "1:"])
+                run_command(["ip", "netns", "exec", ns, "tc", "filter", "del", "dev", dev, "parent", "1:"])
 
 
 def _stats(xs: list[float]) -> dict[str, float]:

@@ -2,9 +2,9 @@
 kernel counted on its links.
 
 `up` records the run in a state file (`state_dir()/<id>.json`) before it creates anything, and a
-failed `up` runs `down` before it reports the failure. `down` deletes every namespace of the run:
-those in the state file and any other whose name starts with the run's prefix (an `up` killed
-before it wrote its state), which removes every veth end and qdisc inside them. Nothing is
+failed `up` runs `down` before it reports the failure. `down` deletes every namespace whose name
+starts with the run's prefix (also those of an `up` killed before it wrote its state), which
+removes every veth end and qdisc inside them. Nothing is
 created in the root namespace.
 """
 
@@ -39,7 +39,7 @@ def check_can_run() -> None:
         raise InputError("testbed: needs root (network namespaces and tc need CAP_NET_ADMIN)")
 
 
-def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+def run_command(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     if check and p.returncode != 0:
         raise InputError(f"testbed: `{' '.join(cmd)}` failed: {p.stderr.strip() or p.stdout.strip()}")
@@ -47,7 +47,7 @@ def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
 
 
 def namespaces_with_prefix(prefix: str) -> list[str]:
-    out = _run(["ip", "netns", "list"]).stdout
+    out = run_command(["ip", "netns", "list"]).stdout
     names = [line.split()[0] for line in out.splitlines() if line.strip()]
     return sorted(n for n in names if n.startswith(prefix))
 
@@ -68,7 +68,7 @@ def up(plan: TestbedPlan, commands: list[list[str]] | None = None) -> Path:
     state.write_text(json.dumps(plan_json(plan), indent=1))
     try:
         for cmd in up_commands(plan) if commands is None else commands:
-            _run(cmd)
+            run_command(cmd)
     except BaseException:
         down(plan.run_id)
         raise
@@ -79,17 +79,13 @@ def down(run_id: str) -> list[str]:
     """Delete every namespace of the run and its state file; the namespaces deleted."""
     check_can_run()
     state = state_dir() / f"{run_id}.json"
-    names = set(namespaces_with_prefix(run_prefix(run_id)))
-    if state.is_file():
-        try:
-            names |= set(json.loads(state.read_text())["namespaces"])
-        except (ValueError, KeyError, TypeError):
-            pass  # a torn state file: the prefix scan above found what exists
-    present = set(namespaces_with_prefix(run_prefix(run_id)))
-    for cmd in down_commands(tuple(sorted(names & present))):
-        _run(cmd)
+    # every run's namespace carries its prefix (plan.py), so the scan finds what the state file
+    # lists and what an `up` killed before writing it left behind
+    present = namespaces_with_prefix(run_prefix(run_id))
+    for cmd in down_commands(tuple(present)):
+        run_command(cmd)
     state.unlink(missing_ok=True)
-    return sorted(names & present)
+    return present
 
 
 def plan_json(plan: TestbedPlan) -> dict:
@@ -115,13 +111,13 @@ _CLASS_RE = re.compile(r"^class htb 1:(\d+) .*?\n Sent (\d+) bytes (\d+) pkt", r
 
 def class_bytes(ns: str, dev: str) -> dict[int, int]:
     """Bytes the kernel sent through each HTB class of `dev` (minor id -> bytes), from `tc -s`."""
-    out = _run(["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev]).stdout
+    out = run_command(["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev]).stdout
     return {int(m.group(1)): int(m.group(2)) for m in _CLASS_RE.finditer(out)}
 
 
 def interface_bytes(ns: str, dev: str) -> tuple[int, int]:
     """(tx bytes, rx bytes) of `dev` as the kernel counts them (headers included)."""
-    info = json.loads(_run(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev]).stdout)[0]
+    info = json.loads(run_command(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev]).stdout)[0]
     stats = info.get("stats64") or info["stats"]
     return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
 
