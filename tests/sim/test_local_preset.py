@@ -36,10 +36,12 @@ def test_measured_compute_is_the_profile_fit():
     attn = cm.attention_time_s(128, 64)
     assert attn == pytest.approx(1e-7 * (64 * 128 + 64 * 65 / 2))
     assert cm.prefill_forward_s(attn, 64) == pytest.approx(m.prefill_s(64, 128))
-    # decode: fixed + per sequence + per context token, summed over the batch
-    costs = [cm.decode_request_cost(c)[0] for c in (100, 300)]
-    one_gpu = cm.max_gpu_attention_s([sum(costs)], [0.0])  # one engine per node: every sequence on it
-    assert cm.decode_step_s(one_gpu, 2) == pytest.approx(0.005 + 2 * 1e-3 + 1e-6 * 400)
+    # decode: the batch padded to its longest context (the runtime's decode_step gathers [B, L])
+    m = _machine(decode_per_ctx_s=2e-5)
+    cm = MeasuredCompute(m)
+    assert cm.decode_pads_to_longest()
+    assert [cm.decode_request_cost(c)[0] for c in (100, 300)] == [100, 300]
+    assert cm.padded_decode_step_s(2, 300) == pytest.approx(0.005 + 2 * 1e-3 + 2e-5 * 300 + 1e-6 * 2 * 300)
     # the quota counts attention FLOPs at the runtime's quota rate
     assert cm.quota_attention_s(128, 64) == pytest.approx(TINY.attn_flops_per_key * causal_keys(64, 128) / 640e12)
 
@@ -82,7 +84,32 @@ def _profile(machine: MeasuredMachine):
     return SimpleNamespace(prefill_fit=fit(fixed_s=machine.prefill_fixed_s, per_item_s=machine.prefill_per_token_s,
                                            per_key_s=machine.prefill_per_key_s),
                            decode_fit=fit(fixed_s=machine.decode_fixed_s, per_item_s=machine.decode_per_seq_s,
-                                          per_key_s=machine.decode_per_key_s))
+                                          per_key_s=machine.decode_per_key_s, per_ctx_s=machine.decode_per_ctx_s))
+
+
+def test_a_decode_step_takes_the_longest_running_context():
+    """Two sequences join one decode group at once, of 100 and 1,000 tokens: while both run each
+    step costs the batch padded to the longer one (2 x its context); once the short one leaves, one
+    sequence at its own length. Finish times follow exactly (fluid steps, sim/decode.py)."""
+    import dualpath.sim.decode as decode_mod
+    from dualpath.sim.events import EventLoop
+
+    if not decode_mod.__file__.endswith(".py"):
+        pytest.skip("the compiled build is imported; its classes take no stand-ins")
+    per_key_s = 1e-5
+    m = _machine(decode_fixed_s=0.0, decode_per_seq_s=0.0, decode_per_key_s=per_key_s, decode_per_ctx_s=0.0)
+    loop, done = EventLoop(), {}
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m))
+    life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.input_tokens, loop.now_s))
+    eng = SimpleNamespace(index=0)
+    group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(engines=[eng]))
+    for n, gen in ((100, 11), (1000, 21)):  # 10 and 20 decode steps
+        group.join(SimpleNamespace(input_tokens=n, gen_tokens=gen, t_second=-1.0), eng)
+    loop.run()
+    longest = 1000 + 21 / 2  # a request's mean context over its decode (the fluid model's)
+    both_s, alone_s = per_key_s * 2 * longest, per_key_s * longest
+    assert done[100] == pytest.approx(10 * both_s, rel=1e-9)  # the short one pays the long one's padding
+    assert done[1000] == pytest.approx(10 * both_s + 10 * alone_s, rel=1e-9)
 
 
 def test_preset_carries_the_runtime_config():

@@ -4,11 +4,11 @@ The runtime's compute profile (runtime/apps/calibrate.py: `dualpath calibrate`) 
 step times on this machine, with the model, device and thread count it really uses:
 
     prefill_s(n, c) = prefill_fixed_s + prefill_per_token_s * n + prefill_per_key_s * keys(n, c)
-    decode_s(b, c)  = decode_fixed_s + decode_per_seq_s * b + decode_per_key_s * b * c
+    decode_s(b, L)  = decode_fixed_s + decode_per_seq_s * b + decode_per_ctx_s * L + decode_per_key_s * b * L
 
 keys(n, c) = n * c + n * (n + 1) / 2: the (query, key) pairs of n new tokens over c cached ones,
 causal. A forward of several requests adds their tokens and keys (one fixed cost per forward);
-a decode step adds its sequences' contexts. The rest is what the runtime is configured with: the
+a decode step pads its b sequences to the longest context L (runtime/model/llama.py: `decode_step`). The rest is what the runtime is configured with: the
 compute quota's attention work (RuntimeConfig.quota_attention_flops_per_s), a PE's landing zone,
 a DE's KV-cache capacity. Nothing here is fitted to a run of the system it predicts.
 """
@@ -39,12 +39,17 @@ class MeasuredMachine:
     prefill_per_key_s: float  # per (query, key) pair
     decode_fixed_s: float  # per step
     decode_per_seq_s: float  # per sequence in the step
-    decode_per_key_s: float  # per (sequence, context token)
+    decode_per_key_s: float  # per (sequence, token of the longest context)
     quota_attention_flops_per_s: float  # the runtime's quota: compute_quota_s of attention at this rate
     attention_flops_per_key: float  # the model's attention FLOPs per (query, key) pair, all layers
     pe_landing_bytes: float  # a PE's landing zone ("HBM") for the batch's cached KV
     de_kv_tokens: int  # a DE's KV cache ("HBM") in tokens
     source: str  # where the numbers come from (profile file, measurement command)
+    decode_per_ctx_s: float = 0.0  # per token of the longest context, whatever the batch
+
+    def decode_step_s(self, batch: int, longest_context_tokens: float) -> float:
+        return (self.decode_fixed_s + self.decode_per_seq_s * batch + self.decode_per_ctx_s * longest_context_tokens
+                + self.decode_per_key_s * batch * longest_context_tokens)
 
     def __post_init__(self) -> None:
         for name in ("quota_attention_flops_per_s", "attention_flops_per_key", "pe_landing_bytes", "de_kv_tokens"):

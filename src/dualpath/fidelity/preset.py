@@ -27,7 +27,7 @@ from ..errors import InputError
 
 def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, source: str,
                      max_len_tokens: int = 65536) -> SimConfig:
-    """`profile`: a runtime ComputeProfile (prefill_fit, decode_fit: fixed_s, per_item_s, per_key_s)."""
+    """`profile`: a runtime ComputeProfile (prefill_fit, decode_fit: fixed_s, per_item_s, per_key_s, per_ctx_s)."""
     if runtime.snic_bytes_per_s is None or runtime.cnic_rate is None:
         raise InputError("the local preset needs emulated SNIC and CNIC rates (a run at real speed has no rate to model)")
     try:
@@ -46,6 +46,7 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
     machine = MeasuredMachine(
         prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,
         decode_fixed_s=df.fixed_s, decode_per_seq_s=df.per_item_s, decode_per_key_s=df.per_key_s,
+        decode_per_ctx_s=df.per_ctx_s,
         quota_attention_flops_per_s=runtime.quota_attention_flops_per_s, attention_flops_per_key=model.attn_flops_per_key,
         pe_landing_bytes=float(runtime.pe_hbm_bytes), de_kv_tokens=runtime.de_kv_tokens, source=source)
     return SimConfig(cluster=cluster, scheduler=replace(runtime.scheduler), local=machine,

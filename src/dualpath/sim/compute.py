@@ -53,6 +53,14 @@ class StepTimes:
     def decode_step_s(self, max_gpu_attention_s: float, total_requests: int) -> float:
         raise NotImplementedError
 
+    def decode_pads_to_longest(self) -> bool:
+        """Whether a decode step's time is a function of its batch and its longest context
+        (`padded_decode_step_s`) rather than of summed per-request costs (`decode_step_s`)."""
+        return False
+
+    def padded_decode_step_s(self, batch: int, longest_context_tokens: float) -> float:
+        raise NotImplementedError
+
     def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
         raise NotImplementedError
 

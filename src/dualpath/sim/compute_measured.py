@@ -1,8 +1,8 @@
 """Step times measured on this machine (core/measured.py): the `local` preset's compute model.
 
 One engine per node (a node's "GPU" is the engine process): a forward takes the fixed cost, the
-new tokens and the attention keys of its entries; a decode step the fixed cost and, per running
-sequence, its per-sequence cost and its context. The compute quota counts attention FLOPs at the
+new tokens and the attention keys of its entries; a decode step is a function of its batch and its
+longest context, as the runtime pads every sequence's KV to the longest (core/measured.py). The compute quota counts attention FLOPs at the
 runtime's quota rate, as the runtime's PE does (runtime/engine/prefill.py: `attention_flops`), so
 both worlds form the same batches.
 """
@@ -29,10 +29,17 @@ class MeasuredCompute(StepTimes):
         return self.m.prefill_fixed_s + self.m.prefill_per_token_s * total_compute_tokens + max_gpu_attention_s
 
     def decode_request_cost(self, context_tokens: float) -> tuple[float, float]:
-        return self.m.decode_per_seq_s + self.m.decode_per_key_s * context_tokens, 0.0
+        """(its context, 0): the decode group keeps each request's context, the longest sets the step."""
+        return context_tokens, 0.0
 
     def decode_step_s(self, max_gpu_attention_s: float, total_requests: int) -> float:
-        return self.m.decode_fixed_s + max_gpu_attention_s
+        raise NotImplementedError("measured decode steps are padded: padded_decode_step_s")
+
+    def decode_pads_to_longest(self) -> bool:
+        return True
+
+    def padded_decode_step_s(self, batch: int, longest_context_tokens: float) -> float:
+        return self.m.decode_step_s(batch, longest_context_tokens)
 
     def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
         return max(attn_compute_s)

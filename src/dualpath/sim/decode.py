@@ -39,6 +39,7 @@ class DecodeGroup:
         self._seq = 0
         self.busy_s = 0.0
         self.num_steps = 0.0
+        self._padded = ctx.compute.decode_pads_to_longest()
 
     def _advance(self) -> None:
         now = self.ctx.loop.now_s
@@ -54,8 +55,25 @@ class DecodeGroup:
         if not self.num_running:
             self.step_s = 0.0
             return
+        if self._padded:
+            self.step_s = self._padded_step_s()
+            return
         worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
         self.step_s = cm.decode_step_s(worst, self.num_running)
+
+    def _padded_step_s(self) -> float:
+        """The slowest GPU's step when each pads its batch to its longest context (a request's
+        `attn` entry then holds its context, compute_measured.py): O(running), used only by the
+        measured `local` preset, whose decode batches are a handful of sequences."""
+        count = [0] * len(self.attn_s)
+        longest = [0.0] * len(self.attn_s)
+        for entry in self._heap:
+            i, ctx = entry[3], entry[4]
+            count[i] += 1
+            if ctx > longest[i]:
+                longest[i] = ctx
+        cm = self.ctx.compute
+        return max(cm.padded_decode_step_s(n, c) for n, c in zip(count, longest) if n)
 
     def _reschedule(self) -> None:
         self.version += 1

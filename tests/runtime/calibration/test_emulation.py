@@ -1,9 +1,12 @@
 """Rates from a profile: a hand-computed case, the turns of the demo's block-aligned workload, and
 the CPU plan."""
 
+from dataclasses import replace
+
 import pytest
 
-from dualpath.runtime.apps.calibrate import ComputeProfile, ProfileKey, StepFit, StepTime, fit_steps, prefill_keys
+from dualpath.runtime.apps.calibrate import (DECODE_GRID, ComputeProfile, ProfileKey, StepFit, StepTime, fit_decode_steps,
+                                            fit_steps, prefill_keys)
 from dualpath.runtime.engine.cpus import plan_cpus
 from dualpath.runtime.apps.emulation import TurnCost, derive_rates, given_rates, predicted_basic_jct_s, trajectory_turns
 
@@ -51,6 +54,19 @@ def test_fit_recovers_a_linear_and_attention_cost():
     pts = [StepTime(n, c, truth(n, c)) for n, c in ((32, 0), (192, 0), (64, 512), (32, 1536), (128, 1536))]
     fit = fit_steps(pts, prefill_keys)
     assert (fit.fixed_s, fit.per_item_s, fit.per_key_s) == pytest.approx((0.05, 0.002, 1e-7), rel=1e-6)
+
+
+def test_decode_fit_is_bilinear_in_batch_and_longest_context():
+    """The SmolLM2 grid measured here (docs/experiments.md section 8) costs 6.5 us per context token
+    at batch 1 and 14 us per sequence-token at batch 8: a fit without the context-alone term misses
+    batch 1. On the grid the bilinear fit recovers all four terms, and the profile predicts with it."""
+    truth = lambda b, c: 0.047 + 0.004 * b + 5e-6 * c + 1.1e-5 * b * c
+    pts = [StepTime(b, c, truth(b, c)) for b, c in DECODE_GRID]
+    fit = fit_decode_steps(pts)
+    assert (fit.fixed_s, fit.per_item_s, fit.per_ctx_s, fit.per_key_s) == pytest.approx((0.047, 0.004, 5e-6, 1.1e-5), rel=1e-6)
+    prof = replace(profile(), decode=tuple(pts), decode_fit=fit)
+    assert prof.decode_step_s(3, 700) == pytest.approx(truth(3, 700), rel=1e-6)
+    assert prof.scaled(2.0).decode_step_s(3, 700) == pytest.approx(2 * truth(3, 700), rel=1e-6)
 
 
 def test_fit_drops_a_term_that_noise_makes_negative():

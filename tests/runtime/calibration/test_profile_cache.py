@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dualpath.config import RuntimeConfig
-from dualpath.runtime.apps.calibrate import (ProfileKey, check_speed, load_or_measure, machine_id, profile_path, read_cached,
+from dualpath.runtime.apps.calibrate import (PROFILE_SCHEMA, ProfileKey, check_speed, load_or_measure, machine_id, profile_path, read_cached,
                                              write_cached)
 from dualpath.runtime.model import load_model
 
@@ -27,7 +27,7 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     p = first.profile
     assert all(s.seconds > 0 for s in p.prefill + p.decode)
     assert p.prefill_s(128, 1024) > p.prefill_s(32, 0) > 0  # grows with tokens and context
-    assert json.loads(first.path.read_text())["schema"] == "dualpath.profile/2"
+    assert json.loads(first.path.read_text())["schema"] == PROFILE_SCHEMA
 
     again = load_or_measure("tiny", fp, "cpu", 1)
     assert again.reused and again.profile == p

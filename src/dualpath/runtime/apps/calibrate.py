@@ -6,11 +6,16 @@ device and torch thread count an engine really uses, in a process pinned to a pr
 set. A least-squares fit over the grid gives
 
     prefill_s(n, c) = fixed_s + per_token_s * n + per_token_key_s * (n * c + n * (n + 1) / 2)
-    decode_s(b, c)  = fixed_s + per_seq_s * b + per_seq_key_s * b * c
+    decode_s(b, L)  = fixed_s + per_seq_s * b + per_ctx_s * L + per_seq_key_s * b * L
 
-(the attention term counts the keys each new token sees, causal). The file is JSON:
+(the attention term counts the keys each new token sees, causal). A prefill forward attends item by
+item (model/llama.py: `prefill_layer`), so its keys add up; a decode step gathers every sequence's
+KV padded to the longest one, L (`decode_step`: [B, L] with a mask), so it is a function of the
+batch and the longest context, bilinear: the term in L alone is the per-step work that grows with
+the padded length whatever the batch (the mask, the gather's index). Without it the fit missed
+the measured batch-1 steps by -19%..+9% (docs/experiments.md section 8). The file is JSON:
 
-    {"schema": "dualpath.profile/2",
+    {"schema": "dualpath.profile/3",
      "key": {"machine": ..., "model": <model fingerprint>, "device": ..., "threads": ...},
      "prefill": [{"tokens": n, "context_tokens": c, "seconds": t}, ...],
      "decode":  [{"tokens": batch, "context_tokens": c, "seconds": t}, ...],
@@ -36,15 +41,16 @@ from typing import Sequence
 
 import numpy as np
 
-PROFILE_SCHEMA = "dualpath.profile/2"  # /2: the grids below widened (a /1 file is measured again)
+PROFILE_SCHEMA = "dualpath.profile/3"  # /3: decode on a 3x3 grid, bilinear (an older file is measured again)
 # (new tokens, cached tokens): the demo's turns compute ~64 new tokens over 0.2-2K cached ones and a
 # first prompt of ~200; `fidelity`'s agents and trace slices send first prompts of up to ~500 tokens
 # (fidelity/workloads.py). The corners bound the fit on both axes.
 PREFILL_GRID = ((32, 0), (192, 0), (512, 0), (64, 512), (32, 1536), (128, 1536))
-# (batch, context tokens): up to 8 sequences (the agents workload's 8 agents decoding together) of
-# up to 2,048 tokens (fidelity/workloads.py: CPU_CONTEXT_TOKENS); a fit past its grid was 19% fast
-# on the agents workload (docs/experiments.md section 8).
-DECODE_GRID = ((1, 256), (8, 256), (4, 1024), (1, 2048), (8, 2048))
+# (batch, longest context tokens): up to 8 sequences (the agents workload's 8 agents decoding
+# together) of up to 2,048 tokens (fidelity/workloads.py: CPU_CONTEXT_TOKENS); a fit past its grid
+# was 19% fast on the agents workload (docs/experiments.md section 8). A full 3x3 grid, so that the
+# four bilinear terms are pinned by more points than terms on both axes.
+DECODE_GRID = tuple((b, c) for b in (1, 4, 8) for c in (256, 1024, 2048))
 DECODE_STEPS = 3
 # the grid's warm points (a turn over cached tokens, as the demo's and the traces' turns are) that a
 # reused profile is timed at again, to scale it to the machine's speed now (`check_speed`)
@@ -73,12 +79,17 @@ class StepTime:
 
 @dataclass(frozen=True, slots=True)
 class StepFit:
-    """t = fixed_s + per_item_s * n + per_key_s * keys(n, c); units: s, s per token (or sequence),
-    s per (query, key) pair."""
+    """t = fixed_s + per_item_s * n + per_ctx_s * c + per_key_s * keys(n, c); units: s, s per token
+    (or sequence), s per context token (decode: of the longest sequence; prefill: 0), s per
+    (query, key) pair."""
 
     fixed_s: float
     per_item_s: float
     per_key_s: float
+    per_ctx_s: float = 0.0
+
+    def scaled(self, factor: float) -> "StepFit":
+        return StepFit(self.fixed_s * factor, self.per_item_s * factor, self.per_key_s * factor, self.per_ctx_s * factor)
 
 
 def best_time_s(fn, repeats: int = 2) -> float:
@@ -98,25 +109,38 @@ def prefill_keys(n: int, c: int) -> float:
 
 
 def decode_keys(b: int, c: int) -> float:
+    """(sequence, key) pairs of a decode step whose `b` sequences are padded to `c` tokens."""
     return b * c
 
 
-def fit_steps(points: Sequence[StepTime], keys) -> StepFit:
-    """Least squares over the three terms; a term whose coefficient comes out negative (noise on
-    a small grid) is dropped and the rest refitted, so every prediction grows with n and c."""
-    x = np.array([[1.0, p.tokens, keys(p.tokens, p.context_tokens)] for p in points])
-    y = np.array([p.seconds for p in points])
-    active = [0, 1, 2]
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> list[float]:
+    """Least squares; a term whose coefficient comes out negative (noise on a small grid) is
+    dropped and the rest refitted, so every prediction grows with each term."""
+    active = list(range(x.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
         negative = [a for a, v in zip(active, coef) if v < 0]
         if not negative or len(active) == 1:
             break
         active.remove(negative[-1])
-    full = [0.0, 0.0, 0.0]
+    full = [0.0] * x.shape[1]
     for a, v in zip(active, coef):
         full[a] = max(0.0, float(v))
-    return StepFit(*full)
+    return full
+
+
+def fit_steps(points: Sequence[StepTime], keys) -> StepFit:
+    """The three-term fit (fixed, per item, per key) of a prefill grid."""
+    x = np.array([[1.0, p.tokens, keys(p.tokens, p.context_tokens)] for p in points])
+    fixed, per_item, per_key = _nonnegative_lstsq(x, np.array([p.seconds for p in points]))
+    return StepFit(fixed, per_item, per_key)
+
+
+def fit_decode_steps(points: Sequence[StepTime]) -> StepFit:
+    """The bilinear fit of a decode grid: fixed, per sequence, per context token, per key."""
+    x = np.array([[1.0, p.tokens, p.context_tokens, decode_keys(p.tokens, p.context_tokens)] for p in points])
+    fixed, per_seq, per_ctx, per_key = _nonnegative_lstsq(x, np.array([p.seconds for p in points]))
+    return StepFit(fixed, per_seq, per_key, per_ctx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +157,16 @@ class ComputeProfile:
         f = self.prefill_fit
         return f.fixed_s + f.per_item_s * new_tokens + f.per_key_s * prefill_keys(new_tokens, cached_tokens)
 
-    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+    def decode_step_s(self, batch: int, longest_context_tokens: int) -> float:
         f = self.decode_fit
-        return f.fixed_s + f.per_item_s * batch + f.per_key_s * decode_keys(batch, context_tokens)
+        return (f.fixed_s + f.per_item_s * batch + f.per_ctx_s * longest_context_tokens
+                + f.per_key_s * decode_keys(batch, longest_context_tokens))
 
     def scaled(self, factor: float) -> "ComputeProfile":
         """Every step `factor` times as long (the machine's speed now over when it was measured)."""
         step = lambda rows: tuple(StepTime(r.tokens, r.context_tokens, r.seconds * factor) for r in rows)
-        fit = lambda f: StepFit(f.fixed_s * factor, f.per_item_s * factor, f.per_key_s * factor)
-        return ComputeProfile(self.key, step(self.prefill), step(self.decode), fit(self.prefill_fit),
-                              fit(self.decode_fit), self.measured_at, self.wall_s)
+        return ComputeProfile(self.key, step(self.prefill), step(self.decode), self.prefill_fit.scaled(factor),
+                              self.decode_fit.scaled(factor), self.measured_at, self.wall_s)
 
     def to_json(self) -> dict:
         return {"schema": PROFILE_SCHEMA, "key": asdict(self.key),
@@ -260,7 +284,7 @@ def measure_profile(model: str, device: str, threads: int, cpus: tuple[int, ...]
     m = _measure(model, device, threads, cpus, PREFILL_GRID, DECODE_GRID)
     pre = tuple(StepTime(n, c, t) for (n, c), t in zip(PREFILL_GRID, m.prefill))
     dec = tuple(StepTime(b, c, t) for (b, c), t in zip(DECODE_GRID, m.decode))
-    return ComputeProfile(key, pre, dec, fit_steps(pre, prefill_keys), fit_steps(dec, decode_keys),
+    return ComputeProfile(key, pre, dec, fit_steps(pre, prefill_keys), fit_decode_steps(dec),
                           datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter() - t_start)
 
 
