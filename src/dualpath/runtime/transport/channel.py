@@ -3,19 +3,30 @@
 Each process binds one `Inbox` (PULL) at an endpoint in a shared temporary directory and keeps an
 `Outbox` (PUSH) per peer it talks to. Messages are the registered dataclasses of `messages`.
 PUSH/PULL keeps per-sender order; there is no reply socket: a request names its `reply_to` inbox.
-Between hosts the same sockets take tcp:// endpoints; set `zmq.TOS` from `tcp.lane_socket_options`
-to give them a lane.
+
+Between hosts the same sockets take tcp:// endpoints. They are then marked for the latency-critical
+lane (control messages are small and on the critical path: IP_TOS from tcp.py) and, given a shared
+token, authenticated both ways (peer_auth.py: CURVE keys derived from it); an endpoint beyond
+loopback without a token is refused. A frame that does not decode as a registered message is
+dropped and counted (`Inbox.bad_frames`), never raised into the engine's loop. Field types are not
+checked: past authentication a peer is one of ours, and a wrong type there is a bug to see.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from ...core.lanes import Lane
 from .messages import decode, encode
+from .peer_auth import endpoint_is_local, secure_client, secure_server
+from .tcp import lane_socket_options
+
+log = logging.getLogger(__name__)
 
 _MAX_IPC_PATH = 100  # sun_path holds 107 bytes on Linux; keep a margin
 
@@ -28,20 +39,44 @@ def ipc_endpoint(directory: str | Path, name: str) -> str:
     return f"ipc://{path}"
 
 
-class Inbox:
-    """Bound PULL socket; use from one thread."""
+def _prepare(sock: zmq.Socket, endpoint: str, token: bytes | None, server: bool) -> None:
+    """Lane marks and authentication for a tcp:// endpoint; ipc:// needs neither."""
+    if not endpoint.startswith("tcp://"):
+        return
+    if token is None and not endpoint_is_local(endpoint):
+        raise ValueError(f"{endpoint} is reachable beyond loopback: it needs a shared token (--token-file)")
+    sock.setsockopt(zmq.TOS, lane_socket_options(Lane.LATENCY_CRITICAL).ip_tos)
+    if token is not None:
+        (secure_server if server else secure_client)(sock, token)
 
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
+
+class Inbox:
+    """Bound PULL socket; use from one thread. `token`: authenticate tcp:// peers (peer_auth.py)."""
+
+    def __init__(self, endpoint: str, token: bytes | None = None) -> None:
         self._sock = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(endpoint)
+        try:
+            _prepare(self._sock, endpoint, token, server=True)
+            self._sock.bind(endpoint)
+        except Exception:
+            self._sock.close()
+            raise
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT) if endpoint.startswith("tcp://") else endpoint
+        self.bad_frames = 0
 
     def recv(self, timeout_s: float | None = None) -> Any | None:
-        """The next message, or None if none arrives within `timeout_s` (None = wait forever)."""
-        if timeout_s is not None and not self._sock.poll(max(0, round(timeout_s * 1000))):
-            return None
-        return decode(self._sock.recv(copy=True))
+        """The next message, or None if none arrives within `timeout_s` (None = wait forever).
+        Frames that are not a registered message are dropped (counted in `bad_frames`)."""
+        while True:
+            if timeout_s is not None and not self._sock.poll(max(0, round(timeout_s * 1000))):
+                return None
+            data = self._sock.recv(copy=True)
+            try:
+                return decode(data)
+            except Exception as exc:  # msgpack's errors, a wrong field count, an unknown tag: a bad frame
+                self.bad_frames += 1
+                log.warning("%s: dropped a malformed frame of %d bytes (%s)", self.endpoint, len(data), exc)
 
     def close(self) -> None:
         self._sock.close()
@@ -56,12 +91,17 @@ class Inbox:
 class Outbox:
     """Connected PUSH socket; `send` is thread-safe (a link's thread sends completions)."""
 
-    def __init__(self, endpoint: str, linger_s: float = 1.0) -> None:
+    def __init__(self, endpoint: str, linger_s: float = 1.0, token: bytes | None = None) -> None:
         self.endpoint = endpoint
         self._lock = threading.Lock()
         self._sock = zmq.Context.instance().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.LINGER, round(linger_s * 1000))  # queued messages flush on close
-        self._sock.connect(endpoint)
+        try:
+            _prepare(self._sock, endpoint, token, server=False)
+            self._sock.connect(endpoint)
+        except Exception:
+            self._sock.close()
+            raise
 
     def send(self, msg: Any) -> None:
         data = encode(msg)
