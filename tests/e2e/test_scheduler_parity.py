@@ -155,8 +155,9 @@ def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Out
                         de_kv_tokens=int(sim.de_kv_hbm_bytes // kvb), scheduler=sim.cfg.scheduler)
     buffers = {n.nid: _Buffer() for n in sim.nodes}
     router = Router(cfg, model_name="parity", tokenizer=None, max_context_tokens=2**30, eos_token_ids=(),
-                    kv_bytes_per_token=kvb, full_block_bytes=kvb * BLOCK_TOKENS, buffers=buffers, store=_Store(),
+                    kv_bytes_per_token=kvb, full_block_bytes=kvb * BLOCK_TOKENS, store=_Store(),
                     endpoint=f"ipc://{tmp_path}/router", clock=_Clock())
+    router.buffers.update(buffers)  # what each engine's Hello would have given
     outboxes = {}
     for n in sim.nodes:
         eid = n.engines[0].eid

@@ -122,7 +122,7 @@ class LocalCluster:
         router_ep = ipc_endpoint(self._tmp, "router")
         self.router = Router(cfg, model_name=cfg.model, tokenizer=tokenizer, max_context_tokens=mcfg.max_position_tokens,
                              eos_token_ids=tuple(mcfg.eos_token_ids), kv_bytes_per_token=tbpl * mcfg.num_layers,
-                             full_block_bytes=fbb, buffers=self._buffers, store=self.store, endpoint=router_ep,
+                             full_block_bytes=fbb, store=self.store, endpoint=router_ep,
                              clock=MonotonicClock())
         self.router.start(asyncio.get_running_loop())
         ctx = engine_context()

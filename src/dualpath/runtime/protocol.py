@@ -51,6 +51,8 @@ class Hello:
     buffer_bytes: int
     prefill_tokens_per_s: float  # measured at start (PE), 0 for DE
     attn_flops_per_s: float  # measured attention rate (PE), for the compute quota
+    buffer_segment: str = ""  # the node's host buffer: its segment name and Full Block slots, from
+    buffer_slots: int = 0  # which the router's ledger (SlotLedger) for this node is built
 
 
 @message

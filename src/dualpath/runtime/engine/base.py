@@ -176,6 +176,11 @@ class EngineBase:
     def on_reconfigured(self) -> None:
         """Subclasses rebuild what depends on the mode."""
 
+    def own_buffer(self) -> tuple[str, int]:
+        """(segment name, Full Block slots) of this node's host buffer, for the Hello."""
+        name, size = self.spec.segments[self.node]
+        return name, size // self.layout.full_block_bytes
+
     # --- mail -------------------------------------------------------------------------------
     def send(self, endpoint: str, msg: Any) -> None:
         with self._out_lock:

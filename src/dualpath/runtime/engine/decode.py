@@ -71,7 +71,7 @@ class DecodeEngine(EngineBase):
     def run(self) -> None:
         # HBM in whole blocks: the router reserves prompt + max_tokens rounded up to blocks
         self.to_router(Hello(self.spec.engine, EngineRole.DECODE, self.spec.endpoint, self.cache.num_blocks * self.cfg.block_tokens,
-                             self.buffers[self.node].nbytes, 0.0, 0.0))
+                             self.buffers[self.node].nbytes, 0.0, 0.0, *self.own_buffer()))
         while not self._stop:
             while True:
                 msg = self.inbox.recv(0)

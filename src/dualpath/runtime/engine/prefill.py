@@ -98,7 +98,7 @@ class PrefillEngine(EngineBase):
     # --- control loop ---------------------------------------------------------------------
     def run(self) -> None:
         self.to_router(Hello(self.spec.engine, EngineRole.PREFILL, self.spec.endpoint, 0, self.buffers[self.node].nbytes,
-                             self.prefill_tokens_per_s, self.attn_flops_per_s))
+                             self.prefill_tokens_per_s, self.attn_flops_per_s, *self.own_buffer()))
         while not self._stop:
             batch = self._form_batch()
             if batch:

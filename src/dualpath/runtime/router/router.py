@@ -39,7 +39,7 @@ from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, 
                         Hello, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Reconfigure,
                         Reconfigured, Token)
 from ..transport.channel import Inbox, Outbox
-from ..transport.shm import HostBuffer
+from ..transport.shm import SlotLedger
 from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
@@ -51,7 +51,7 @@ from .tokens import emit, first_token
 class Router:
     def __init__(self, config: RuntimeConfig, *, model_name: str, tokenizer: Any, max_context_tokens: int,
                  eos_token_ids: tuple[int, ...], kv_bytes_per_token: int, full_block_bytes: int,
-                 buffers: dict[int, HostBuffer], store: Any, endpoint: str, clock: Any) -> None:
+                 store: Any, endpoint: str, clock: Any) -> None:
         self.cfg = config
         self.features = config.features
         self.model_name = model_name
@@ -60,8 +60,8 @@ class Router:
         self.eos_token_ids = eos_token_ids
         self.kv_bytes_per_token = kv_bytes_per_token
         self.full_block_bytes = full_block_bytes
-        self.buffers = buffers
-        self.placement = Placement(store, buffers, config.block_tokens)
+        self.buffers: dict[int, SlotLedger] = {}  # node -> its host buffer's slots, from the engine's Hello
+        self.placement = Placement(store, self.buffers, config.block_tokens)
         self.clock = clock
         self.engines: dict[int, EngineState] = {}
         self.requests: dict[int, RouterRequest] = {}
@@ -303,7 +303,7 @@ class Router:
         if isinstance(msg, Hello):
             e = EngineState(msg.engine, EngineRole(msg.role), msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
                             prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint))
-            self.engines[msg.engine] = e
+            self.engines[msg.engine], self.buffers[msg.engine] = e, SlotLedger(msg.buffer_segment, self.full_block_bytes, msg.buffer_slots)
             return
         if isinstance(msg, Counters):
             self.metrics.counters(msg)

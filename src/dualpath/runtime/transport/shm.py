@@ -4,7 +4,8 @@ Lifecycle:
 1. The owning process `HostBuffer.create(slot_bytes, num_slots)`: one POSIX shared-memory
    segment, every slot free.
 2. The owner `allocate(nbytes)`s a slot and gets a `ShmRegion(segment, offset_bytes, nbytes)`,
-   the address any process on the host can use.
+   the address any process on the host can use. (The router allocates from a `SlotLedger` of the
+   same shape, built from the owning engine's Hello: the bookkeeping without the memory.)
 3. Any process (the owner included) reads or writes the bytes through `view(region)`; other
    processes attach by name through `SharedSegments` (the stand-in for RDMA memory registration).
 4. The owner `free(region)`s the slot when the bytes are consumed.
@@ -56,30 +57,21 @@ def _prefault(m: mmap.mmap | None) -> None:
         pass
 
 
-class HostBuffer:
-    """Owner of one segment of `num_slots` slots of `slot_bytes` each."""
+class SlotLedger:
+    """Which slots of a segment are in use: the bookkeeping half of a host buffer, kept apart from
+    its memory so that the router can allocate slots of a buffer that lives in another process
+    (or, across hosts, on another machine: the engine that owns it reports its name and shape in
+    its Hello). Conservation (check_invariants): free + used = num_slots, disjoint."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, slot_bytes: int, num_slots: int) -> None:
-        self._shm = shm
-        self.name = shm.name
+    def __init__(self, name: str, slot_bytes: int, num_slots: int) -> None:
+        if slot_bytes <= 0 or num_slots <= 0:
+            raise ValueError(f"slot_bytes and num_slots must be positive, got {slot_bytes} and {num_slots}")
+        self.name = name
         self.slot_bytes = slot_bytes
         self.num_slots = num_slots
-        self._array = np.frombuffer(shm.buf, dtype=np.uint8, count=slot_bytes * num_slots)
         self._lock = threading.Lock()
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self._used: set[int] = set()
-        self._closed = False
-
-    @classmethod
-    def create(cls, slot_bytes: int, num_slots: int, name: str | None = None, prefault: bool = True) -> "HostBuffer":
-        if slot_bytes <= 0 or num_slots <= 0:
-            raise ValueError(f"slot_bytes and num_slots must be positive, got {slot_bytes} and {num_slots}")
-        # The creator registers the segment with multiprocessing's resource tracker, which
-        # unlinks it if the process tree dies without `close()`.
-        shm = shared_memory.SharedMemory(name=name, create=True, size=slot_bytes * num_slots)
-        if prefault:
-            _prefault(getattr(shm, "_mmap", None))
-        return cls(shm, slot_bytes, num_slots)
 
     @property
     def num_free_slots(self) -> int:
@@ -109,12 +101,6 @@ class HostBuffer:
             self._used.remove(slot)
             self._free.append(slot)
 
-    def view(self, region: ShmRegion) -> np.ndarray:
-        """Writable uint8 view of the region's bytes."""
-        if region.segment != self.name:
-            raise ValueError(f"region is in segment {region.segment!r}, not {self.name!r}")
-        return _slice(self._array, region)
-
     def check_invariants(self) -> None:
         with self._lock:
             free = set(self._free)
@@ -122,6 +108,41 @@ class HostBuffer:
             assert not free & self._used, "a slot is both free and used"
             assert len(free) + len(self._used) == self.num_slots, "slots were lost or invented"
             assert all(0 <= s < self.num_slots for s in free | self._used), "slot index out of range"
+
+    def _slot_of(self, region: ShmRegion) -> int:
+        if region.segment != self.name:
+            raise ValueError(f"region is in segment {region.segment!r}, not {self.name!r}")
+        slot, rem = divmod(region.offset_bytes, self.slot_bytes)
+        if rem or not 0 <= slot < self.num_slots:
+            raise ValueError(f"offset {region.offset_bytes} is not the start of a slot of {self.name}")
+        return slot
+
+
+class HostBuffer(SlotLedger):
+    """Owner of one segment of `num_slots` slots of `slot_bytes` each, with its own ledger."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, slot_bytes: int, num_slots: int) -> None:
+        super().__init__(shm.name, slot_bytes, num_slots)
+        self._shm = shm
+        self._array = np.frombuffer(shm.buf, dtype=np.uint8, count=slot_bytes * num_slots)
+        self._closed = False
+
+    @classmethod
+    def create(cls, slot_bytes: int, num_slots: int, name: str | None = None, prefault: bool = True) -> "HostBuffer":
+        if slot_bytes <= 0 or num_slots <= 0:
+            raise ValueError(f"slot_bytes and num_slots must be positive, got {slot_bytes} and {num_slots}")
+        # The creator registers the segment with multiprocessing's resource tracker, which
+        # unlinks it if the process tree dies without `close()`.
+        shm = shared_memory.SharedMemory(name=name, create=True, size=slot_bytes * num_slots)
+        if prefault:
+            _prefault(getattr(shm, "_mmap", None))
+        return cls(shm, slot_bytes, num_slots)
+
+    def view(self, region: ShmRegion) -> np.ndarray:
+        """Writable uint8 view of the region's bytes."""
+        if region.segment != self.name:
+            raise ValueError(f"region is in segment {region.segment!r}, not {self.name!r}")
+        return _slice(self._array, region)
 
     def close(self) -> None:
         """Unlink the segment (its name disappears) and unmap it from this process."""
@@ -140,14 +161,6 @@ class HostBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _slot_of(self, region: ShmRegion) -> int:
-        if region.segment != self.name:
-            raise ValueError(f"region is in segment {region.segment!r}, not {self.name!r}")
-        slot, rem = divmod(region.offset_bytes, self.slot_bytes)
-        if rem or not 0 <= slot < self.num_slots:
-            raise ValueError(f"offset {region.offset_bytes} is not the start of a slot of {self.name}")
-        return slot
 
 
 class SharedSegments:
