@@ -322,23 +322,25 @@ class RuntimeConfig:
     # first block (0 = none). The engines measure what a read's first block takes and report it
     # (Counters.read_latency_s), so the scheduler's read-or-recompute rule sees the store's latency.
     store_read_delay_s: float = 0.0
-    # The engines read stored blocks with O_DIRECT (BlockStore direct_io), as a storage client
-    # reading SSDs does: the page cache would serve a hot prefix from this host's DRAM, which a
-    # remote store (3FS, PAPER.md 1.1) never does. A file system that refuses O_DIRECT (tmpfs) falls
-    # back to buffered reads on its first refusal. False: buffered.
+    # The engines read stored blocks with O_DIRECT (BlockStore direct_io), as a client reading SSDs
+    # does: the page cache would serve a hot prefix from this host's DRAM, which a remote store (3FS,
+    # PAPER.md 1.1) never does. tmpfs refuses O_DIRECT: buffered reads after the first refusal.
     store_direct_io: bool = True
     # A call to a storage service (--store tcp://...) that has not answered after this many seconds
     # fails: a lookup finds nothing, a read is a miss (recomputed), a persist is WRITE_FAILED. A
     # frozen service then costs each call this bound instead of hanging it (issue 11's matrix).
     # 5 s: a get of a prompt's blocks on loopback takes milliseconds (docs/experiments.md section 10).
     store_timeout_s: float = 5.0
+    # Control channels (transport/channel.py): "ipc" (one host, a private directory) or "tcp" (LC lane
+    # marks; CURVE with the token in peer_token_file, required beyond loopback: transport/peer_auth.py).
+    control_transport: str = "ipc"
+    peer_token_file: str | None = None
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None
     device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/engine/device.py)
     seed: int = 0
-    # Tests and experiments: read every hit on this side ("prefill" or "decode") instead of the
-    # policy's choice (the DE side needs a mode with the DE read path).
+    # Tests: read every hit on this side ("prefill" | "decode", a mode with that path) not the policy's
     force_read_side: str | None = None
     # Engine faults (runtime/router/liveness.py, recovery.py). An engine silent this long is fenced
     # (killed) and its requests recovered; it beats every timeout / HEARTBEATS_PER_TIMEOUT (5) from
@@ -364,12 +366,12 @@ class RuntimeConfig:
             raise InputError("need at least one prefill and one decode engine")
         if not 0.0 <= self.kv_corrupt_probability <= 1.0:
             raise InputError(f"kv_corrupt_probability must be in [0, 1], got {self.kv_corrupt_probability}")
-        if self.persist_wait_s < 0:
-            raise InputError("persist_wait_s must be >= 0")
-        if self.store_timeout_s <= 0:
-            raise InputError(f"store_timeout_s must be positive, got {self.store_timeout_s}")
-        if self.store_read_delay_s < 0:
-            raise InputError(f"store_read_delay_s must be >= 0, got {self.store_read_delay_s}")
+        for name in ("persist_wait_s", "store_read_delay_s"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.store_timeout_s <= 0 or self.control_transport not in ("ipc", "tcp"):
+            raise InputError(f"need store_timeout_s > 0 (got {self.store_timeout_s}) and control_transport ipc or tcp "
+                             f"(got {self.control_transport!r})")
         for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
                      "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch"):
             if getattr(self, name) <= 0:

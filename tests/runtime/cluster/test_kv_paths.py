@@ -38,8 +38,10 @@ def reference_conversation(model_name: str) -> list[list[int]]:
     return outs
 
 
-async def cluster_conversation(cfg: RuntimeConfig) -> tuple[list[list[int]], list[int], dict]:
+async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None) -> tuple[list[list[int]], list[int], dict]:
     async with LocalCluster(cfg, start_timeout_s=180) as c:
+        if endpoints is not None:
+            endpoints.extend([c.router.endpoint, *(e.endpoint for e in c.router.engines.values())])
         context: list[int] = []
         outs, cached = [], []
         for i, append in enumerate(TURNS):
@@ -80,3 +82,19 @@ def test_tokens_identical_on_every_path_and_to_recompute(reference, mode, side):
         assert read["storage_via_decode"] > 0 and read["storage_to_prefill"] == 0
     elif mode != "oracle":
         assert read["storage_to_prefill"] > 0 and read["storage_via_decode"] == 0
+
+
+def test_control_over_authenticated_tcp_gives_the_same_tokens(reference, tmp_path):
+    """The engines and the router talk over tcp:// (loopback), CURVE-authenticated with a shared
+    token (transport/peer_auth.py), as engines on other hosts would: the DE path, whose layer
+    streams send the most control messages, gives the recompute's tokens."""
+    token = tmp_path / "token"
+    token.write_text("a deployment's shared secret\n")
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
+                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, control_transport="tcp",
+                        peer_token_file=str(token))
+    endpoints: list[str] = []
+    outs, _, summary = asyncio.run(cluster_conversation(cfg, endpoints))
+    assert all(ep.startswith("tcp://127.0.0.1:") for ep in endpoints) and len(set(endpoints)) == 3
+    assert outs == reference
+    assert summary["bytes"]["storage_via_decode"] > 0

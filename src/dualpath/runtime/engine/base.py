@@ -29,7 +29,7 @@ from ..transport.transfer import SpanCopy
 from ..model import load_model
 from ..protocol import HEARTBEATS_PER_TIMEOUT, INTEGRITY_COUNTERS, Counters, EngineRole, Heartbeat, Persisted, Reconfigure, Reconfigured
 from ..store import BlockStore, PutOutcome
-from ..store.remote import RemoteStore, store_for
+from ..store.remote import RemoteStore, read_token, store_for
 
 STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 # weight of the newest read in the store-latency EWMA (Counters.read_latency_s): a store that turns
@@ -123,7 +123,9 @@ class EngineBase:
         self.buffers: dict[int, np.ndarray] = {
             int(node): self._attached.view(ShmRegion(name, 0, size)) for node, (name, size) in spec.segments.items()
         }
-        self.inbox = Inbox(spec.endpoint)
+        self.token = None if cfg.peer_token_file is None else read_token(cfg.peer_token_file)
+        self.inbox = Inbox(spec.endpoint, token=self.token)
+        self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
         self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
@@ -186,7 +188,7 @@ class EngineBase:
         with self._out_lock:
             box = self._outboxes.get(endpoint)
             if box is None:
-                box = self._outboxes[endpoint] = Outbox(endpoint)
+                box = self._outboxes[endpoint] = Outbox(endpoint, token=self.token)
         box.send(msg)
 
     def to_router(self, msg: Any) -> None:

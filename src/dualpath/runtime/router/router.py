@@ -24,7 +24,6 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from ...config import RuntimeConfig
@@ -36,13 +35,15 @@ from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
-                        Hello, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone, Reconfigure,
+                        Hello, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
                         Reconfigured, Token)
 from ..transport.channel import Inbox, Outbox
+from ..store.remote import read_token
 from ..transport.shm import SlotLedger
 from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
+from .modes import switch_mode
 from .recovery import check_heartbeats
 from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
 from .tokens import emit, first_token
@@ -74,12 +75,13 @@ class Router:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pass_pending = False
         self.metrics = RouterMetrics(clock)
-        self.inbox = Inbox(endpoint)
-        self.endpoint = endpoint
+        self.token = None if config.peer_token_file is None else read_token(config.peer_token_file)
+        self.inbox = Inbox(endpoint, token=self.token)
+        self.endpoint = self.inbox.endpoint  # tcp://HOST:0 binds a free port: the one it got
         self._stop = threading.Event()
         self._receiver = threading.Thread(target=self._receive, name="router-inbox", daemon=True)
         self._expected_engines = config.num_prefill + config.num_decode
-        self._reconfigured: set[int] = set()
+        self.reconfigured: set[int] = set()
         self.liveness = Liveness(config.engine_heartbeat_timeout_s)
         self.on_fence: Callable[[int], None] = lambda engine: None  # the cluster kills a fenced engine
         self.watch: asyncio.TimerHandle | None = None  # the next heartbeat check (recovery.check_heartbeats)
@@ -142,22 +144,8 @@ class Router:
         self.kick()
 
     async def reconfigure(self, mode: str, store: Any, store_root: str, timeout_s: float = 120.0) -> None:
-        """Switch every engine and the router to `mode` on a fresh store; only while idle."""
-        if self.requests:
-            raise RuntimeError("reconfigure needs an idle cluster")
-        self._reconfigured = set()
-        for e in self.live_engines():
-            e.outbox.send(Reconfigure(mode, store_root))
-        deadline = self.clock.now_s() + timeout_s
-        while len(self._reconfigured) < len(self.live_engines()):
-            if self.clock.now_s() > deadline:
-                raise RuntimeError("engines did not acknowledge the new mode")
-            await asyncio.sleep(0.02)
-        self.cfg = replace(self.cfg, mode=mode)
-        self.features = self.cfg.features
-        self.placement.store = store
-        self.metrics = RouterMetrics(self.clock)
-        self.new_scheduler()
+        """Switch every engine and the router to `mode` on a fresh store; only while idle (modes.py)."""
+        await switch_mode(self, mode, store, store_root, timeout_s)
 
     # --- 1. requests ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -302,14 +290,14 @@ class Router:
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
         if isinstance(msg, Hello):
             e = EngineState(msg.engine, EngineRole(msg.role), msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
-                            prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint))
+                            prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint, token=self.token))
             self.engines[msg.engine], self.buffers[msg.engine] = e, SlotLedger(msg.buffer_segment, self.full_block_bytes, msg.buffer_slots)
             return
         if isinstance(msg, Counters):
             self.metrics.counters(msg)
             return
         if isinstance(msg, Reconfigured):
-            self._reconfigured.add(msg.engine)
+            self.reconfigured.add(msg.engine)
             return
         if isinstance(msg, PersistQueued):
             self.placement.persist_queued(msg.digests, msg.engine)
