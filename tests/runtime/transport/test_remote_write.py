@@ -3,6 +3,7 @@ carry their marks on both ends, and a LinkArbiter drives RemoteSpanWrite chunk b
 Hostile peers and authentication: test_remote_write_safety.py."""
 
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -106,6 +107,35 @@ def test_an_imm_is_delivered_only_after_every_earlier_write_landed(pair):
         assert (lane, message, all_landed) == (KV, b"round %d" % round_no, True)
     assert target.stats().write_frames == (0, 300)
 
+
+def test_threads_sharing_a_lane_never_interleave_frames(pair):
+    target, initiator, _, inbox = pair
+    part_bytes = 2**20  # large writes: the kernel takes them in several steps, which could interleave
+    region = np.zeros(4 * part_bytes, dtype=np.uint8)
+    target.register("big", region)
+    data = np.random.default_rng(13).integers(0, 256, region.size, dtype=np.uint8)
+    for lane in (LC, KV):  # a small send buffer: every large send waits for room, mid-frame
+        initiator.lane_socket(lane).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16_384)
+
+    def writer(k):  # threads 0 and 2 share the LC lane, 1 and 3 the KV lane
+        lane = (LC, KV)[k % 2]
+        pos, end = k * part_bytes, (k + 1) * part_bytes
+        while pos < end:
+            n = min(end - pos, 1 + (pos * 7919) % 200_000)
+            initiator.write(lane, "big", pos, data[pos:pos + n])
+            pos += n
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for lane in (LC, KV):
+        initiator.immediate(lane, b"end")
+    assert sorted(inbox.get()[:2] for _ in range(2)) == [(LC, b"end"), (KV, b"end")]
+    assert target.stats().bad_frames == (0, 0)
+    assert np.array_equal(region, data)
+    assert target.stats().written_bytes == (2 * part_bytes, 2 * part_bytes)
 
 def test_writes_larger_than_one_frame_are_split_and_land(pair, monkeypatch):
     target, initiator, segments, inbox = pair
