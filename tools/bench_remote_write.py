@@ -137,7 +137,8 @@ def main() -> None:
 
 def report(rows: dict[str, float], total: int, chunk: int, args: argparse.Namespace) -> None:
     base = total / rows["memcpy"] / 1e9
-    print(f"{total / MIB:.0f} MiB in {chunk / MIB:g} MiB chunks, best of {args.repeat}, loopback, {os.cpu_count()} CPUs")
+    size = f"{chunk / MIB:g} MiB" if chunk >= MIB else f"{chunk / 1024:g} KiB"
+    print(f"{total / MIB:.0f} MiB in {size} chunks, best of {args.repeat}, loopback, {os.cpu_count()} CPUs")
     print(f"{'way':<18} {'seconds':>8} {'GB/s':>7} {'vs memcpy':>9}")
     for name, seconds in rows.items():
         gbps = total / seconds / 1e9
