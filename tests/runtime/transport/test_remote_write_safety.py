@@ -3,6 +3,7 @@ the registered region stays untouched, the target keeps serving; the token is ch
 challenge-response; without a token the target stays on loopback (issue 11 item 5)."""
 
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -178,3 +179,28 @@ def test_a_write_to_a_closed_target_fails_loudly_and_breaks_only_that_lane():
     with pytest.raises(wire.RemoteWriteError, match="unusable"):
         initiator.write(KV, "seg", 0, b"x")
     initiator.close()
+
+
+def test_a_peer_that_stops_reading_breaks_the_lane_after_the_send_timeout():
+    """A frozen target (it accepted, then reads nothing): the write gives up instead of blocking
+    the caller's thread for ever."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        held = []
+
+        def frozen_target():
+            conn, _ = listener.accept()
+            held.append(conn)
+            conn.sendall(wire.CHALLENGE.pack(wire.MAGIC, wire.PROTOCOL_VERSION, bytes(wire.NONCE_BYTES)))
+            conn.recv(wire.HELLO.size, socket.MSG_WAITALL)
+            conn.sendall(wire.ACCEPT)
+
+        thread = threading.Thread(target=frozen_target)
+        thread.start()
+        initiator = WriteInitiator(*listener.getsockname(), lanes=(KV,), send_timeout_s=0.3)
+        thread.join()
+        with pytest.raises(wire.RemoteWriteError, match="timed out"):
+            initiator.write(KV, "seg", 0, np.zeros(64 * 2**20, np.uint8))  # more than the kernel buffers
+        with pytest.raises(wire.RemoteWriteError, match="unusable"):
+            initiator.immediate(KV, b"late")
+        initiator.close()
+        held[0].close()

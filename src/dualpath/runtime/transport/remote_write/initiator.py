@@ -12,8 +12,9 @@ its traffic class on RoCE: tcp.py). Lifecycle:
    kernel", not "landed": the receiver learns that from the IMM that follows.
 3. `immediate(lane, message)` sends an IMM on the same stream: the target delivers it only after
    every earlier WRITE of that lane has landed.
-4. A send that fails breaks its lane (the frame boundary is lost): later calls on that lane raise
-   `RemoteWriteError` at once; the other lane is unaffected. `close()` closes both.
+4. A send that fails, or makes no progress for `send_timeout_s` (a frozen peer), breaks its lane
+   (the frame boundary is lost): later calls on that lane raise `RemoteWriteError` at once; the
+   other lane is unaffected. `close()` closes both.
 
 Each lane has its own lock: one thread at a time writes a lane's stream (a frame is never
 interleaved with another), while the two lanes proceed in parallel.
@@ -35,6 +36,10 @@ from .wire import (
 )
 
 BOTH_LANES = (Lane.LATENCY_CRITICAL, Lane.KV)
+# A send that makes no progress this long breaks its lane instead of blocking the caller (a
+# LinkArbiter's thread) for ever: twice RuntimeConfig.engine_heartbeat_timeout_s's default of
+# 5 s, by when the router has fenced a frozen or dead peer. None blocks without limit.
+SEND_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +77,9 @@ class WriteInitiator:
     """Connections to one target, one per lane in `lanes`."""
 
     def __init__(self, host: str, port: int, token: bytes | None = None, lanes: Iterable[Lane] = BOTH_LANES,
-                 connect_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 connect_timeout_s: float = HANDSHAKE_TIMEOUT_S, send_timeout_s: float | None = SEND_TIMEOUT_S) -> None:
         self.address = (host, port)
-        self._token = token
+        self._token, self._send_timeout_s = token, send_timeout_s
         self._lanes: dict[Lane, _LaneConn] = {}
         try:
             for lane in lanes:
@@ -190,7 +195,7 @@ class WriteInitiator:
                 raise PeerRefused(f"{host}:{port} refused the {lane.name} connection (token?)") from exc
             if bytes(reply) != ACCEPT:
                 raise RemoteWriteError(f"{host}:{port} answered the hello with {bytes(reply)!r}")
-            sock.settimeout(None)
+            sock.settimeout(self._send_timeout_s)
         except BaseException:
             sock.close()
             raise
