@@ -109,6 +109,8 @@ class WriteInitiator:
         for offset, view in pieces:
             if offset < 0:
                 raise ValueError(f"offset_bytes must be >= 0, got {offset}")
+            if view.format != "B" or view.ndim != 1:
+                view = byte_view(view)
             for at in range(0, view.nbytes, MAX_WRITE_FRAME_BYTES):
                 part = view[at:at + MAX_WRITE_FRAME_BYTES]
                 iov += (memoryview(write_header(name, offset + at, part.nbytes)), name_view, part)

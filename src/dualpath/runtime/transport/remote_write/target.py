@@ -166,9 +166,12 @@ class WriteTarget:
             conns = [(s, lane) for s, lane in self._conns.items() if lane is not None]
         out = []
         for s, lane in conns:
-            tos = s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) if s.family == socket.AF_INET else \
-                s.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS)
-            prio = s.getsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY) if hasattr(socket, "SO_PRIORITY") else None
+            try:
+                tos = s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) if s.family == socket.AF_INET else \
+                    s.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS)
+                prio = s.getsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY) if hasattr(socket, "SO_PRIORITY") else None
+            except OSError:  # closed since the snapshot
+                continue
             out.append(ConnectionMarks(lane, tos, prio))
         return out
 
@@ -207,6 +210,7 @@ class WriteTarget:
                 if self._closing.is_set():
                     return
                 log.exception("remote-write target: accept failed")
+                self._closing.wait(_ACCEPT_POLL_S)  # e.g. out of file descriptors: do not spin
                 continue
             with self._lock:
                 full = len(self._conns) >= self._max_connections
