@@ -331,9 +331,10 @@ class RuntimeConfig:
     # frozen service then costs each call this bound instead of hanging it (issue 11's matrix).
     # 5 s: a get of a prompt's blocks on loopback takes milliseconds (docs/experiments.md section 10).
     store_timeout_s: float = 5.0
-    # Control channels (transport/channel.py): "ipc" (one host, a private directory) or "tcp" (LC lane
-    # marks; CURVE with the token in peer_token_file, required beyond loopback: transport/peer_auth.py).
-    control_transport: str = "ipc"
+    # Between engines: "local" (one host: ipc:// control, shared-memory KV) or "tcp" (as across hosts:
+    # tcp:// control with LC marks, remote writes for KV, engine/peers.py; the token in peer_token_file
+    # authenticates every peer, required beyond loopback: transport/peer_auth.py, remote_write/wire.py).
+    engine_transport: str = "local"
     peer_token_file: str | None = None
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
@@ -369,9 +370,9 @@ class RuntimeConfig:
         for name in ("persist_wait_s", "store_read_delay_s"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.store_timeout_s <= 0 or self.control_transport not in ("ipc", "tcp"):
-            raise InputError(f"need store_timeout_s > 0 (got {self.store_timeout_s}) and control_transport ipc or tcp "
-                             f"(got {self.control_transport!r})")
+        if self.store_timeout_s <= 0 or self.engine_transport not in ("local", "tcp"):
+            raise InputError(f"need store_timeout_s > 0 (got {self.store_timeout_s}) and engine_transport local or tcp "
+                             f"(got {self.engine_transport!r})")
         for name in ("quota_attention_flops_per_s", "block_tokens", "chunk_bytes", "host_buffer_bytes",
                      "pe_hbm_bytes", "de_kv_tokens", "max_decode_batch"):
             if getattr(self, name) <= 0:

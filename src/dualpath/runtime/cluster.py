@@ -119,7 +119,7 @@ class LocalCluster:
             if role == EngineRole.PREFILL:
                 self._landing[e] = HostBuffer.create(cfg.pe_hbm_bytes, 1)
         segments = {e: (b.name, b.slot_bytes * b.num_slots) for e, b in self._buffers.items()}
-        tcp = cfg.control_transport == "tcp"  # loopback here; `dualpath engine` joins across hosts
+        tcp = cfg.engine_transport == "tcp"  # loopback here, as engines on separate hosts would talk
         endpoint = (lambda name: "tcp://127.0.0.1:0") if tcp else (lambda name: ipc_endpoint(self._tmp, name))
         router_ep = endpoint("router")
         self.router = Router(cfg, model_name=cfg.model, tokenizer=tokenizer, max_context_tokens=mcfg.max_position_tokens,
@@ -132,7 +132,8 @@ class LocalCluster:
         plan = self.cpu_plan
         for e, role in engines:
             landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == EngineRole.PREFILL else ()
-            spec = EngineSpec(e, role, endpoint(f"e{e}"), self.router.endpoint, cfg, segments, landing, store_root, fingerprint,
+            seen = {e: segments[e]} if tcp else segments  # across hosts an engine maps only its own node's buffer
+            spec = EngineSpec(e, role, endpoint(f"e{e}"), self.router.endpoint, cfg, seen, landing, store_root, fingerprint,
                               plan.cpus_by_engine[e], plan.threads_by_engine[e], environ)
             p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)
             p.start()

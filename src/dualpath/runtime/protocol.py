@@ -53,6 +53,7 @@ class Hello:
     attn_flops_per_s: float  # measured attention rate (PE), for the compute quota
     buffer_segment: str = ""  # the node's host buffer: its segment name and Full Block slots, from
     buffer_slots: int = 0  # which the router's ledger (SlotLedger) for this node is built
+    data_endpoint: str = ""  # HOST:PORT of its WriteTarget (engine_transport "tcp"; engine/peers.py)
 
 
 @message
@@ -66,6 +67,7 @@ class PrefillAssign:
     de_engine: int
     de_endpoint: str
     de_segment: str
+    de_data: str  # the DE's data endpoint for remote writes ("" on one host: engine/peers.py)
     de_offsets: list  # one slot offset per prompt block (ceil(prompt / block_tokens))
     pe_offsets: list  # PE-buffer slots (PE path); empty on the DE path
     temperature: float
@@ -121,6 +123,7 @@ class LayerPull:
     segment: str
     offset_bytes: int
     reply_to: str
+    reply_data: str  # the PE's data endpoint for remote writes ("" on one host: engine/peers.py)
 
 
 @message
@@ -244,6 +247,7 @@ class Counters:
     # the node's store latency as this engine's reader sees it: an EWMA (READ_LATENCY_EWMA_WEIGHT)
     # of the seconds a read job's first block takes, its SNIC wait excluded; 0 before any read
     read_latency_s: float = 0.0
+    remote_write_bytes: int = 0  # KV bytes this engine wrote into peers over TCP (engine/peers.py)
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

@@ -6,6 +6,7 @@ import asyncio
 import os
 
 import pytest
+import torch
 
 from dualpath.config import RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
@@ -56,7 +57,7 @@ async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None
             # the DE persists the turn's full blocks (the last token's KV is not computed yet)
             await wait_chain_stored(c.router.store, context[:-1], cfg.block_tokens)
         c.router.check_invariants()
-        summary = c.router.metrics.summary()
+    summary = c.router.metrics.summary()  # after the engines' last Counters (sent as they stop)
     return outs, cached, summary
 
 
@@ -78,23 +79,36 @@ def test_tokens_identical_on_every_path_and_to_recompute(reference, mode, side):
         context += len(TURNS[i - 1]) + len(reference[i - 1])
         assert cached[i] == context // 64 * 64
     read = summary["bytes"]
+    assert read["remote_writes"] == 0  # one host: every KV byte between engines went through shared memory
     if side == "decode":
         assert read["storage_via_decode"] > 0 and read["storage_to_prefill"] == 0
     elif mode != "oracle":
         assert read["storage_to_prefill"] > 0 and read["storage_via_decode"] == 0
 
 
-def test_control_over_authenticated_tcp_gives_the_same_tokens(reference, tmp_path):
-    """The engines and the router talk over tcp:// (loopback), CURVE-authenticated with a shared
-    token (transport/peer_auth.py), as engines on other hosts would: the DE path, whose layer
-    streams send the most control messages, gives the recompute's tokens."""
+@pytest.mark.parametrize("side", ["decode", "prefill"])
+def test_engines_talking_as_across_hosts_give_the_same_tokens(reference, tmp_path, side):
+    """engine_transport="tcp": the engines and the router talk over tcp:// (loopback), CURVE-
+    authenticated with a shared token (transport/peer_auth.py), and every KV byte between engines
+    is a remote write over TCP (engine/peers.py), each engine mapping only its own memory, as on
+    separate hosts. The tokens are the recompute's, and the bytes written into peers are exactly
+    each turn's prompt KV: the PD transfer of the new tokens plus the hit (sent by the PE on the PE
+    path; streamed by the DE into the PE's landing zone, layer by layer, on the DE path)."""
     token = tmp_path / "token"
     token.write_text("a deployment's shared secret\n")
-    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, control_transport="tcp",
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side=side, host_buffer_bytes=32 * 2**20,
+                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp",
                         peer_token_file=str(token))
     endpoints: list[str] = []
-    outs, _, summary = asyncio.run(cluster_conversation(cfg, endpoints))
+    outs, cached, summary = asyncio.run(cluster_conversation(cfg, endpoints))
     assert all(ep.startswith("tcp://127.0.0.1:") for ep in endpoints) and len(set(endpoints)) == 3
     assert outs == reference
-    assert summary["bytes"]["storage_via_decode"] > 0
+    prompts, context = [], 0
+    for append, out in zip(TURNS, reference):
+        prompts.append(context + len(append))
+        context += len(append) + len(out)
+    kv_bytes_per_token = load_model("tiny").model.config.kv_bytes_per_token_per_layer(torch.float32) * \
+        load_model("tiny").model.config.num_layers
+    assert summary["bytes"]["remote_writes"] == sum(prompts) * kv_bytes_per_token
+    key = "storage_via_decode" if side == "decode" else "storage_to_prefill"
+    assert summary["bytes"][key] == sum(cached) * kv_bytes_per_token > 0

@@ -39,6 +39,7 @@ from ..transport import LinkArbiter, ShmRegion, TokenBucket
 from ..transport.channel import Inbox, Outbox
 from ..transport.messages import message
 from ..transport.shm import SharedSegments
+from .peers import PeerWrites
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,9 @@ class EngineBase:
         self.token = None if cfg.peer_token_file is None else read_token(cfg.peer_token_file)
         self.inbox = Inbox(spec.endpoint, token=self.token)
         self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
+        self.node = spec.engine  # every engine is its own node on this runtime
+        self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token)
+        self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
         self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
@@ -178,10 +182,15 @@ class EngineBase:
     def on_reconfigured(self) -> None:
         """Subclasses rebuild what depends on the mode."""
 
-    def own_buffer(self) -> tuple[str, int]:
-        """(segment name, Full Block slots) of this node's host buffer, for the Hello."""
+    def own_buffer(self) -> tuple[str, int, str]:
+        """(segment name, Full Block slots) of this node's host buffer and where peers write to
+        this engine (engine/peers.py), for the Hello."""
         name, size = self.spec.segments[self.node]
-        return name, size // self.layout.full_block_bytes
+        return name, size // self.layout.full_block_bytes, self.peers.data_endpoint
+
+    def attached_view(self, region: ShmRegion) -> np.ndarray:
+        """A writable view of a region of any segment on this host (a peer's, on one host)."""
+        return self._attached.view(region)
 
     # --- mail -------------------------------------------------------------------------------
     def send(self, endpoint: str, msg: Any) -> None:
@@ -319,7 +328,8 @@ class EngineBase:
                                 int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]),
                                 float(self.counters["busy_s"]),
                                 int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS),
-                                read_latency_s=float(self.counters["read_latency_s"])))
+                                read_latency_s=float(self.counters["read_latency_s"]),
+                                remote_write_bytes=self.peers.sent_bytes()))
 
     def close(self) -> None:
         self._stop = True
@@ -328,6 +338,7 @@ class EngineBase:
         self._writer.join(timeout=30)
         self.arbiter.close()
         self.report_counters()
+        self.peers.close()
         self._beating.set()  # beats until the outboxes close
         self._heart.join(timeout=5)
         with self._out_lock:

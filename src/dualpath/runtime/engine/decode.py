@@ -60,7 +60,6 @@ class DecodeRequest:
 class DecodeEngine(EngineBase):
     def __init__(self, spec: EngineSpec) -> None:
         super().__init__(spec)
-        self.node = spec.engine
         bt = self.cfg.block_tokens
         self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt), block_tokens=bt,
                                   dtype=self.dtype, device=self.device)
@@ -137,10 +136,10 @@ class DecodeEngine(EngineBase):
     def _layer_pull(self, m: LayerPull) -> None:
         r = self.reqs[m.rid]
         spans = layer_spans(self.layout, r.assign.de_offsets, m.layer, 0, m.num_tokens)
-        dst = self._attached.view(ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer))
-        reply, rid, layer = m.reply_to, m.rid, m.layer
-        self.copy_checked(self.buffers[self.node], spans, dst, contiguous(0, dst.nbytes),
-                          lambda sums: self.send(reply, LayerReady(rid, layer, sums)))
+        region = ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer)
+        rid, layer = m.rid, m.layer
+        self.peers.write(m.reply_to, m.reply_data, self.buffers[self.node], spans, region, contiguous(0, region.nbytes),
+                         lambda _sums: None, reply=lambda sums: LayerReady(rid, layer, sums))
 
     # --- 3. prompt into the KV cache ------------------------------------------------------------
     def _prompt_ready(self, m: PromptReady) -> None:

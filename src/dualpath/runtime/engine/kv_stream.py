@@ -44,6 +44,7 @@ from .kv_region import contiguous, layer_spans
 from ..model import LayerKV, layer_kv_to_bytes
 from ..protocol import LayerPull, LayerReady
 from .prefill_request import PrefillRequest
+from ..transport.shm import ShmRegion
 
 Batch = list[tuple[PrefillRequest, int]]  # (request, tokens computed in this forward)
 
@@ -176,7 +177,8 @@ class PrefillKvStream:
             eng.copy_checked(eng.buffers[eng.spec.engine], spans, dst, contiguous(0, dst.nbytes),
                              lambda sums: eng.to_self(LayerReady(rid, layer, sums)))
         else:
-            eng.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint))
+            eng.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint,
+                                              eng.peers.data_endpoint))
 
     # --- 3, 4, 5: saves ---------------------------------------------------------------------------
     def save_kv_layer(self, layer: int, new: list[LayerKV]) -> None:
@@ -203,24 +205,26 @@ class PrefillKvStream:
         own = eng.buffers[eng.spec.engine]
         for (r, n), kv in zip(self._batch, new):
             a = r.assign
-            de_buf = eng.buffers[a.de_engine]
             data = np.frombuffer(layer_kv_to_bytes(kv, eng.dtype), dtype=np.uint8)  # D2H on a GPU
             new_spans = layer_spans(eng.layout, a.de_offsets, layer, r.cached, r.cached + n)
-            self._copy_pd(r, layer, data, contiguous(0, data.nbytes), de_buf, new_spans)
+            self._copy_pd(r, layer, data, contiguous(0, data.nbytes), new_spans)
             if r.pe_path and not r.hit_sent and r.hit_tokens:
                 self._copy_pd(r, layer, own, layer_spans(eng.layout, a.pe_offsets, layer, 0, r.hit_tokens),
-                           de_buf, layer_spans(eng.layout, a.de_offsets, layer, 0, r.hit_tokens))
+                              layer_spans(eng.layout, a.de_offsets, layer, 0, r.hit_tokens))
             if r.pe_path and r.cached + n < len(r.prompt):
                 # a later chunk reloads this chunk's KV from the PE buffer (checked when it loads)
                 r.pending_pd += 1
                 eng.copy(data, contiguous(0, data.nbytes), own, layer_spans(eng.layout, a.pe_offsets, layer, r.cached, r.cached + n),
                          _post(eng, CopyDone(a.rid, CopyKind.PD, layer)))
 
-    def _copy_pd(self, r: PrefillRequest, layer: int, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list) -> None:
-        """A checked copy into the DE's buffer; its sums join the request's `pd_sums` for the DE."""
+    def _copy_pd(self, r: PrefillRequest, layer: int, src: np.ndarray, src_spans: list, dst_spans: list) -> None:
+        """A checked copy into the DE's buffer (spans from its start, engine/peers.py); its sums join
+        the request's `pd_sums` for the DE."""
         r.pending_pd += 1
-        msg = CopyDone(r.assign.rid, CopyKind.PD, layer)
-        r.pd_sums += self._engine.copy_checked(src, src_spans, dst, dst_spans, lambda _sums: self._engine.to_self(msg))
+        msg, a, eng = CopyDone(r.assign.rid, CopyKind.PD, layer), r.assign, self._engine
+        region = ShmRegion(a.de_segment, 0, max(off + n for off, n in dst_spans))
+        r.pd_sums += eng.peers.write(a.de_endpoint, a.de_data, src, src_spans, region, dst_spans,
+                                     lambda _sums: eng.to_self(msg))
 
 
 def _post(engine: EngineBase, msg: object) -> Callable[[object], None]:

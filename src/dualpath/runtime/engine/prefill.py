@@ -46,8 +46,8 @@ class PrefillEngine(EngineBase):
         from ..transport import ShmRegion
 
         self.landing = self._attached.view(ShmRegion(name, 0, size))
+        self.peers.expose(name, self.landing)  # DEs write pulled layers here (engine/peers.py)
         self.landing_bytes = size
-        self.node = spec.engine
         self.reqs: dict[int, PrefillRequest] = {}
         self.queue: deque[PrefillRequest] = deque()
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
@@ -235,7 +235,7 @@ class PrefillEngine(EngineBase):
     def _finish(self, r: PrefillRequest) -> None:
         a = r.assign
         if not r.cancelled:
-            self.send(a.de_endpoint, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums))
+            self.peers.send_after_writes(a.de_endpoint, a.de_data, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums))
         self.queue.remove(r)
         del self.reqs[a.rid]
         self.ended(a.rid)

@@ -108,6 +108,7 @@ class RouterMetrics:
                 "persisted": float(sum(x.storage_write_bytes for x in c)),
                 "cnic_lane_kv": float(sum(x.cnic_kv_bytes for x in c)),
                 "cnic_lane_latency_critical": float(sum(x.cnic_lc_bytes for x in c)),
+                "remote_writes": float(sum(x.remote_write_bytes for x in c)),
             },
             "integrity": self.integrity(),
             "recomputed_hits": self.num_recomputed_hits,

@@ -280,7 +280,8 @@ class Router:
         rr.de.outbox.send(DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
                                        p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature, p.top_p, seed))
         rr.pe.outbox.send(PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
-                                        self.buffers[rr.de.engine].name, de_offsets, [r.offset_bytes for r in rr.pe_regions],
+                                        self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
+                                        [r.offset_bytes for r in rr.pe_regions],
                                         p.temperature, p.top_p, seed, p.min_tokens > 0 or p.ignore_eos,
                                         self.features.layerwise_prefill))
 
@@ -290,7 +291,8 @@ class Router:
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
         if isinstance(msg, Hello):
             e = EngineState(msg.engine, EngineRole(msg.role), msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
-                            prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint, token=self.token))
+                            prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint, token=self.token),
+                            data_endpoint=msg.data_endpoint)
             self.engines[msg.engine], self.buffers[msg.engine] = e, SlotLedger(msg.buffer_segment, self.full_block_bytes, msg.buffer_slots)
             return
         if isinstance(msg, Counters):

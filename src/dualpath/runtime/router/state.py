@@ -33,6 +33,7 @@ class EngineState:
     read_queue_tokens: int = 0
     prefill_tokens_per_s: float = 0.0
     outbox: Outbox | None = None
+    data_endpoint: str = ""  # where peers write into it across hosts (Hello; engine/peers.py)
 
     def load(self, kv_bytes_per_token: int) -> EngineLoad:
         """The engine as the scheduler sees it; on this runtime every engine is its own node."""

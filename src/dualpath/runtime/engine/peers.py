@@ -1,0 +1,128 @@
+"""How an engine's KV bytes reach another engine's memory, and the message that must follow them.
+
+Two engines write into each other's memory twice per request: the DE answers a `LayerPull` by
+writing a layer into the PE's landing zone (then `LayerReady`), and the PE writes the prompt's KV
+into the DE's host buffer (then, once every copy is done, `PromptReady`). The receiver reads the
+bytes when the message comes, so the message must not overtake them.
+
+- One host (`engine_transport="local"`): the destination is a view of the peer's shared-memory
+  segment (shm.SharedSegments); the copy has landed when the link reports it done, and the message
+  goes over the control channel.
+- Across hosts (`"tcp"`, also on loopback to exercise it): every engine runs a `WriteTarget`
+  exposing its own segments, and writes to a peer through a `WriteInitiator` to the peer's data
+  endpoint (carried in the messages: `PrefillAssign.de_data`, `LayerPull.reply_data`). The message
+  rides the same KV-lane connection as an immediate after the writes (RDMA WRITE_WITH_IMM), and
+  the receiver's target hands it to its own inbox: it cannot arrive before the bytes.
+
+Either way the sender's checksums of what it sent (transport/integrity.py) go with the message.
+In-flight bit flips (`kv_corrupt_probability`) are injected on the local path only: a remote
+write's destination is not in this process to flip.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ...core.lanes import Lane
+from ..transport.integrity import piece_sums
+from ..transport.messages import decode, encode
+from ..transport.remote_write import RemoteSpanWrite, WriteInitiator, WriteTarget, submit_with_immediate
+from ..transport.shm import ShmRegion
+
+log = logging.getLogger(__name__)
+
+Reply = Callable[[list[int]], Any]  # the sender's sums -> the message the peer gets after the bytes
+
+
+def parse_data_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class PeerWrites:
+    def __init__(self, engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1") -> None:
+        self._engine = engine
+        self.remote = remote
+        self._token = token
+        self._initiators: dict[str, WriteInitiator] = {}
+        self._lock = threading.Lock()
+        self.bad_immediates = 0
+        self.target: WriteTarget | None = None
+        self.data_endpoint = ""  # where peers write to this engine ("" on one host)
+        if remote:
+            self.target = WriteTarget(host, 0, token, on_immediate=self._on_immediate)
+            h, p = self.target.address
+            self.data_endpoint = f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+
+    def expose(self, name: str, array: np.ndarray) -> None:
+        """Let peers write into `array` (this engine's host buffer, landing zone) as segment `name`."""
+        if self.target is not None:
+            self.target.register(name, array)
+
+    def write(self, peer_control: str, peer_data: str, src: np.ndarray, src_spans: list, region: ShmRegion,
+              dst_spans: list, on_sent: Callable[[list[int]], None], reply: Reply | None = None) -> list[int]:
+        """Copy `src_spans` of `src` to `dst_spans` (relative to `region`) of a peer's segment; when
+        sent, `on_sent(sums)` here and, with `reply`, `reply(sums)` to the peer after the bytes.
+        Returns the sums (destination offsets relative to `region`)."""
+        eng = self._engine
+        if not self.remote:
+            dst = eng.attached_view(region)
+
+            def done(sums: list[int]) -> None:
+                if reply is not None:
+                    eng.send(peer_control, reply(sums))
+                on_sent(sums)
+
+            return eng.copy_checked(src, src_spans, dst, dst_spans, done)
+        job = RemoteSpanWrite(self._initiator(peer_data), Lane.KV, src, src_spans, region, dst_spans)
+        sums = piece_sums(job)  # type: ignore[arg-type]  # its src and pieces, as a SpanCopy's
+        if reply is None:
+            eng.arbiter.submit(Lane.KV, job.nbytes, job, lambda _res: on_sent(sums))
+        else:
+            submit_with_immediate(eng.arbiter, job, lambda _res: encode(reply(sums)), lambda _res: on_sent(sums))
+        return sums
+
+    def sent_bytes(self) -> int:
+        """Payload bytes written into peers over TCP so far, both lanes."""
+        with self._lock:
+            initiators = list(self._initiators.values())
+        return sum(sum(i.stats().sent_bytes) for i in initiators)
+
+    def send_after_writes(self, peer_control: str, peer_data: str, msg: Any) -> None:
+        """`msg` to a peer, after every byte this engine has written to it on the KV lane."""
+        if self.remote:
+            self._initiator(peer_data).immediate(Lane.KV, encode(msg))
+        else:
+            self._engine.send(peer_control, msg)
+
+    def _initiator(self, peer_data: str) -> WriteInitiator:
+        if not peer_data:
+            raise RuntimeError("a remote write needs the peer's data endpoint (engine_transport mismatch?)")
+        with self._lock:
+            init = self._initiators.get(peer_data)
+            if init is None:
+                host, port = parse_data_endpoint(peer_data)
+                init = self._initiators[peer_data] = WriteInitiator(host, port, self._token)
+            return init
+
+    def _on_immediate(self, lane: Lane, data: bytes) -> None:
+        """A peer's message after its writes (on the target's receiver thread): into our inbox."""
+        try:
+            msg = decode(data)
+        except Exception as exc:  # a bad message from an authenticated peer: a bug to see, not a crash
+            self.bad_immediates += 1
+            log.warning("dropped a malformed immediate of %d bytes: %s", len(data), exc)
+            return
+        self._engine.to_self(msg)
+
+    def close(self) -> None:
+        with self._lock:
+            initiators, self._initiators = list(self._initiators.values()), {}
+        for init in initiators:
+            init.close()
+        if self.target is not None:
+            self.target.close()
