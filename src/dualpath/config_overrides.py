@@ -59,3 +59,41 @@ def _replace_path(obj: Any, parts: list[str], text: str, path: str) -> Any:
 
 def dataclass_has_field(obj: Any, name: str) -> bool:
     return hasattr(obj, "__dataclass_fields__") and name in obj.__dataclass_fields__
+
+
+def config_to_json(cfg: Any) -> str:
+    """A config tree as JSON (what a joining engine is sent: runtime/engine/join.py)."""
+    import json
+    from dataclasses import asdict
+
+    return json.dumps(asdict(cfg), sort_keys=True)
+
+
+def config_from_json(cls: type[T], text: str) -> T:
+    """The inverse of `config_to_json` for `cls`: nested sections come back as their dataclasses,
+    fields this version does not know are an InputError, and the result validates on construction."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"not a JSON config: {exc}") from None
+    return _from_dict(cls, data, cls.__name__)
+
+
+def _from_dict(cls: Any, data: Any, path: str) -> Any:
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected an object")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise InputError(f"{path}: unknown field(s) {sorted(unknown)}")
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints.get(name)
+        kwargs[name] = _from_dict(hint, value, f"{path}.{name}") if is_dataclass(hint) else value
+    return cls(**kwargs)

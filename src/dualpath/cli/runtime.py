@@ -87,8 +87,10 @@ def serve(
     max_body_bytes: Annotated[Optional[int], typer.Option(help="largest request body; larger is a 413 (default 8 MiB)")] = None,
     engine_fault_policy: Annotated[str, typer.Option(help="a request whose engine dies: recompute (migrate) | fail (503)")] = "recompute",
     heartbeat_timeout_s: Annotated[Optional[float], typer.Option(help="fence an engine silent this long (default 5 s)")] = None,
+    engines_listen: Annotated[Optional[str], typer.Option(help="tcp://HOST:PORT: start no engines; wait for `dualpath engine`s to join here")] = None,
+    token_file: Annotated[Optional[Path], typer.Option(help="shared token of the router and engines (required beyond loopback)")] = None,
 ) -> None:
-    """OpenAI-compatible server on a local PD-disaggregated cluster."""
+    """OpenAI-compatible server on a PD-disaggregated cluster: engines started here, or joining from other hosts."""
     from ..config import RuntimeConfig, parse_pd
     from ..runtime.apps.serve import serve_cluster
     from ..runtime.server.admission import ServerLimits
@@ -102,9 +104,28 @@ def serve(
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                         store_dir=store_dir or None,
                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
-                        engine_fault_policy=engine_fault_policy, **faults)
+                        engine_fault_policy=engine_fault_policy, **faults,
+                        engine_transport="tcp" if engines_listen else "local",
+                        peer_token_file=None if token_file is None else str(token_file))
     _device(device)
-    serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits)
+    serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen)
+
+
+def engine(
+    router: Annotated[str, typer.Option(help="the router's --engines-listen address, tcp://HOST:PORT")],
+    role: Annotated[str, typer.Option(help="prefill | decode")],
+    token_file: Annotated[Optional[Path], typer.Option(help="the cluster's shared token (required beyond loopback)")] = None,
+    listen: Annotated[str, typer.Option(help="this host's address peers reach it at (control and KV)")] = "127.0.0.1",
+    device: Annotated[Optional[str], typer.Option(help="cpu | cuda | cuda:N (default: the router's)")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the router's, else this host's CPUs)")] = None,
+    join_timeout_s: Annotated[float, typer.Option(help="how long to wait for the router's answer")] = 120.0,
+) -> None:
+    """One engine on this host, joining a router started with `dualpath serve --engines-listen`."""
+    from ..runtime.engine.join import join, run_joined
+
+    welcome = join(router, role, None if token_file is None else str(token_file), listen, join_timeout_s)
+    print(f"joined {router} as engine {welcome.engine} ({role})", flush=True)
+    run_joined(welcome, listen, device, threads)
 
 def run(
     trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],

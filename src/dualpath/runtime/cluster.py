@@ -27,20 +27,22 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig
+from ..config_overrides import config_to_json
 from ..core.blocks import BlockLayout
+from ..errors import InputError
 from .clock import MonotonicClock
 from .engine.cpus import available_cpus, plan_cpus
 from .engine.device import require_device
 from .engine.base import EngineSpec, kv_dtype
 from .engine.main import engine_main
 from .model import load_model
-from .protocol import EngineRole
+from .protocol import EngineRole, Join, Welcome
 from .router.liveness import ExitWatch
 from .router.recovery import engine_lost
 from .router.router import Router
 from .store import BlockStore
 from .store.remote import RemoteStore, store_for
-from .transport.channel import ipc_endpoint
+from .transport.channel import Outbox, ipc_endpoint
 from .transport.messages import Stop
 from .transport.shm import HostBuffer
 
@@ -63,7 +65,7 @@ def engine_context() -> Any:
 
 
 class LocalCluster:
-    def __init__(self, config: RuntimeConfig, start_timeout_s: float = 300.0) -> None:
+    def __init__(self, config: RuntimeConfig, start_timeout_s: float = 300.0, engines_listen: str | None = None) -> None:
         self.cfg = config
         self.start_timeout_s = start_timeout_s
         self.router: Router | None = None
@@ -76,6 +78,10 @@ class LocalCluster:
         self._store_tmp: str | None = None
         self._extra_stores: list[str] = []
         self.store: BlockStore | RemoteStore | None = None
+        self.engines_listen = engines_listen  # tcp://HOST:PORT: engines join there instead of being spawned
+        self._joining: set[int] = set()  # ids handed to joining engines that have not said Hello yet
+        if engines_listen and config.engine_transport != "tcp":
+            raise InputError("engines that join over the network need engine_transport tcp")
         engines = range(config.num_prefill + config.num_decode)
         self.cpu_plan = plan_cpus(engines, available_cpus(), config.torch_threads)
 
@@ -91,54 +97,33 @@ class LocalCluster:
         require_device(cfg.device)  # one clear error here, not a traceback in every engine
         self._tmp = tempfile.mkdtemp(prefix="dp-")
         if cfg.store_dir:
-            store_root = cfg.store_dir
+            self._store_root = cfg.store_dir
         else:
             base = "/dev/shm" if cfg.features.io_free and Path("/dev/shm").is_dir() else None
             self._store_tmp = tempfile.mkdtemp(prefix="dp-store-", dir=base)
-            store_root = self._store_tmp
+            self._store_root = self._store_tmp
         loaded = load_model(cfg.model, device="cpu", seed=cfg.seed)
         mcfg, tokenizer = loaded.model.config, loaded.tokenizer
         del loaded
         if tokenizer is None:  # the router encodes prompts and decodes replies
-            from ..errors import InputError
-
             raise InputError(f"no tokenizer in {cfg.model} (no tokenizer.json): the cluster needs one")
         dtype = kv_dtype(cfg)
         tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
         layout, fingerprint = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl), mcfg.fingerprint(dtype)
-        self.store = store_for(store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes, num_threads=1,
-                               timeout_s=cfg.store_timeout_s)
+        self.store = store_for(self._store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes,
+                               num_threads=1, timeout_s=cfg.store_timeout_s)
         self._layout, self._fingerprint = layout, fingerprint
-        engines = ([(e, EngineRole.PREFILL) for e in range(cfg.num_prefill)]
-                   + [(cfg.num_prefill + d, EngineRole.DECODE) for d in range(cfg.num_decode)])
-        fbb = layout.full_block_bytes
-        slots = max(1, cfg.host_buffer_bytes // fbb)
-        for e, _ in engines:
-            self._buffers[e] = HostBuffer.create(fbb, slots)
-        for e, role in engines:
-            if role == EngineRole.PREFILL:
-                self._landing[e] = HostBuffer.create(cfg.pe_hbm_bytes, 1)
-        segments = {e: (b.name, b.slot_bytes * b.num_slots) for e, b in self._buffers.items()}
         tcp = cfg.engine_transport == "tcp"  # loopback here, as engines on separate hosts would talk
-        endpoint = (lambda name: "tcp://127.0.0.1:0") if tcp else (lambda name: ipc_endpoint(self._tmp, name))
-        router_ep = endpoint("router")
+        router_ep = self.engines_listen or ("tcp://127.0.0.1:0" if tcp else ipc_endpoint(self._tmp, "router"))
         self.router = Router(cfg, model_name=cfg.model, tokenizer=tokenizer, max_context_tokens=mcfg.max_position_tokens,
                              eos_token_ids=tuple(mcfg.eos_token_ids), kv_bytes_per_token=tbpl * mcfg.num_layers,
-                             full_block_bytes=fbb, store=self.store, endpoint=router_ep,
+                             full_block_bytes=layout.full_block_bytes, store=self.store, endpoint=router_ep,
                              clock=MonotonicClock())
         self.router.start(asyncio.get_running_loop())
-        ctx = engine_context()
-        environ = tuple(os.environ.items())
-        plan = self.cpu_plan
-        for e, role in engines:
-            landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == EngineRole.PREFILL else ()
-            seen = {e: segments[e]} if tcp else segments  # across hosts an engine maps only its own node's buffer
-            spec = EngineSpec(e, role, endpoint(f"e{e}"), self.router.endpoint, cfg, seen, landing, store_root, fingerprint,
-                              plan.cpus_by_engine[e], plan.threads_by_engine[e], environ)
-            p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)
-            p.start()
-            self._procs.append(p)
-            self.processes[e] = p
+        if self.engines_listen:
+            self.router.on_join = self._welcome  # `dualpath engine`s join over the network (engine/join.py)
+        else:
+            self._spawn_engines()
         loop = asyncio.get_running_loop()
         router = self.router
         self._watch = ExitWatch(self.processes, lambda e, cause: loop.call_soon_threadsafe(engine_lost, router, e, cause))
@@ -149,6 +134,43 @@ class LocalCluster:
         except Exception:
             await self.stop()
             raise
+
+    def _spawn_engines(self) -> None:
+        """One process per engine, with this node's buffers created here (one host)."""
+        cfg, fbb = self.cfg, self._layout.full_block_bytes
+        tcp = cfg.engine_transport == "tcp"
+        engines = ([(e, EngineRole.PREFILL) for e in range(cfg.num_prefill)]
+                   + [(cfg.num_prefill + d, EngineRole.DECODE) for d in range(cfg.num_decode)])
+        for e, role in engines:
+            self._buffers[e] = HostBuffer.create(fbb, max(1, cfg.host_buffer_bytes // fbb))
+            if role == EngineRole.PREFILL:
+                self._landing[e] = HostBuffer.create(cfg.pe_hbm_bytes, 1)
+        segments = {e: (b.name, b.slot_bytes * b.num_slots) for e, b in self._buffers.items()}
+        ctx, environ, plan = engine_context(), tuple(os.environ.items()), self.cpu_plan
+        for e, role in engines:
+            landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == EngineRole.PREFILL else ()
+            seen = {e: segments[e]} if tcp else segments  # across hosts an engine maps only its own node's buffer
+            endpoint = "tcp://127.0.0.1:0" if tcp else ipc_endpoint(self._tmp, f"e{e}")
+            spec = EngineSpec(e, role, endpoint, self.router.endpoint, cfg, seen, landing, self._store_root,
+                              self._fingerprint, plan.cpus_by_engine[e], plan.threads_by_engine[e], environ)
+            p = ctx.Process(target=engine_main, args=(spec,), name=f"dualpath-{role}{e}", daemon=True)
+            p.start()
+            self._procs.append(p)
+            self.processes[e] = p
+
+    def _welcome(self, msg: Join) -> None:
+        """Answer a `dualpath engine` that asks to join: the next free id of its role, or why not."""
+        cfg, router = self.cfg, self.router
+        ids = range(cfg.num_prefill) if msg.role == EngineRole.PREFILL else range(cfg.num_prefill, cfg.num_prefill + cfg.num_decode)
+        free = [e for e in ids if e not in router.engines and e not in self._joining]
+        refused = "" if free else f"every {msg.role} place of {cfg.num_prefill}P{cfg.num_decode}D is taken"
+        engine = free[0] if free else -1
+        if free:
+            self._joining.add(engine)
+        out = Outbox(msg.reply_to, token=router.token)
+        out.send(Welcome(engine, config_to_json(cfg), self._store_root, self._fingerprint, router.endpoint,
+                         self._layout.full_block_bytes, refused))
+        out.close()
 
     async def switch_mode(self, mode: str) -> None:
         """Run the next workload in `mode` on a fresh, empty store, without restarting engines."""

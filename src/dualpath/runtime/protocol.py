@@ -291,3 +291,29 @@ class EngineDown:
     """R -> surviving engines: `engine` is fenced (dead or frozen, and killed); stop waiting for it."""
 
     engine: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Join:
+    """An engine started on its own (`dualpath engine`) -> the router: take me as a `role` engine;
+    answer at `reply_to` (engine/join.py)."""
+
+    role: EngineRole  # arrives as its str value
+    reply_to: str
+    host: str  # the engine's host name, for errors and logs
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Router -> a joining engine: its engine id and the cluster's config (JSON of RuntimeConfig),
+    store and model fingerprint; `refused` names why it was not taken ("" = taken)."""
+
+    engine: int
+    config_json: str
+    store_root: str
+    fingerprint: str
+    router_endpoint: str
+    full_block_bytes: int  # a host-buffer slot: one Full Block of the model (all layers)
+    refused: str

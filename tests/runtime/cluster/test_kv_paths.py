@@ -39,8 +39,9 @@ def reference_conversation(model_name: str) -> list[list[int]]:
     return outs
 
 
-async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None) -> tuple[list[list[int]], list[int], dict]:
-    async with LocalCluster(cfg, start_timeout_s=180) as c:
+async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None,
+                               **cluster_kw) -> tuple[list[list[int]], list[int], dict]:
+    async with LocalCluster(cfg, start_timeout_s=180, **cluster_kw) as c:
         if endpoints is not None:
             endpoints.extend([c.router.endpoint, *(e.endpoint for e in c.router.engines.values())])
         context: list[int] = []

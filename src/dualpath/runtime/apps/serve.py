@@ -34,10 +34,11 @@ class ClusterRouter:
         return {"status": "ok", **router.health()}
 
 
-def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimits | None = None):
+def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimits | None = None,
+             engines_listen: str | None = None):
     from ..server.app import create_app
 
-    cluster = LocalCluster(cfg)
+    cluster = LocalCluster(cfg, engines_listen=engines_listen)
     proxy = ClusterRouter(cluster, cfg.model)
 
     @contextlib.asynccontextmanager
@@ -52,8 +53,8 @@ def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimit
 
 
 def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                  limits: ServerLimits | None = None) -> None:
+                  limits: ServerLimits | None = None, engines_listen: str | None = None) -> None:
     import uvicorn
 
-    app, _ = make_app(cfg, api_key, limits)
+    app, _ = make_app(cfg, api_key, limits, engines_listen)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)

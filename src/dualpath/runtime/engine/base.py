@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -94,9 +95,8 @@ def kv_dtype(config: RuntimeConfig) -> torch.dtype:
 
 class EngineBase:
     def __init__(self, spec: EngineSpec) -> None:
-        self.spec = spec
-        cfg = spec.config
-        self.cfg = cfg
+        self.spec, self.cfg = spec, spec.config
+        cfg = self.cfg
         torch.set_num_threads(spec.threads)
         torch.manual_seed(cfg.seed)
         self.device = engine_device(cfg.device, spec.engine, visible_gpus())
@@ -106,10 +106,8 @@ class EngineBase:
         self.model = self.loaded.model
         self.mcfg = self.model.config
         self.dtype = kv_dtype(cfg)
-        itemsize = torch.tensor([], dtype=self.dtype).element_size()
-        tbpl = self.mcfg.kv_bytes_per_token_per_layer(self.dtype)
-        self.layout = BlockLayout(self.mcfg.num_layers, cfg.block_tokens, tbpl)
-        self.itemsize = itemsize
+        self.itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        self.layout = BlockLayout(self.mcfg.num_layers, cfg.block_tokens, self.mcfg.kv_bytes_per_token_per_layer(self.dtype))
         self.clock = MonotonicClock()
         self.features = cfg.features
         io_free = self.features.io_free
@@ -128,7 +126,8 @@ class EngineBase:
         self.inbox = Inbox(spec.endpoint, token=self.token)
         self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
         self.node = spec.engine  # every engine is its own node on this runtime
-        self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token)
+        self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
+                                urlsplit(spec.endpoint).hostname or "127.0.0.1")
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()

@@ -35,7 +35,7 @@ from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
-                        Hello, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
+                        Hello, Join, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
                         Reconfigured, Token)
 from ..transport.channel import Inbox, Outbox
 from ..store.remote import read_token
@@ -84,6 +84,7 @@ class Router:
         self.reconfigured: set[int] = set()
         self.liveness = Liveness(config.engine_heartbeat_timeout_s)
         self.on_fence: Callable[[int], None] = lambda engine: None  # the cluster kills a fenced engine
+        self.on_join: Callable[[Join], None] = lambda msg: None  # the cluster welcomes a joining engine
         self.watch: asyncio.TimerHandle | None = None  # the next heartbeat check (recovery.check_heartbeats)
 
     @property
@@ -287,6 +288,8 @@ class Router:
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
+        if isinstance(msg, Join):  # an engine started on its own: the cluster answers (runtime/cluster.py)
+            return self.on_join(msg)
         if not self.liveness.is_alive(getattr(msg, "engine", -1)):
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
         if isinstance(msg, Hello):

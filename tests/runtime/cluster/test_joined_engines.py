@@ -1,0 +1,66 @@
+"""Engines started on their own (`dualpath engine`), joining a router over the network, as on
+separate hosts (loopback here; engine/join.py, cluster.py `engines_listen`): they get the
+recompute's tokens; a third engine finds no free place and says so; one without the token gets
+no answer and says so (exit code 2, one line each)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+
+from dualpath.config import RuntimeConfig
+from test_kv_paths import DEVICE, cluster_conversation, reference_conversation
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine(router: str, role: str, token_file, *extra: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "dualpath.cli", "engine", "--router", router, "--role", role, *extra]
+    if token_file is not None:
+        args += ["--token-file", str(token_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_engines_join_over_the_network_and_strangers_are_told_why_not(tmp_path):
+    token, wrong = tmp_path / "token", tmp_path / "wrong"
+    token.write_text("the cluster's secret\n")
+    wrong.write_text("not the cluster's secret\n")
+    router = f"tcp://127.0.0.1:{_free_port()}"
+    engines = [_engine(router, "prefill", token), _engine(router, "decode", token)]
+    stranger = _engine(router, "decode", wrong, "--join-timeout-s", "3")
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
+                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp",
+                        peer_token_file=str(token))
+    extra: list[subprocess.Popen] = []
+
+    async def conversation():
+        loop = asyncio.get_running_loop()
+        # once the cluster is up, a second prefill engine asks for a place (1P1D: there is none)
+        loop.call_later(0.5, lambda: extra.append(_engine(router, "prefill", token)))
+        return await cluster_conversation(cfg, engines_listen=router)
+
+    try:
+        outs, _, summary = asyncio.run(conversation())
+        assert outs == reference_conversation("tiny")
+        assert summary["bytes"]["remote_writes"] > 0 and summary["bytes"]["storage_via_decode"] > 0
+        for p in engines:
+            out, err = p.communicate(timeout=30)
+            assert p.returncode == 0, err[-3000:]  # the cluster's Stop ends them cleanly
+            assert "joined " in out
+        late, stranger_err = extra[0], stranger.communicate(timeout=60)[1]
+        late_err = late.communicate(timeout=60)[1]
+        assert late.returncode == 2 and "every prefill place of 1P1D is taken" in late_err
+        assert stranger.returncode == 2 and "no answer from the router" in stranger_err and "token" in stranger_err
+        assert "Traceback" not in late_err + stranger_err
+    finally:
+        for p in [*engines, stranger, *extra]:
+            if p.poll() is None:
+                p.kill()
