@@ -312,7 +312,8 @@ class EngineBase:
                                 int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]),
                                 float(self.counters["busy_s"]),
                                 int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS),
-                                read_latency_s=float(self.counters["read_latency_s"])))
+                                read_latency_s=float(self.counters["read_latency_s"]),
+                                store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values())))
 
     def close(self) -> None:
         self._stop = True

@@ -73,7 +73,7 @@ class Router:
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pass_pending = False
-        self.metrics = RouterMetrics(clock)
+        self.metrics = RouterMetrics(clock, lambda: self.store)
         self.inbox = Inbox(endpoint)
         self.endpoint = endpoint
         self._stop = threading.Event()
@@ -109,9 +109,8 @@ class Router:
         if self.watch is not None:
             self.watch.cancel()
         self._receiver.join(timeout=5)
-        for e in self.engines.values():
-            if e.outbox is not None:
-                e.outbox.close()
+        for box in (e.outbox for e in self.engines.values() if e.outbox is not None):
+            box.close()
         self.inbox.close()
 
     def _receive(self) -> None:
@@ -156,7 +155,7 @@ class Router:
         self.cfg = replace(self.cfg, mode=mode)
         self.features = self.cfg.features
         self.placement.store = store
-        self.metrics = RouterMetrics(self.clock)
+        self.metrics = RouterMetrics(self.clock, lambda: self.store)
         self.new_scheduler()
 
     # --- 1. requests ------------------------------------------------------------------------------
@@ -316,6 +315,7 @@ class Router:
             return
         if isinstance(msg, Persisted):
             self.placement.persisted(msg.digest, msg.engine)
+            self.metrics.persist_failures += not msg.stored
             self.kick()
             return
         rr = self.requests.get(msg.rid)
@@ -351,8 +351,7 @@ class Router:
         if rr.pe_done and rr.de_done:
             self.read_ended(rr)  # a read cancelled before it ran never reports
             self.requests.pop(rr.rid, None)
-            if not rr.finished:  # ended without a final token (e.g. cancelled in flight)
-                rr.finished = True
+            rr.finished = True  # perhaps without a final token (e.g. cancelled in flight)
         self.kick()
 
     def read_ended(self, rr: RouterRequest) -> None:
