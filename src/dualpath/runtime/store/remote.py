@@ -15,7 +15,7 @@ One read through the client:
    (not one that timed out: a frozen service would cost a second timeout); a service that stays
    unreachable reads as a miss (lookup 0, read_into 0; serving goes on by recomputing) and a put
    raises RemoteStoreError, an OSError, as a full disk does locally.
-5. A call that times out or cannot connect opens a circuit breaker (breaker.py): for
+5. A call that times out or cannot connect (refused) opens a circuit breaker (breaker.py): for
    STORE_RETRY_AFTER_S the calls are skipped at once, then a probe on its own thread decides, so a
    dead or frozen service costs the router's loop and each engine's reader and writer one
    timeout, not one per call. `skipped_calls()` counts them by operation.
@@ -55,8 +55,8 @@ class RemoteStoreError(ConnectionError):
     """The storage service refused a request or could not be reached."""
 
 
-class ServiceRefused(RemoteStoreError):
-    """The service answered, with an error: it is alive (the breaker stays closed)."""
+class ServiceUnreachable(RemoteStoreError):
+    """A connection to the service could not be made (refused, no route, connect timed out)."""
 
 
 class ServiceSkipped(RemoteStoreError):
@@ -147,7 +147,7 @@ class RemoteStore:
         try:
             sock = socket.create_connection(self._address, timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
-            raise RemoteStoreError(f"cannot reach the storage service at {self.root}: {exc}") from exc
+            raise ServiceUnreachable(f"cannot reach the storage service at {self.root}: {exc}") from exc
         sock.settimeout(self._timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
@@ -182,8 +182,8 @@ class RemoteStore:
                 sock = None
                 if reused and attempt == 0 and not isinstance(exc, TimeoutError):
                     continue
-                if isinstance(exc, OSError) and not isinstance(exc, ServiceRefused):
-                    self.breaker.failed()  # timed out, refused, reset: not answering
+                if isinstance(exc, (TimeoutError, ServiceUnreachable)):
+                    self.breaker.failed()  # frozen or gone (a reset alone is not: a restart reconnects)
                 if isinstance(exc, RemoteStoreError):
                     raise
                 raise RemoteStoreError(f"storage service at {self.root}: {type(exc).__name__}: {exc}") from exc
@@ -342,7 +342,7 @@ def _reply(sock: socket.socket) -> dict:
     reply = decode(body)
     if reply.get("ok") is not True:
         error = reply.get("error") or {}
-        raise ServiceRefused(f"storage service: {error.get('type')}: {error.get('message')}")
+        raise RemoteStoreError(f"storage service: {error.get('type')}: {error.get('message')}")
     return reply
 
 
