@@ -118,3 +118,26 @@ def test_a_killed_service_is_refused_fast_and_skipped_thereafter(child):
         assert store.breaker.trips == 1 and store.skipped_calls() == {"lookup": 9, "put": 1}
         with pytest.raises(RemoteStoreError, match="skipped"):
             store.stats()  # the service's own counters are out of reach too, and say so at once
+
+
+def test_skipped_calls_and_failed_persists_reach_the_router_metrics_and_prometheus():
+    from dualpath.metrics.prometheus import render
+    from dualpath.runtime.protocol import Counters
+    from dualpath.runtime.router.metrics import QueueGauges, RouterMetrics
+
+    class Client:  # a RemoteStore whose breaker skipped five lookups and a get
+        def skipped_calls(self) -> dict[str, int]:
+            return {"lookup": 5, "get": 1}
+
+    m = RouterMetrics(ManualClock(), lambda: Client())
+    m.persist_failures = 2
+    for engine, skipped in ((0, 3), (1, 4)):
+        m.counters(Counters(engine, 0, 0, 0.0, 0, 0, 0.0, 0, store_skipped_calls=skipped))
+    assert m.store_faults() == {"persist_failures": 2, "router_skipped_lookups": 5, "router_skipped_calls": 6,
+                                "engine_skipped_calls": 7}
+    assert m.summary()["store"] == m.store_faults()
+    text = render(*m.families(QueueGauges(0, 0, 0, (), None)))
+    assert "dualpath_store_persist_failures_total 2" in text
+    assert 'dualpath_store_calls_skipped_total{client="router"} 6' in text
+    assert 'dualpath_store_calls_skipped_total{client="engines"} 7' in text
+    assert RouterMetrics(ManualClock()).store_faults()["router_skipped_calls"] == 0  # a local store: nothing skipped
