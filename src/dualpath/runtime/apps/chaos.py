@@ -76,7 +76,7 @@ SLOW_CNIC_BYTES_PER_S = 2e6
 STORE_READ_DELAY_S = 0.2
 WIDENED = {"stream": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}, "pd": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S},
            "persist": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}}
-STORE_WIDENED = {"read": {"store_read_delay_s": STORE_READ_DELAY_S}}
+STORE_WIDENED = {"read": {"store_read_delay_s": STORE_READ_DELAY_S}, "persist": WIDENED["persist"]}
 
 
 @dataclass(frozen=True, slots=True)
