@@ -18,7 +18,8 @@ from .io import console, out
 
 def chaos(
     scenario: Annotated[Optional[list[str]], typer.Option(
-        help="ROLE-SIGNAL-MOMENT, e.g. de-kill-decode (pe|de x kill|term|stop x read|prefill (pe)|decode (de)), or all; repeat")] = None,
+        help="VICTIM-SIGNAL-MOMENT, e.g. de-kill-decode, store-stop-read: pe|de|store x kill|term|stop x read|stream|prefill (pe)|"
+             "pd (pe, de)|decode (de)|persist (de, store), or all; repeat")] = None,
     model: Annotated[str, typer.Option(help="tiny (seconds per scenario) or smollm2-135m")] = "tiny",
     policy: Annotated[str, typer.Option(help="recompute (migrate to a survivor) | fail (an error to the client)")] = "recompute",
     requests: Annotated[int, typer.Option(help="greedy requests per turn")] = 4,
@@ -33,14 +34,15 @@ def chaos(
     flip_probability: Annotated[float, typer.Option(
         help="with --corruptions: probability per KV block piece sent that one bit flips (RuntimeConfig.kv_corrupt_probability)")] = 0.05,
 ) -> None:
-    """Kill, terminate or freeze an engine of a 2P2D cluster while it reads, prefills or decodes;
-    print per scenario how many requests finished (with the reference's tokens), errored or were lost.
+    """Kill, terminate or freeze an engine of a 2P2D cluster, or the storage service it runs against,
+    while a request reads, streams layers, prefills, transfers its KV, decodes or persists; print per
+    scenario how many requests finished (with the reference's tokens), errored or were lost.
     With --corruptions / --torn-writes: the transfer and storage integrity acceptance instead."""
     if corruptions < 0 or torn_writes < 0 or not 0.0 < flip_probability <= 1.0:
         raise InputError("--corruptions and --torn-writes must be >= 0 and --flip-probability in (0, 1]")
     if corruptions or torn_writes:
         return integrity_acceptance(corruptions, torn_writes, model, flip_probability, json_path)
-    from ..runtime.apps.chaos import parse_scenarios, run_chaos
+    from ..runtime.apps.chaos import STORE_VICTIM, parse_scenarios, run_chaos
 
     names = parse_scenarios(scenario)
     if policy not in ("recompute", "fail"):
@@ -53,12 +55,16 @@ def chaos(
                                    on_result=lambda r: console.print(f"  {r.scenario}: {r.finished}/{r.requests} finished, "
                                                                      f"{r.errored} errored, {r.lost} lost, {r.wrong_tokens} wrong")))
     table = Table(title=f"chaos, policy {policy}")
-    for col in ("scenario", "requests", "finished", "errored", "lost", "wrong tokens", "recovery s", "victim"):
+    for col in ("scenario", "requests", "finished", "errored", "lost", "wrong tokens", "recovery s", "victim",
+                "persists failed", "store calls skipped"):
         table.add_column(col, justify="right")
     for r in report["results"]:
         rec = "-" if math.isnan(r["recovery_s"]) else f"{r['recovery_s']:.2f}"
+        sf = r.get("store_faults") or {}
+        victim = ("service" if r["victim"] == STORE_VICTIM else str(r["victim"])) if r["fired"] else "moment never came"
         table.add_row(r["scenario"], str(r["requests"]), str(r["finished"]), str(r["errored"]), str(r["lost"]),
-                      str(r["wrong_tokens"]), rec, str(r["victim"]) if r["fired"] else "moment never came")
+                      str(r["wrong_tokens"]), rec, victim, str(sf.get("persist_failures", 0)),
+                      str(sf.get("router_skipped_calls", 0) + sf.get("engine_skipped_calls", 0)))
     out.print(table)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)

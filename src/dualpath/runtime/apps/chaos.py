@@ -1,14 +1,19 @@
-"""`dualpath chaos`: the engine-fault matrix on a local cluster, against a fault-free reference.
+"""`dualpath chaos`: the fault matrix on a local cluster, against a fault-free reference.
 
 Every scenario runs the same greedy workload on a fresh 2P2D cluster (two engines per role, so that
 policy `recompute` has a survivor to migrate to):
   1. turn 1: `num_requests` prompts of whole blocks; their KV is persisted (the store is warm);
   2. turn 2: each prompt again plus its answer plus new tokens, all at once, so that every request
      reads its hit (on the PE or the DE side) before it prefills and then decodes;
-  3. during turn 2 the fault: when the scenario's moment comes (a request of turn 2 reading its hit,
-     prefilling, or decoding), the engine holding that request gets the signal (SIGKILL, SIGTERM or
-     SIGSTOP: a frozen engine, found by heartbeats within RuntimeConfig.engine_heartbeat_timeout_s,
-     runtime/router/liveness.py).
+  3. during turn 2 the fault: when the scenario's moment comes (MOMENTS: a request of turn 2
+     reading its hit, streaming its layers from a DE, prefilling, in its PD transfer, decoding, or
+     a DE persisting its blocks), the victim gets the signal (SIGKILL, SIGTERM or SIGSTOP): the
+     engine holding that request (a frozen one is found by heartbeats within
+     RuntimeConfig.engine_heartbeat_timeout_s, runtime/router/liveness.py), or the storage
+     service the cluster runs against in `store-*` scenarios (chaos_store.py: failed reads are
+     misses, failed persists are skipped, a frozen service costs each client one
+     RuntimeConfig.store_timeout_s, then its breaker skips calls). A frozen victim gets SIGCONT at
+     the end. A moment that never comes is reported `fired: false`.
 Each request of turn 2 ends finished (its tokens compared with the reference run's, which had no
 fault) or with the error the client sees (`ServiceUnavailable`: no survivor, retries spent, or
 policy `fail`); one still running `TERMINAL_BOUND_S` after the fault is counted lost. Recovery
@@ -25,7 +30,7 @@ import asyncio
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from ...config import RuntimeConfig
@@ -34,21 +39,44 @@ from ...core.snapshot import ReadSide
 from ...errors import InputError
 from ..api import GenerationRequest, SamplingParams, ServiceUnavailable
 from ..cluster import LocalCluster
+from ..protocol import EngineRole
+from ..store.breaker import STORE_RETRY_AFTER_S
+from .chaos_store import STORE_CALLS_ON_PATH, ServiceChild
 
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
-# (victim role, moment): the phase of a turn-2 request on the victim that triggers the signal
+_PREFILL = frozenset({Phase.PREFILL_READY, Phase.PREFILLING})
+# (victim, moment): the phase of a turn-2 request on the victim that triggers the signal (None:
+# no request phase marks it, see `_at_moment`)
 MOMENTS = {
     ("pe", "read"): {Phase.READING},  # its hit is being read (PE side: the PE's own read)
-    ("pe", "prefill"): {Phase.PREFILL_READY, Phase.PREFILLING},  # in the PE's batch or forward
+    ("pe", "stream"): _PREFILL,  # a DE-side hit: its layers stream from the DE's buffer to this PE's forward
+    ("pe", "prefill"): _PREFILL,  # in the PE's batch or forward (either read side)
+    ("pe", "pd"): {Phase.KV_TO_DECODE},  # the last chunk computed, the PE->DE transfer in flight
     ("de", "read"): {Phase.READING},  # DE side: the DE reads, then streams layers to the PE
+    ("de", "stream"): _PREFILL,  # the DE streams the read hit's layers to the PE's forward
+    ("de", "pd"): {Phase.KV_TO_DECODE},  # the DE receives the prompt's KV and loads it
     ("de", "decode"): {Phase.DECODING},
+    ("de", "persist"): None,  # the DE has a turn-2 block's write queued (PersistQueued .. Persisted)
+    ("store", "read"): {Phase.READING},  # the storage service, while a turn-2 hit is to be read from it
+    ("store", "persist"): None,  # the storage service, while a DE has a turn-2 block's write queued
 }
 SCENARIOS = tuple(f"{role}-{sig}-{moment}" for (role, moment) in MOMENTS for sig in SIGNALS)
 # A request not terminal this long after the fault is lost: 6x the default heartbeat timeout
-# (RuntimeConfig.engine_heartbeat_timeout_s, 5 s), within which a frozen engine is fenced.
+# (RuntimeConfig.engine_heartbeat_timeout_s, 5 s), within which a frozen engine is fenced; and 3x
+# the store's bound (chaos_store.STORE_CALLS_ON_PATH x RuntimeConfig.store_timeout_s, 5 s).
 TERMINAL_BOUND_S = 30.0
+STORE_VICTIM = -2  # ChaosResult.victim of a storage-service scenario
 APPEND_TOKENS = 64  # turn 2's new tokens: one block
 PROMPT_BLOCKS = 3  # turn 1's prompt: 3 blocks of 64 tokens
+# Windows that last well under a millisecond for the tiny model (1 KiB of KV a token) made wide
+# enough for the 1 ms poll to see: a 2 MB/s CNIC makes a turn-2 PD transfer (~300 KiB) take ~0.15 s,
+# a DE-side layer stream (~200 KiB) ~0.1 s, a persisted block's D2H (64 KiB) ~30 ms; a 0.2 s store
+# delay holds a turn-2 read before its first block. Timing only: greedy tokens do not change.
+SLOW_CNIC_BYTES_PER_S = 2e6
+STORE_READ_DELAY_S = 0.2
+WIDENED = {"stream": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}, "pd": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S},
+           "persist": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}}
+STORE_WIDENED = {"read": {"store_read_delay_s": STORE_READ_DELAY_S}, "persist": WIDENED["persist"]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +88,11 @@ class ChaosResult:
     lost: int
     wrong_tokens: int
     recovery_s: float  # signal -> the victim's last request terminal (nan: the moment never came)
-    victim: int  # engine id (-1: none)
+    victim: int  # engine id; STORE_VICTIM: the storage service; -1: none
     fired: bool
+    # the router's store_faults() at the end (router/metrics.py): failed persists, calls skipped
+    store_faults: dict = field(default_factory=dict)
+    writes_pending: int = 0  # block writes queued on a live DE that had not ended TERMINAL_BOUND_S after turn 2
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -122,62 +153,118 @@ def _client_name(rr: Any) -> str:
     return (rr.origin or rr.req).request_id  # a migrated attempt answers for the client's request
 
 
-def _fault(cluster: LocalCluster, scenario: str) -> Callable[[Any, list[asyncio.Task]], Any]:
-    """Wait for the scenario's moment, signal the engine holding that request; return the victim,
-    the time, and the client tasks whose requests were on the victim then."""
-    role, sig, moment = scenario.split("-")
-    phases = MOMENTS[(role, moment)]
+def _at_moment(router: Any, role: str, moment: str, baseline: set[bytes]) -> tuple[int, set[str]] | None:
+    """(the victim: an engine id or STORE_VICTIM, the client requests it holds) once a turn-2
+    request is at the scenario's moment; None before. `baseline`: writes queued before turn 2."""
+    live = [r for r in router.requests.values() if not r.finished and _client_name(r).endswith("t1")]
+    if moment == "persist":
+        for e in router.live_engines():
+            if e.role is EngineRole.DECODE and router.placement.persisting_on(e.engine) - baseline:
+                return (STORE_VICTIM, {_client_name(r) for r in live}) if role == "store" else (
+                    e.engine, {_client_name(r) for r in live if e in (r.pe, r.de)})
+        return None
+    for rr in live:
+        if rr.phase not in MOMENTS[(role, moment)]:
+            continue
+        if moment == "read" and role != "store" and (rr.side is ReadSide.DECODE) != (role == "de"):
+            continue  # a read on the other side: not this scenario's
+        if moment == "stream" and (rr.side is not ReadSide.DECODE or not rr.hit_tokens):
+            continue  # no layers come from a DE's buffer
+        if role == "store":
+            return STORE_VICTIM, {_client_name(r) for r in live}
+        eng = rr.pe if role == "pe" else rr.de
+        return eng.engine, {_client_name(r) for r in live if eng in (r.pe, r.de)}
+    return None
 
-    def target(rr: Any) -> Any:
-        if rr.finished or rr.phase not in phases or not _client_name(rr).endswith("t1"):
-            return None
-        if moment == "read" and (rr.side is ReadSide.DECODE) != (role == "de"):
-            return None  # a read on the other side: not this scenario's
-        return rr.pe if role == "pe" else rr.de
+
+def _fault(cluster: LocalCluster, service: ServiceChild | None, scenario: str) -> Callable[[Any, list[asyncio.Task]], Any]:
+    """Wait for the scenario's moment, signal the victim (the engine holding that request, or the
+    storage service); return the victim, the time, and the client tasks whose requests it held."""
+    role, sig, moment = scenario.split("-")
 
     async def fire(router: Any, tasks: list[asyncio.Task]) -> dict:
         deadline = time.monotonic() + TERMINAL_BOUND_S
+        baseline = set(router.placement.persisting)
         while time.monotonic() < deadline and not all(t.done() for t in tasks):
-            for rr in list(router.requests.values()):
-                eng = target(rr)
-                if eng is None:
-                    continue
-                on_victim = {_client_name(r) for r in router.requests.values()
-                             if not r.finished and eng in (r.pe, r.de)}
-                os.kill(cluster.processes[eng.engine].pid, SIGNALS[sig])
-                victims = [t for i, t in enumerate(tasks) if f"c{i}t1" in on_victim]
-                return {"victim": eng.engine, "t_s": time.monotonic(), "tasks": victims}
+            hit = _at_moment(router, role, moment, baseline)
+            if hit is not None:
+                victim, held = hit
+                if victim == STORE_VICTIM:
+                    service.send(SIGNALS[sig])
+                else:
+                    os.kill(cluster.processes[victim].pid, SIGNALS[sig])
+                victims = [t for i, t in enumerate(tasks) if f"c{i}t1" in held]
+                return {"victim": victim, "t_s": time.monotonic(), "tasks": victims}
             await asyncio.sleep(0.001)
         return {"victim": -1, "t_s": time.monotonic(), "tasks": []}
 
     return fire
 
 
+def scenario_config(cfg: RuntimeConfig, scenario: str) -> RuntimeConfig:
+    """The scenario's cluster: its moment's window widened (WIDENED, STORE_WIDENED); a stream
+    scenario reads every hit on the DE side, so that layers stream from a DE's buffer."""
+    role, _, moment = scenario.split("-")
+    extra = dict((STORE_WIDENED if role == "store" else WIDENED).get(moment, {}))
+    if moment == "stream":
+        extra["force_read_side"] = "decode"
+    return replace(cfg, **extra)
+
+
 async def run_scenario(cfg: RuntimeConfig, scenario: str, reference: list[list[int]], gen_tokens: int) -> ChaosResult:
-    async with LocalCluster(cfg) as cluster:
-        fault = _fault(cluster, scenario)
-        info: dict = {}
+    role, sig, _ = scenario.split("-")
+    service = ServiceChild() if role == "store" else None
+    cfg = scenario_config(replace(cfg, store_dir=service.url) if service else cfg, scenario)
+    info: dict = {}
+    try:
+        async with LocalCluster(cfg) as cluster:
+            fault = _fault(cluster, service, scenario)
 
-        async def fire_and_time(router: Any, tasks: list[asyncio.Task]) -> dict:
-            got = await fault(router, tasks)
-            info.update(got)
-            if got["tasks"]:
-                await asyncio.wait(got["tasks"], timeout=TERMINAL_BOUND_S)
-                info["recovery_s"] = time.monotonic() - got["t_s"]
-            return got
+            async def fire_and_time(router: Any, tasks: list[asyncio.Task]) -> dict:
+                got = await fault(router, tasks)
+                info.update(got)
+                if got["tasks"]:
+                    await asyncio.wait(got["tasks"], timeout=TERMINAL_BOUND_S)
+                    info["recovery_s"] = time.monotonic() - got["t_s"]
+                return got
 
-        outcomes, _ = await _two_turns(cluster, len(reference), gen_tokens, fire_and_time)
-        if info.get("victim", -1) >= 0 and SIGNALS[scenario.split("-")[1]] == signal.SIGSTOP:
-            try:  # the router fences a frozen engine by killing it; if it has not yet, let it go
-                os.kill(cluster.processes[info["victim"]].pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            outcomes, _ = await _two_turns(cluster, len(reference), gen_tokens, fire_and_time)
+            writes_pending = await _writes_ended(cluster.router)
+            if info.get("victim", -1) != -1 and SIGNALS[sig] == signal.SIGSTOP:
+                _wake(cluster, service, info["victim"])
+            await asyncio.sleep(0.6)  # the engines' last Counters (every 0.5 s) carry their skipped calls
+            store_faults = cluster.router.metrics.store_faults()
+    finally:
+        if service is not None:
+            service.close()
     finished = [o for o in outcomes if isinstance(o, list)]
     return ChaosResult(
         scenario, len(outcomes), len(finished), sum(1 for o in outcomes if o is None),
         sum(1 for o in outcomes if o == "lost"),
         sum(1 for o, ref in zip(outcomes, reference) if isinstance(o, list) and o != ref),
-        info.get("recovery_s", float("nan")), info.get("victim", -1), info.get("victim", -1) >= 0)
+        info.get("recovery_s", float("nan")), info.get("victim", -1), info.get("victim", -1) != -1, store_faults,
+        writes_pending)
+
+
+async def _writes_ended(router: Any) -> int:
+    """Wait (before a frozen victim is woken) until every queued block write has ended, stored or
+    failed (a dead DE's are dropped: placement.engine_lost); how many had not within the bound."""
+    deadline = time.monotonic() + TERMINAL_BOUND_S
+    while router.placement.persisting and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return len(router.placement.persisting)
+
+
+def _wake(cluster: LocalCluster, service: ServiceChild | None, victim: int) -> None:
+    """SIGCONT a frozen victim: the router fences a frozen engine by killing it, and if it has not
+    yet, let it go; a frozen storage service serves again (its clients' probes find it)."""
+    if victim == STORE_VICTIM:
+        service.send(signal.SIGCONT)
+        return
+    try:
+        os.kill(cluster.processes[victim].pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 async def run_chaos(scenarios: list[str], model: str = "tiny", policy: str = "recompute", num_requests: int = 4,
@@ -196,5 +283,7 @@ async def run_chaos(scenarios: list[str], model: str = "tiny", policy: str = "re
             on_result(res)
     return {"config": {"model": model, "policy": policy, "num_requests": num_requests, "gen_tokens": gen_tokens,
                        "pd": "2P2D", "heartbeat_timeout_s": cfg.engine_heartbeat_timeout_s,
-                       "terminal_bound_s": TERMINAL_BOUND_S},
+                       "terminal_bound_s": TERMINAL_BOUND_S, "store_timeout_s": cfg.store_timeout_s,
+                       "store_bound_s": STORE_CALLS_ON_PATH * cfg.store_timeout_s,
+                       "store_retry_after_s": STORE_RETRY_AFTER_S, "widened": {**WIDENED, "store": STORE_WIDENED}},
             "results": [r.to_json() for r in results]}

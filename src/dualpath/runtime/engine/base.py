@@ -328,7 +328,8 @@ class EngineBase:
                                 float(self.counters["busy_s"]),
                                 int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS),
                                 read_latency_s=float(self.counters["read_latency_s"]),
-                                remote_write_bytes=self.peers.sent_bytes()))
+                                remote_write_bytes=self.peers.sent_bytes(),
+                                store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values())))
 
     def close(self) -> None:
         self._stop = True

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ...metrics import turn_latencies
 from ...metrics.decisions import DecisionLog
@@ -32,8 +32,10 @@ class _Req:
 
 
 class RouterMetrics:
-    def __init__(self, clock: Any) -> None:
+    def __init__(self, clock: Any, store: Callable[[], Any] = lambda: None) -> None:
         self.clock = clock
+        self._store = store  # the router's store now: a service client counts the calls its breaker skipped
+        self.persist_failures = 0  # DE writes that ended without the block stored (Persisted.stored False)
         self.reqs: dict[int, _Req] = {}
         self.bytes_by_side = [0, 0]  # storage reads landing on the PE / DE side
         self.engine_counters: dict[int, Counters] = {}
@@ -90,6 +92,14 @@ class RouterMetrics:
         self.engine_counters[c.engine] = c
 
     # --- summaries ---------------------------------------------------------------------------------
+    def store_faults(self) -> dict[str, int]:
+        """What a dead or frozen storage service cost: persists that failed, and calls answered
+        without it while a client's breaker was open (store/breaker.py), the router's by op."""
+        mine = getattr(self._store(), "skipped_calls", dict)()  # {} for a local BlockStore
+        return {"persist_failures": self.persist_failures, "router_skipped_lookups": int(mine.get("lookup", 0)),
+                "router_skipped_calls": int(sum(mine.values())),
+                "engine_skipped_calls": int(sum(c.store_skipped_calls for c in self.engine_counters.values()))}
+
     def integrity(self) -> dict[str, int]:
         """Transfer-integrity counters summed over the engines (transport/integrity.py)."""
         c = list(self.engine_counters.values())
@@ -112,6 +122,7 @@ class RouterMetrics:
             },
             "integrity": self.integrity(),
             "recomputed_hits": self.num_recomputed_hits,
+            "store": self.store_faults(),
             "num_turns": len(done),
             "cached_tokens": int(sum(r.hit_tokens for r in done)),
         }
@@ -143,13 +154,24 @@ class RouterMetrics:
                    [Sample(c.storage_read_bytes / (rate * elapsed) if rate else float("nan"), {"engine": str(e)})
                     for e, c in sorted(self.engine_counters.items())]),
         ]
-        out += self._integrity_families()
+        out += self._integrity_families() + self._store_families()
         for name in ("ttft_s", "tpot_s"):
             d = s[name]
             quantiles = {f"0.{k[1:]}": d[k] for k in ("p50", "p90", "p99")}
             out.append(family(f"dualpath_{name}", "summary", f"{name.upper()[:-2]} in seconds.",
                               summary_samples(quantiles, d["count"])))
         return out
+
+    def _store_families(self) -> list[Family]:
+        f = self.store_faults()
+        return [
+            family("dualpath_store_persist_failures_total", "counter", "Block persists that ended without the block stored.",
+                   [Sample(f["persist_failures"])]),
+            family("dualpath_store_calls_skipped_total", "counter",
+                   "Storage-service calls answered without the service while its client's circuit breaker was open.",
+                   [Sample(f["router_skipped_calls"], {"client": "router"}),
+                    Sample(f["engine_skipped_calls"], {"client": "engines"})]),
+        ]
 
     def _integrity_families(self) -> list[Family]:
         i = self.integrity()

@@ -26,6 +26,6 @@ async def switch_mode(router: Any, mode: str, store: Any, store_root: str, timeo
     router.cfg = replace(router.cfg, mode=mode)
     router.features = router.cfg.features
     router.placement.store = store
-    router.metrics = RouterMetrics(router.clock)
+    router.metrics = RouterMetrics(router.clock, lambda: router.store)
     router.new_scheduler()
 

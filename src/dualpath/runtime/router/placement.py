@@ -66,6 +66,10 @@ class Placement:
         for digest, n in list(self._persisting_on.pop(engine, Counter()).items()):
             self.persisted(digest, engine, n)
 
+    def persisting_on(self, engine: int) -> set[bytes]:
+        """The digests whose writes `engine` queued and that have not ended."""
+        return {d for d, n in self._persisting_on.get(engine, {}).items() if n > 0}
+
     def blocked_by_persist(self, prompt: list[int], digests: list[bytes], stored_blocks: int) -> bool:
         usable = (len(prompt) - 1) // self.block_tokens  # the hit leaves a token to compute
         return stored_blocks < min(usable, len(digests)) and digests[stored_blocks] in self.persisting

@@ -74,7 +74,7 @@ class Router:
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pass_pending = False
-        self.metrics = RouterMetrics(clock)
+        self.metrics = RouterMetrics(clock, lambda: self.store)
         self.token = None if config.peer_token_file is None else read_token(config.peer_token_file)
         self.inbox = Inbox(endpoint, token=self.token)
         self.endpoint = self.inbox.endpoint  # tcp://HOST:0 binds a free port: the one it got
@@ -112,9 +112,8 @@ class Router:
         if self.watch is not None:
             self.watch.cancel()
         self._receiver.join(timeout=5)
-        for e in self.engines.values():
-            if e.outbox is not None:
-                e.outbox.close()
+        for box in (e.outbox for e in self.engines.values() if e.outbox is not None):
+            box.close()
         self.inbox.close()
 
     def _receive(self) -> None:
@@ -309,6 +308,7 @@ class Router:
             return
         if isinstance(msg, Persisted):
             self.placement.persisted(msg.digest, msg.engine)
+            self.metrics.persist_failures += not msg.stored
             self.kick()
             return
         rr = self.requests.get(msg.rid)
@@ -344,8 +344,7 @@ class Router:
         if rr.pe_done and rr.de_done:
             self.read_ended(rr)  # a read cancelled before it ran never reports
             self.requests.pop(rr.rid, None)
-            if not rr.finished:  # ended without a final token (e.g. cancelled in flight)
-                rr.finished = True
+            rr.finished = True  # perhaps without a final token (e.g. cancelled in flight)
         self.kick()
 
     def read_ended(self, rr: RouterRequest) -> None:

@@ -11,9 +11,14 @@ One read through the client:
    header must parse and name this store's model, layout and digest, and the payload must
    match its CRC32. The first bad block ends the returned prefix (a miss, never used) and is
    reported back (`verify`), so the server quarantines it if its file is corrupt.
-4. A pooled connection that fails (e.g. the server restarted) is retried once on a fresh one;
-   a service that stays unreachable reads as a miss (lookup 0, read_into 0; serving goes on by
-   recomputing) and a put raises RemoteStoreError, an OSError, as a full disk does locally.
+4. A pooled connection that fails (e.g. the server restarted) is retried once on a fresh one
+   (not one that timed out: a frozen service would cost a second timeout); a service that stays
+   unreachable reads as a miss (lookup 0, read_into 0; serving goes on by recomputing) and a put
+   raises RemoteStoreError, an OSError, as a full disk does locally.
+5. A call that times out or cannot connect (refused) opens a circuit breaker (breaker.py): for
+   STORE_RETRY_AFTER_S the calls are skipped at once, then a probe on its own thread decides, so a
+   dead or frozen service costs the router's loop and each engine's reader and writer one
+   timeout, not one per call. `skipped_calls()` counts them by operation.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from dualpath.core.blocks import BlockLayout
 from dualpath.errors import InputError
+from dualpath.runtime.store.breaker import STORE_RETRY_AFTER_S, CircuitBreaker
 from dualpath.runtime.store.buffers import block_payload, byte_view
 from dualpath.runtime.store.errors import BlockFormatError, ForeignBlockError, OutputBufferError, PayloadChecksumError
 from dualpath.runtime.store.format import HEADER_BYTES, parse_header
@@ -47,6 +53,14 @@ _T = TypeVar("_T")
 
 class RemoteStoreError(ConnectionError):
     """The storage service refused a request or could not be reached."""
+
+
+class ServiceUnreachable(RemoteStoreError):
+    """A connection to the service could not be made (refused, no route, connect timed out)."""
+
+
+class ServiceSkipped(RemoteStoreError):
+    """Not sent: the breaker is open after a call timed out or could not connect."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +124,7 @@ class RemoteStore:
 
     def __init__(self, host: str, port: int, layout: BlockLayout, fingerprint: str, dtype: str, *,
                  token: bytes | None = None, timeout_s: float | None = None, url: str | None = None,
-                 num_streams: int = 4) -> None:
+                 num_streams: int = 4, retry_after_s: float = STORE_RETRY_AFTER_S) -> None:
         self.root = url or f"tcp://{host}:{port}"  # what engines are told to open
         self.layout, self.fingerprint, self.dtype = layout, fingerprint, dtype
         self.file_bytes = HEADER_BYTES + layout.full_block_bytes
@@ -124,6 +138,7 @@ class RemoteStore:
         self._num_streams = num_streams
         self._stream_pool = ThreadPoolExecutor(num_streams, thread_name_prefix="kvstore-remote-get")
         self._verify_pool = ThreadPoolExecutor(num_streams, thread_name_prefix="kvstore-remote-crc")
+        self.breaker = CircuitBreaker(lambda: self._call({"op": "stats"}, probe=True), retry_after_s)
         self._with_connection(lambda sock: None)  # fail here, clearly, if the service is not there
 
     # -- connections -----------------------------------------------------------------------
@@ -132,7 +147,7 @@ class RemoteStore:
         try:
             sock = socket.create_connection(self._address, timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
-            raise RemoteStoreError(f"cannot reach the storage service at {self.root}: {exc}") from exc
+            raise ServiceUnreachable(f"cannot reach the storage service at {self.root}: {exc}") from exc
         sock.settimeout(self._timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
@@ -147,9 +162,12 @@ class RemoteStore:
             raise
         return sock
 
-    def _with_connection(self, fn: Callable[[socket.socket], _T]) -> _T:
+    def _with_connection(self, fn: Callable[[socket.socket], _T], op: str = "call", probe: bool = False) -> _T:
         """Run `fn` on a pooled connection; one that fails is closed, and a pooled one (perhaps
-        dead since a server restart) is retried once on a fresh connection."""
+        dead since a server restart) is retried once on a fresh connection unless it timed out.
+        ServiceSkipped while the breaker is open (`probe`: the breaker's own call goes through)."""
+        if not probe and not self.breaker.allow(op):
+            raise ServiceSkipped(f"storage service at {self.root}: skipped, unreachable (retry within {self.breaker.retry_after_s} s)")
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         for attempt in range(2):
@@ -162,8 +180,10 @@ class RemoteStore:
                 if sock is not None:
                     sock.close()
                 sock = None
-                if reused and attempt == 0:
+                if reused and attempt == 0 and not isinstance(exc, TimeoutError):
                     continue
+                if isinstance(exc, (TimeoutError, ServiceUnreachable)):
+                    self.breaker.failed()  # frozen or gone (a reset alone is not: a restart reconnects)
                 if isinstance(exc, RemoteStoreError):
                     raise
                 raise RemoteStoreError(f"storage service at {self.root}: {type(exc).__name__}: {exc}") from exc
@@ -176,8 +196,8 @@ class RemoteStore:
             return result
         raise AssertionError("unreachable")
 
-    def _call(self, message: dict) -> dict:
-        return self._with_connection(lambda sock: _request(sock, message))
+    def _call(self, message: dict, probe: bool = False) -> dict:
+        return self._with_connection(lambda sock: _request(sock, message), message["op"], probe)
 
     # -- the store interface ---------------------------------------------------------------
 
@@ -188,6 +208,8 @@ class RemoteStore:
             return 0
         try:
             return int(self._call({"op": "lookup", "digests": digests})["n"])
+        except ServiceSkipped:
+            return 0
         except OSError:
             self._count("service_errors", 1)
             return 0
@@ -244,7 +266,9 @@ class RemoteStore:
     def _get_chunk(self, digests: list[bytes], mv: memoryview) -> list[Exception | None]:
         """One stream's blocks: an outcome per leading block the service sent ([] if unreachable)."""
         try:
-            return self._with_connection(lambda sock: self._get(sock, digests, mv))
+            return self._with_connection(lambda sock: self._get(sock, digests, mv), "get")
+        except ServiceSkipped:
+            return []
         except OSError:
             self._count("service_errors", 1)
             return []
@@ -283,6 +307,11 @@ class RemoteStore:
                           remote["evicted_blocks"], mine["checksum_failures"], mine["header_failures"],
                           remote["quarantined_blocks"], 0, read_errors=remote.get("read_errors", 0),
                           write_failures=remote.get("write_failures", 0), service_errors=mine["service_errors"])
+
+    def skipped_calls(self) -> dict[str, int]:
+        """Calls the breaker answered without the service since this client opened, by operation
+        (lookup, get, put, verify, stats, refresh)."""
+        return dict(self.breaker.skipped)
 
     def refresh(self) -> RefreshReport:
         return RefreshReport(**self._call({"op": "refresh"})["report"])
