@@ -68,9 +68,15 @@ def demo(
     rounds: Annotated[Optional[int], typer.Option(help="rounds per agent (first prompt 190 tokens, then 61 appended, 3 generated; default: sized to this machine)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     device: DeviceOption = "cpu",
+    testbed: Annotated[bool, typer.Option(help="across emulated hosts: network namespaces, tc-enforced links (root)")] = False,
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
     from ..runtime.apps.demo import run_demo
+
+    if testbed:
+        from .testbed import testbed_demo
+
+        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device)
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:

@@ -119,13 +119,14 @@ def engine(
     device: Annotated[Optional[str], typer.Option(help="cpu | cuda | cuda:N (default: the router's)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the router's, else this host's CPUs)")] = None,
     join_timeout_s: Annotated[float, typer.Option(help="how long to wait for the router's answer")] = 120.0,
+    store: Annotated[Optional[str], typer.Option(help="this host's URL of the storage service (default: the router's)")] = None,
 ) -> None:
     """One engine on this host, joining a router started with `dualpath serve --engines-listen`."""
     from ..runtime.engine.join import join, run_joined
 
     welcome = join(router, role, None if token_file is None else str(token_file), listen, join_timeout_s)
     print(f"joined {router} as engine {welcome.engine} ({role})", flush=True)
-    run_joined(welcome, listen, device, threads)
+    run_joined(welcome, listen, device, threads, store)
 
 def run(
     trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],

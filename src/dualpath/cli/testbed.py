@@ -93,3 +93,36 @@ def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
     if plot:
         plot_lanes_testbed(r, plot)
         console.print(f"wrote {plot}")
+
+
+def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents: int, rounds: Optional[int],
+                 seed: int, device: str) -> None:
+    """`demo --testbed` (testbed/demo.py): the demo across emulated hosts, the kernel's counters
+    beside the runtime's ledger, the tokens beside a single-host run's."""
+    from ..sim.runner import write_json
+    from ..testbed.demo import check_result, ledger_vs_kernel, run_testbed_demo
+    from .results import print_runs
+
+    result = run_testbed_demo(model, agents, rounds, None if snic_mb_s is None else snic_mb_s * MB, seed, device,
+                              run_id=_default_id(), log=console.print)
+    r = result["config"]["rates"]
+    print_runs(result, f"testbed 1P1D, {model}, SNIC {r['snic_bytes_per_s'] / MB:.1f} MB/s per node (tc)", MB, "MB")
+    rows = result["ledger_vs_kernel"] = ledger_vs_kernel(result)
+    out.print("bytes per link: the runtime's ledger (+ the block files' headers on reads) and the kernel's interface counters")
+    for row in rows:
+        ratio = "" if row["kernel_over_stated"] is None else f"x{row['kernel_over_stated']:.3f}"
+        out.print(f"  {row['mode']:9s} {row['host']:10s} {row['what']:30s} runtime {row['runtime_bytes'] / MB:9.2f} MB"
+                  f" (+ headers {row['stated_bytes'] / MB:9.2f})  kernel {row['kernel_bytes'] / MB:9.2f} MB  {ratio}")
+    runs = {x["mode"]: x for x in result["runs"]}
+    same = all(x["tokens_sha256"] == result["reference_tokens_sha256"] for x in result["runs"])
+    out.print(f"tokens: {'identical to' if same else 'DIFFERENT from'} the single-host run in both modes")
+    out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
+    result["failed_checks"] = check_result(result)
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        from .runtime import plot_runtime
+
+        plot_runtime(result, plot, f"dualpath demo on the testbed: {model}")
+        console.print(f"wrote {plot}")

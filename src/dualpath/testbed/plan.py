@@ -69,10 +69,11 @@ class TestbedPlan:
     storage_addr_of: dict  # host namespace -> the storage host's address on that host's SNIC link
     cnic_addr_of: dict  # host namespace -> its address on the compute network
     weights: LaneWeights
+    router_ns: str = ""  # a host for the router, linked to both networks like a node ("" = none)
 
     @property
     def namespaces(self) -> tuple[str, ...]:
-        return (self.storage_ns, self.fabric_ns, *self.hosts)
+        return (self.storage_ns, self.fabric_ns, *self.hosts, *((self.router_ns,) if self.router_ns else ()))
 
 
 def _check(run_id: str, num_prefill: int, num_decode: int, run_index: int) -> None:
@@ -85,8 +86,11 @@ def _check(run_id: str, num_prefill: int, num_decode: int, run_index: int) -> No
 
 
 def plan_testbed(run_id: str, num_prefill: int, num_decode: int, snic_bytes_per_s: float, cnic_bytes_per_s: float,
-                 run_index: int = 0, weights: LaneWeights = LaneWeights()) -> TestbedPlan:
-    """The namespaces, links and addresses of one run; `run_index` picks its address block."""
+                 run_index: int = 0, weights: LaneWeights = LaneWeights(), router: bool = False) -> TestbedPlan:
+    """The namespaces, links and addresses of one run; `run_index` picks its address block.
+    `router`: one more host, `<base>-r`, for the router: an SNIC link to the storage host (its
+    lookups) and a CNIC port on the fabric (its control messages), both at the CNIC rate (the
+    router's links are no bottleneck in the paper's cluster)."""
     _check(run_id, num_prefill, num_decode, run_index)
     if snic_bytes_per_s <= 0 or cnic_bytes_per_s <= 0:
         raise InputError("testbed link rates must be positive")
@@ -96,12 +100,14 @@ def plan_testbed(run_id: str, num_prefill: int, num_decode: int, snic_bytes_per_
     roles = ("prefill",) * num_prefill + ("decode",) * num_decode
     links: list[Link] = []
     storage_addr_of, cnic_addr_of = {}, {}
-    for k, host in enumerate(hosts):
-        short = host[len(base) + 1:]  # p0, d1, ...
+    router_ns = f"{base}-r" if router else ""
+    every = hosts + ((router_ns,) if router else ())
+    for k, host in enumerate(every):
+        short = host[len(base) + 1:]  # p0, d1, ..., r
+        rate = cnic_bytes_per_s if host == router_ns else snic_bytes_per_s
         # SNIC: 10.231.<run>.<4k + 1, 4k + 2>/30 (storage end, node end); CNIC: 10.232.<run>.<k + 1>/24
         st_ip, node_ip = f"10.231.{run_index}.{4 * k + 1}", f"10.231.{run_index}.{4 * k + 2}"
-        links.append(Link("snic", host, storage_ns, f"{base}-{short}s", f"{st_ip}/30", host, "snic0", f"{node_ip}/30",
-                          snic_bytes_per_s))
+        links.append(Link("snic", host, storage_ns, f"{base}-{short}s", f"{st_ip}/30", host, "snic0", f"{node_ip}/30", rate))
         cnic_ip = f"10.232.{run_index}.{k + 1}"
         links.append(Link("cnic", host, fabric_ns, f"{base}-{short}c", "", host, "cnic0", f"{cnic_ip}/24",
                           cnic_bytes_per_s))
@@ -110,7 +116,7 @@ def plan_testbed(run_id: str, num_prefill: int, num_decode: int, snic_bytes_per_
         for name in (link.a_if, link.b_if):
             assert len(name) <= IFNAMSIZ_CHARS, name
     return TestbedPlan(run_id, storage_ns, fabric_ns, bridge, hosts, roles, tuple(links), storage_addr_of, cnic_addr_of,
-                       weights)
+                       weights, router_ns)
 
 
 def _bits(bytes_per_s: float) -> str:

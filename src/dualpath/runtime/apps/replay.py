@@ -56,6 +56,7 @@ class TurnRecord:
     prompt_tokens: int
     cached_tokens: int
     gen_tokens: int
+    output: tuple[int, ...] = ()  # the generated token ids
 
 
 def _ordinary_ids(vocab_size: int, reserved: int = 16) -> tuple[int, int]:
@@ -75,7 +76,7 @@ async def _one_request(router: Any, clock: Clock, name: str, prompt: list[int], 
         out.append(ev.token_id)
         cached = ev.cached_tokens
     second = times[1] if len(times) > 1 else times[0]
-    records.append(TurnRecord(agent, turn, t0, times[0], second, times[-1], len(prompt), cached, len(out)))
+    records.append(TurnRecord(agent, turn, t0, times[0], second, times[-1], len(prompt), cached, len(out), tuple(out)))
     return out
 
 
@@ -162,4 +163,16 @@ def summarise(records: list[TurnRecord], router_summary: dict, wall_s: float, nu
         "num_turns": len(records),
         "num_agents": num_agents,
         "wall_s": wall_s,
+        "tokens_sha256": tokens_sha256(records),
     }
+
+
+def tokens_sha256(records: list[TurnRecord]) -> str:
+    """One digest of every turn's generated tokens, by (agent, turn): equal digests, equal outputs
+    (greedy decoding: the same whichever mode, read path or host layout served them)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for r in sorted(records, key=lambda r: (r.agent, r.turn)):
+        h.update(f"{r.agent}:{r.turn}:{','.join(map(str, r.output))};".encode())
+    return h.hexdigest()

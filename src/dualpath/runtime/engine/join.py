@@ -63,8 +63,9 @@ def join(router: str, role: str, token_file: str | None, listen_host: str = "127
 
 
 def run_joined(welcome: Welcome, listen_host: str = "127.0.0.1", device: str | None = None,
-               threads: int | None = None) -> None:
-    """Create this node's buffers and run the engine the Welcome describes, until it is stopped."""
+               threads: int | None = None, store: str | None = None) -> None:
+    """Create this node's buffers and run the engine the Welcome describes, until it is stopped.
+    `store`: this host's URL of the cluster's storage service (its own SNIC's address of it)."""
     cfg: RuntimeConfig = config_from_json(RuntimeConfig, welcome.config_json)
     local = {k: v for k, v in (("device", device), ("torch_threads", threads)) if v is not None}
     cfg = replace(cfg, **local)
@@ -76,7 +77,7 @@ def run_joined(welcome: Welcome, listen_host: str = "127.0.0.1", device: str | N
     try:
         spec = EngineSpec(e, role, f"tcp://{listen_host}:0", welcome.router_endpoint, cfg,
                           {e: (buffer.name, buffer.slot_bytes * buffer.num_slots)},
-                          (landing.name, cfg.pe_hbm_bytes) if landing else (), welcome.store_root,
+                          (landing.name, cfg.pe_hbm_bytes) if landing else (), store or welcome.store_root,
                           welcome.fingerprint, threads=cfg.torch_threads or os.cpu_count() or 1)
         engine_main(spec)
     finally:

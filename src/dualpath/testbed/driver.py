@@ -1,0 +1,43 @@
+"""The router's side of a testbed run: started in the router host's namespace by testbed/demo.py.
+
+`python -m dualpath.testbed.driver SPEC.json OUT.json`: a cluster whose engines join over the
+compute network (`engines_listen`), KV and control over TCP (`engine_transport="tcp"`), the store
+the storage service reached through the router host's SNIC link, no emulated rate anywhere (the
+kernel's qdiscs enforce them); the demo's workload in one mode; the result as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import replace
+
+from ..runtime.apps.demo import demo_config, demo_workload, run_workload
+from ..runtime.cluster import LocalCluster
+
+
+async def drive(spec: dict) -> dict:
+    cfg = replace(demo_config(spec["mode"], None, spec["model"]), seed=spec["seed"], device=spec["device"],
+                  engine_transport="tcp", peer_token_file=spec["token_file"], store_dir=spec["store_url"])
+    workload = demo_workload(spec["agents"], spec["rounds"])
+    async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
+        result = await run_workload(c, workload)
+    counters = c.router.metrics.engine_counters  # the engines' last report, sent as they stopped
+    result["ledger"] = {str(e): {"storage_read_bytes": x.storage_read_bytes, "storage_write_bytes": x.storage_write_bytes,
+                                 "remote_write_bytes": x.remote_write_bytes} for e, x in sorted(counters.items())}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = asyncio.run(drive(spec))
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
