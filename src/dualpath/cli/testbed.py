@@ -97,10 +97,10 @@ def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
 
 def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents: int, rounds: Optional[int],
                  seed: int, device: str) -> None:
-    """`demo --testbed` (testbed/demo.py): the demo across emulated hosts, the kernel's counters
+    """`demo --testbed` (runtime/apps/testbed_demo.py): the demo across emulated hosts, the kernel's counters
     beside the runtime's ledger, the tokens beside a single-host run's."""
     from ..sim.runner import write_json
-    from ..testbed.demo import check_result, ledger_vs_kernel, run_testbed_demo
+    from ..runtime.apps.testbed_demo import check_result, ledger_vs_kernel, run_testbed_demo
     from .results import print_runs
 
     result = run_testbed_demo(model, agents, rounds, None if snic_mb_s is None else snic_mb_s * MB, seed, device,

@@ -1,6 +1,6 @@
-"""The router's side of a testbed run: started in the router host's namespace by testbed/demo.py.
+"""The router's side of a testbed run: started in the router host's namespace by runtime/apps/testbed_demo.py.
 
-`python -m dualpath.testbed.driver SPEC.json OUT.json`: a cluster whose engines join over the
+`python -m dualpath.runtime.apps.testbed_driver SPEC.json OUT.json`: a cluster whose engines join over the
 compute network (`engines_listen`), KV and control over TCP (`engine_transport="tcp"`), the store
 the storage service reached through the router host's SNIC link, no emulated rate anywhere (the
 kernel's qdiscs enforce them); the demo's workload in one mode; the result as JSON.
@@ -13,8 +13,8 @@ import json
 import sys
 from dataclasses import replace
 
-from ..runtime.apps.demo import demo_config, demo_workload, run_workload
-from ..runtime.cluster import LocalCluster
+from ..cluster import LocalCluster
+from .demo import demo_config, demo_workload, run_workload
 
 
 async def drive(spec: dict) -> dict:

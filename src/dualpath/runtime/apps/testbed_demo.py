@@ -6,7 +6,7 @@
    SNIC rate, its CNIC port on the fabric at the CNIC rate, HTB with the two lanes by DSCP. No
    token bucket runs in any process: the runtime's rates are None.
 3. Per mode, on a fresh store: the storage service in the storage host's namespace (listening on
-   every SNIC link); the driver (router + workload, testbed/driver.py) in the router host; one
+   every SNIC link); the driver (router + workload, runtime/apps/testbed_driver.py) in the router host; one
    `dualpath engine` in each node's namespace, pinned to its CPU set, reading blocks through its own
    SNIC link and writing KV to its peer through the fabric (engine/peers.py).
 4. The kernel's byte counters of every link end, before and after each mode, beside the runtime's
@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import netns
-from .plan import TestbedPlan, plan_testbed
+from ...testbed import netns
+from ...testbed.plan import TestbedPlan, plan_testbed
 
 STORE_PORT = 7400  # the storage service on the storage host (any free port would do: a namespace of our own)
 ROUTER_PORT = 7100  # the router's --engines-listen port on the router host
@@ -97,7 +97,7 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
         spec = {**spec, "mode": mode, "listen": f"tcp://{router_ip}:{ROUTER_PORT}", "store_url": url(plan.router_ns)}
         (work / f"spec-{mode}.json").write_text(json.dumps(spec))
         out = work / f"result-{mode}.json"
-        driver = _spawn(plan.router_ns, ["-m", "dualpath.testbed.driver", str(work / f"spec-{mode}.json"), str(out)],
+        driver = _spawn(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{mode}.json"), str(out)],
                         work / f"driver-{mode}.log")
         procs.append(driver)
         for e, (host, role) in enumerate(zip(plan.hosts, plan.roles)):
@@ -121,8 +121,8 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
 
 def single_host_reference(model: str, agents: int, rounds: int, seed: int, device: str) -> str:
     """The tokens digest of the same workload on a local 1P1D cluster at real speed."""
-    from ..runtime.apps.demo import demo_config, demo_workload, run_workload
-    from ..runtime.cluster import LocalCluster
+    from ..cluster import LocalCluster
+    from .demo import demo_config, demo_workload, run_workload
 
     async def go() -> str:
         cfg = replace(demo_config("dualpath", None, model), seed=seed, device=device)
@@ -134,9 +134,9 @@ def single_host_reference(model: str, agents: int, rounds: int, seed: int, devic
 
 def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int | None = None,
                      snic_bytes_per_s: float | None = None, seed: int = 0, device: str = "cpu", run_id: str = "demo",
-                     log: Callable[[str], None] = print) -> dict[str, Any]:
-    from ..runtime.apps.demo import calibrate_for, plan_demo
-    from ..runtime.engine.cpus import available_cpus, plan_cpus
+                     log: Callable[[str], None] = print, modes: tuple[str, ...] = ("basic", "dualpath")) -> dict[str, Any]:
+    from ..engine.cpus import available_cpus, plan_cpus
+    from .demo import calibrate_for, plan_demo
 
     netns.check_can_run()
     cal, kv_bytes, bt = calibrate_for(model, device)
@@ -156,7 +156,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
             spec = {"model": model, "agents": agents, "rounds": num_rounds, "seed": seed, "device": device,
                     "token_file": str(token)}
             runs = []
-            for mode in ("basic", "dualpath"):
+            for mode in modes:
                 log(f"{mode}: across the testbed's hosts (SNIC {rates.snic_bytes_per_s / 1e6:.1f} MB/s, "
                     f"CNIC {rates.cnic_bytes_per_s / 1e6:.1f} MB/s, enforced by tc)")
                 runs.append(run_mode(plan, mode, spec, work, cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine))
@@ -172,7 +172,7 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
     included: TCP/IP, the storage protocol's frames, remote-write frames, control messages), and
     the runtime's bytes plus the one header stated here: a block read from the service comes as
     its file, header (store/format.py HEADER_BYTES) and payload."""
-    from ..runtime.store.format import HEADER_BYTES
+    from ..store.format import HEADER_BYTES
 
     block = result["config"]["full_block_bytes"]
     rows = []
@@ -199,7 +199,7 @@ def check_result(result: dict) -> list[str]:
     for r in result["runs"]:
         if r["tokens_sha256"] != result["reference_tokens_sha256"]:
             bad.append(f"{r['mode']}: tokens differ from the single-host run")
-    if len(result["runs"]) == 2:
+    if [r["mode"] for r in result["runs"]] == ["basic", "dualpath"]:
         ratio = result["runs"][1]["jct_s"] / result["runs"][0]["jct_s"]
         if ratio > 0.60:
             bad.append(f"JCT dualpath / basic = {ratio:.2f} > 0.60")
