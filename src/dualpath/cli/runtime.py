@@ -89,6 +89,7 @@ def serve(
     heartbeat_timeout_s: Annotated[Optional[float], typer.Option(help="fence an engine silent this long (default 5 s)")] = None,
     engines_listen: Annotated[Optional[str], typer.Option(help="tcp://HOST:PORT: start no engines; wait for `dualpath engine`s to join here")] = None,
     token_file: Annotated[Optional[Path], typer.Option(help="shared token of the router and engines (required beyond loopback)")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT (needs dualpath[cluster])")] = None,
 ) -> None:
     """OpenAI-compatible server on a PD-disaggregated cluster: engines started here, or joining from other hosts."""
     from ..config import RuntimeConfig, parse_pd
@@ -100,15 +101,26 @@ def serve(
     limits = ServerLimits(**{name: value for name, value in given.items() if value is not None})
 
     p, d = parse_pd(pd)
+    if ray is not None and engines_listen is None:
+        engines_listen = _free_listen("127.0.0.1" if ray == "local" else host)
     faults = {} if heartbeat_timeout_s is None else {"engine_heartbeat_timeout_s": heartbeat_timeout_s}
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                         store_dir=store_dir or None,
                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
                         engine_fault_policy=engine_fault_policy, **faults,
-                        engine_transport="tcp" if engines_listen else "local",
+                        engine_transport="tcp" if engines_listen or ray else "local",
                         peer_token_file=None if token_file is None else str(token_file))
     _device(device)
-    serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen)
+    serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen, ray_address=ray)
+
+
+def _free_listen(host: str) -> str:
+    """tcp://HOST:PORT with a port free now, for the router's engines to join at."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 def engine(

@@ -35,7 +35,7 @@ class ClusterRouter:
 
 
 def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimits | None = None,
-             engines_listen: str | None = None):
+             engines_listen: str | None = None, ray_address: str | None = None):
     from ..server.app import create_app
 
     cluster = LocalCluster(cfg, engines_listen=engines_listen)
@@ -43,18 +43,28 @@ def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimit
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        await cluster.start()
-        try:
-            yield
-        finally:
-            await cluster.stop()
+        with contextlib.ExitStack() as stack:
+            if ray_address is not None:  # engines as Ray actors that join the router (ray_engines.py)
+                from ...pool.ray_pool import ray_session
+                from .ray_engines import RayEngines
+
+                ray = stack.enter_context(ray_session(ray_address)).ray
+                engines = RayEngines(ray, cfg, engines_listen or "", cfg.peer_token_file, cfg.store_dir)
+                stack.callback(engines.stop)
+                engines.start()
+            await cluster.start()
+            try:
+                yield
+            finally:
+                await cluster.stop()
 
     return create_app(proxy, api_key, limits=limits or ServerLimits(), lifespan=lifespan), cluster
 
 
 def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                  limits: ServerLimits | None = None, engines_listen: str | None = None) -> None:
+                  limits: ServerLimits | None = None, engines_listen: str | None = None,
+                  ray_address: str | None = None) -> None:
     import uvicorn
 
-    app, _ = make_app(cfg, api_key, limits, engines_listen)
+    app, _ = make_app(cfg, api_key, limits, engines_listen, ray_address)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
