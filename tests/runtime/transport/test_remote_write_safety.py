@@ -8,6 +8,8 @@ import threading
 import numpy as np
 import pytest
 
+from dualpath.netaddr import is_loopback
+
 from dualpath.core.lanes import Lane
 from dualpath.runtime.transport.remote_write import PeerRefused, WriteInitiator, WriteTarget, wire
 from remote_write_helpers import Inbox, closed_by_peer, raw_header, raw_peer, sentinel, wait_until
@@ -139,8 +141,8 @@ def test_without_a_token_the_target_stays_on_loopback():
             WriteTarget(host, 0)
     with pytest.raises(ValueError, match="empty"):
         WriteTarget("127.0.0.1", 0, token=b"")
-    assert wire.is_loopback("localhost") and wire.is_loopback("127.0.0.2") and wire.is_loopback("::1")
-    assert not wire.is_loopback("10.0.0.1") and not wire.is_loopback("example.com")
+    assert is_loopback("localhost") and is_loopback("127.0.0.2") and is_loopback("::1")
+    assert not is_loopback("10.0.0.1") and not is_loopback("example.com")
 
 
 def test_connections_beyond_the_limit_are_refused():

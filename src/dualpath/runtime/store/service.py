@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import ipaddress
 import os
 import re
 import socket
@@ -30,6 +29,7 @@ import threading
 from typing import Any, Callable
 
 from dualpath.core.blocks import BlockLayout
+from dualpath.netaddr import is_loopback
 from dualpath.runtime.store import files
 from dualpath.runtime.store.errors import BlockFormatError, PayloadSizeError
 from dualpath.runtime.store.store import BlockStore
@@ -46,14 +46,6 @@ class _Unauthorized(Exception):
     pass
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` names only this machine ("localhost", 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def store_dir_name(fingerprint: str, dtype: str, layout: BlockLayout) -> str:

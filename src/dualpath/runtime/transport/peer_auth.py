@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import threading
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from urllib.parse import urlsplit
 
 import zmq
 from zmq.utils import z85
+
+from ...netaddr import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,7 @@ def endpoint_is_local(endpoint: str) -> bool:
     scheme = endpoint.split("://", 1)[0]
     if scheme in ("ipc", "inproc"):
         return True
-    host = urlsplit(endpoint).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name or "*": it may be reached from elsewhere
+    return is_loopback(urlsplit(endpoint).hostname or "")  # a name or "*" may be reached from elsewhere
 
 
 class ZapHandler:

@@ -36,11 +36,12 @@ from typing import Callable
 import numpy as np
 
 from ....core.lanes import Lane
+from ....netaddr import is_loopback
 from ..shm import HostBuffer, ShmRegion
 from ..tcp import apply_lane_options
 from .wire import (
     ACCEPT, CHALLENGE, HANDSHAKE_TIMEOUT_S, HEADER, HELLO, KIND_IMM, KIND_WRITE, MAC_BYTES, MAGIC, MAX_IMM_BYTES,
-    MAX_WRITE_FRAME_BYTES, NONCE_BYTES, PROTOCOL_VERSION, RemoteWriteError, hello_mac, is_loopback, recv_exact,
+    MAX_WRITE_FRAME_BYTES, NONCE_BYTES, PROTOCOL_VERSION, RemoteWriteError, hello_mac, recv_exact,
 )
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import os
 import socket
 import struct
@@ -66,16 +65,6 @@ class PeerRefused(RemoteWriteError):
     """The target closed the connection during the handshake (wrong or missing token, or full)."""
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` names only this machine ("localhost", 127.0.0.0/8, ::1). The same rule as
-    store/service.py's; transport may not import store (tests/core/test_imports.py), so it is here
-    too until both move to a module they may share."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def hello_mac(token: bytes, nonce: bytes, lane: Lane) -> bytes:
