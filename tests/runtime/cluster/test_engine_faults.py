@@ -266,3 +266,25 @@ def test_a_de_killed_while_the_pe_waits_for_its_layers_lets_the_forward_go_on():
         _wait_idle(served, timeout_s=60)
     finally:
         served.close()
+
+
+def test_across_hosts_a_killed_de_costs_its_peers_nothing():
+    """engine_transport="tcp" (remote writes, engine/peers.py): a DE killed while its requests
+    decode breaks the PE's connections to it; the PE counts the failures and lives on, the requests
+    migrate to the other DE and finish with the fault-free tokens."""
+    served = Served(config(num_decode=2, force_read_side="decode", engine_transport="tcp"))
+    try:
+        router = served.router
+        reference = served.run(greedy_all(router))
+
+        async def kill_a_decoding_de():
+            de, _ = await first_decoding_de(router)
+            served.kill(de)
+
+        assert served.run(greedy_all(router, kill_a_decoding_de)) == reference
+        assert served.cluster.processes[0].is_alive()  # the PE wrote to a dead peer and lives on
+        assert served.run(greedy_all(router)) == reference  # and serves on, through the survivor
+        assert router.metrics.num_migrated >= 1
+        _wait_idle(served)
+    finally:
+        served.close()

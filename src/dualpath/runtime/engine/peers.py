@@ -15,6 +15,11 @@ bytes when the message comes, so the message must not overtake them.
   the receiver's target hands it to its own inbox: it cannot arrive before the bytes.
 
 Either way the sender's checksums of what it sent (transport/integrity.py) go with the message.
+
+A peer that cannot be reached, or whose connection breaks mid-transfer, costs the bytes and the
+message to it, never this engine: the failure is logged and counted (`failures`), the local books
+(`on_sent`) go on, and the router, which sees the dead peer by its exit or its missing heartbeats
+(router/liveness.py), migrates or fails the requests that needed it, as on one host.
 In-flight bit flips (`kv_corrupt_probability`) are injected on the local path only: a remote
 write's destination is not in this process to flip.
 """
@@ -30,7 +35,7 @@ import numpy as np
 from ...core.lanes import Lane
 from ..transport.integrity import piece_sums
 from ..transport.messages import decode, encode
-from ..transport.remote_write import RemoteSpanWrite, WriteInitiator, WriteTarget, submit_with_immediate
+from ..transport.remote_write import RemoteSpanWrite, WriteInitiator, WriteTarget
 from ..transport.shm import ShmRegion
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,7 @@ class PeerWrites:
         self._initiators: dict[str, WriteInitiator] = {}
         self._lock = threading.Lock()
         self.bad_immediates = 0
+        self.failures = 0  # writes, immediates or connections to a peer that failed (peer gone)
         self.target: WriteTarget | None = None
         self.data_endpoint = ""  # where peers write to this engine ("" on one host)
         if remote:
@@ -78,12 +84,31 @@ class PeerWrites:
                 on_sent(sums)
 
             return eng.copy_checked(src, src_spans, dst, dst_spans, done)
-        job = RemoteSpanWrite(self._initiator(peer_data), Lane.KV, src, src_spans, region, dst_spans)
+        init = self._reach(peer_data)
+        job = RemoteSpanWrite(init, Lane.KV, src, src_spans, region, dst_spans)  # type: ignore[arg-type]
         sums = piece_sums(job)  # type: ignore[arg-type]  # its src and pieces, as a SpanCopy's
-        if reply is None:
-            eng.arbiter.submit(Lane.KV, job.nbytes, job, lambda _res: on_sent(sums))
-        else:
-            submit_with_immediate(eng.arbiter, job, lambda _res: encode(reply(sums)), lambda _res: on_sent(sums))
+        if init is None:  # the peer cannot be reached (gone): nothing to send, the local books go on
+            on_sent(sums)
+            return sums
+        failed: list[OSError] = []
+
+        def chunk(offset: int, nbytes: int) -> None:
+            if not failed:
+                try:
+                    job(offset, nbytes)
+                except OSError as exc:  # the peer went away mid-transfer: drop the rest (see class doc)
+                    failed.append(exc)
+                    self._failed("a write", peer_data, exc)
+
+        def done(_res: object) -> None:
+            if reply is not None and not failed:
+                try:
+                    init.immediate(Lane.KV, encode(reply(sums)))
+                except OSError as exc:
+                    self._failed("an immediate", peer_data, exc)
+            on_sent(sums)
+
+        eng.arbiter.submit(Lane.KV, job.nbytes, chunk, done)
         return sums
 
     def sent_bytes(self) -> int:
@@ -94,10 +119,31 @@ class PeerWrites:
 
     def send_after_writes(self, peer_control: str, peer_data: str, msg: Any) -> None:
         """`msg` to a peer, after every byte this engine has written to it on the KV lane."""
-        if self.remote:
-            self._initiator(peer_data).immediate(Lane.KV, encode(msg))
-        else:
+        if not self.remote:
             self._engine.send(peer_control, msg)
+            return
+        init = self._reach(peer_data)
+        try:
+            if init is not None:
+                init.immediate(Lane.KV, encode(msg))
+        except OSError as exc:
+            self._failed("an immediate", peer_data, exc)
+
+    def _reach(self, peer_data: str) -> WriteInitiator | None:
+        """The peer's initiator, or None (counted) when it cannot be connected to."""
+        try:
+            return self._initiator(peer_data)
+        except OSError as exc:
+            self._failed("a connection", peer_data, exc)
+            return None
+
+    def _failed(self, what: str, peer_data: str, exc: OSError) -> None:
+        self.failures += 1
+        log.warning("%s to the peer at %s failed (%s); the router's liveness decides its requests", what, peer_data, exc)
+        with self._lock:
+            broken = self._initiators.pop(peer_data, None)  # a later write connects afresh
+        if broken is not None:
+            broken.close()
 
     def _initiator(self, peer_data: str) -> WriteInitiator:
         if not peer_data:
