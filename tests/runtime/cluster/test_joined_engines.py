@@ -64,3 +64,15 @@ def test_engines_join_over_the_network_and_strangers_are_told_why_not(tmp_path):
         for p in [*engines, stranger, *extra]:
             if p.poll() is None:
                 p.kill()
+
+
+def test_bad_engine_arguments_are_one_line_errors():
+    """Checked before anything is sent: no role, no tcp:// router, a router beyond loopback without
+    a token (nothing leaves this machine)."""
+    from cli_helpers import cli_here
+
+    for args, needle in ((("--role", "bogus", "--router", "tcp://127.0.0.1:1"), "--role must be prefill or decode"),
+                         (("--role", "prefill", "--router", "http://x:1"), "--router must be tcp://HOST:PORT"),
+                         (("--role", "decode", "--router", "tcp://10.9.9.9:1"), "needs a shared token")):
+        p = cli_here("engine", *args)
+        assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
