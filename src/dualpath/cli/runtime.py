@@ -101,8 +101,8 @@ def serve(
     limits = ServerLimits(**{name: value for name, value in given.items() if value is not None})
 
     p, d = parse_pd(pd)
-    if ray is not None and engines_listen is None:
-        engines_listen = _free_listen("127.0.0.1" if ray == "local" else host)
+    if ray is not None and engines_listen is None:  # port 0: the router binds a free one, then the actors start
+        engines_listen = f"tcp://{'127.0.0.1' if ray == 'local' else host}:0"
     faults = {} if heartbeat_timeout_s is None else {"engine_heartbeat_timeout_s": heartbeat_timeout_s}
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
                         store_dir=store_dir or None,
@@ -113,14 +113,6 @@ def serve(
     _device(device)
     serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen, ray_address=ray)
 
-
-def _free_listen(host: str) -> str:
-    """tcp://HOST:PORT with a port free now, for the router's engines to join at."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 def engine(
@@ -139,6 +131,7 @@ def engine(
     welcome = join(router, role, None if token_file is None else str(token_file), listen, join_timeout_s)
     print(f"joined {router} as engine {welcome.engine} ({role})", flush=True)
     run_joined(welcome, listen, device, threads, store)
+
 
 def run(
     trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],

@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..config import RuntimeConfig
 from ..config_overrides import config_to_json
@@ -65,7 +65,8 @@ def engine_context() -> Any:
 
 
 class LocalCluster:
-    def __init__(self, config: RuntimeConfig, start_timeout_s: float = 300.0, engines_listen: str | None = None) -> None:
+    def __init__(self, config: RuntimeConfig, start_timeout_s: float = 300.0, engines_listen: str | None = None,
+                 on_router_ready: Callable[[str], None] | None = None) -> None:
         self.cfg = config
         self.start_timeout_s = start_timeout_s
         self.router: Router | None = None
@@ -79,6 +80,7 @@ class LocalCluster:
         self._extra_stores: list[str] = []
         self.store: BlockStore | RemoteStore | None = None
         self.engines_listen = engines_listen  # tcp://HOST:PORT: engines join there instead of being spawned
+        self.on_router_ready = on_router_ready  # called with the router's bound endpoint (port 0 resolved)
         self._joining: set[int] = set()  # ids handed to joining engines that have not said Hello yet
         if engines_listen and config.engine_transport != "tcp":
             raise InputError("engines that join over the network need engine_transport tcp")
@@ -124,6 +126,8 @@ class LocalCluster:
             self.router.on_join = self._welcome  # `dualpath engine`s join over the network (engine/join.py)
         else:
             self._spawn_engines()
+        if self.on_router_ready is not None:  # e.g. start the engines that will join (Ray actors)
+            self.on_router_ready(self.router.endpoint)
         loop = asyncio.get_running_loop()
         router = self.router
         self._watch = ExitWatch(self.processes, lambda e, cause: loop.call_soon_threadsafe(engine_lost, router, e, cause))

@@ -7,18 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 
 from dualpath.config import RuntimeConfig
 from test_kv_paths import DEVICE, cluster_conversation, reference_conversation
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _engine(router: str, role: str, token_file, *extra: str) -> subprocess.Popen:
@@ -33,35 +26,33 @@ def test_engines_join_over_the_network_and_strangers_are_told_why_not(tmp_path):
     token, wrong = tmp_path / "token", tmp_path / "wrong"
     token.write_text("the cluster's secret\n")
     wrong.write_text("not the cluster's secret\n")
-    router = f"tcp://127.0.0.1:{_free_port()}"
-    engines = [_engine(router, "prefill", token), _engine(router, "decode", token)]
-    stranger = _engine(router, "decode", wrong, "--join-timeout-s", "3")
     cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
                         pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp",
                         peer_token_file=str(token))
-    extra: list[subprocess.Popen] = []
+    engines: list[subprocess.Popen] = []
+    strangers: list[subprocess.Popen] = []
 
-    async def conversation():
-        loop = asyncio.get_running_loop()
-        # once the cluster is up, a second prefill engine asks for a place (1P1D: there is none)
-        loop.call_later(0.5, lambda: extra.append(_engine(router, "prefill", token)))
-        return await cluster_conversation(cfg, engines_listen=router)
+    def start_engines(router: str) -> None:  # once the router has bound its port (no race for it)
+        engines.extend([_engine(router, "prefill", token), _engine(router, "decode", token)])
+        strangers.append(_engine(router, "decode", wrong, "--join-timeout-s", "3"))
+        asyncio.get_running_loop().call_later(0.5, lambda: strangers.append(_engine(router, "prefill", token)))
 
     try:
-        outs, _, summary = asyncio.run(conversation())
+        outs, _, summary = asyncio.run(cluster_conversation(cfg, engines_listen="tcp://127.0.0.1:0",
+                                                            on_router_ready=start_engines))
         assert outs == reference_conversation("tiny")
         assert summary["bytes"]["remote_writes"] > 0 and summary["bytes"]["storage_via_decode"] > 0
         for p in engines:
             out, err = p.communicate(timeout=30)
             assert p.returncode == 0, err[-3000:]  # the cluster's Stop ends them cleanly
             assert "joined " in out
-        late, stranger_err = extra[0], stranger.communicate(timeout=60)[1]
-        late_err = late.communicate(timeout=60)[1]
+        stranger, late = strangers
+        stranger_err, late_err = stranger.communicate(timeout=60)[1], late.communicate(timeout=60)[1]
         assert late.returncode == 2 and "every prefill place of 1P1D is taken" in late_err
         assert stranger.returncode == 2 and "no answer from the router" in stranger_err and "token" in stranger_err
         assert "Traceback" not in late_err + stranger_err
     finally:
-        for p in [*engines, stranger, *extra]:
+        for p in [*engines, *strangers]:
             if p.poll() is None:
                 p.kill()
 

@@ -6,7 +6,6 @@ a role no node can hold is named within the placement timeout."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -28,21 +27,18 @@ def test_bundles_follow_the_cluster_resources():
 @pytest.mark.slow
 def test_engines_as_ray_actors_join_and_give_the_recompute_tokens():
     ray = pytest.importorskip("ray", reason="Ray is the optional `cluster` extra")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        listen = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    listen = "tcp://127.0.0.1:0"  # the router binds a free port; the actors start once it has
     cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
                         pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp")
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
-        too_big = RayEngines(ray, RuntimeConfig(model="tiny", num_prefill=4, num_decode=4), listen, None)
+        too_big = RayEngines(ray, RuntimeConfig(model="tiny", num_prefill=4, num_decode=4), "tcp://127.0.0.1:9", None)
         with pytest.raises(InputError, match="cannot place 4P4D"):
             too_big.start(timeout_s=3)
         too_big.stop()
-        engines = RayEngines(ray, cfg, listen, None)
-        engines.start()
+        engines = RayEngines(ray, cfg, "", None)
         try:
-            outs, _, summary = asyncio.run(cluster_conversation(cfg, engines_listen=listen))
+            outs, _, summary = asyncio.run(cluster_conversation(cfg, engines_listen=listen, on_router_ready=engines.start_for))
         finally:
             engines.stop()
         assert outs == reference_conversation("tiny")

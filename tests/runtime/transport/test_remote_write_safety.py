@@ -206,3 +206,29 @@ def test_a_peer_that_stops_reading_breaks_the_lane_after_the_send_timeout():
             initiator.immediate(KV, b"late")
         initiator.close()
         held[0].close()
+
+
+def test_a_fenced_peer_is_cut_off_and_refused_and_others_write_on(target):
+    """The router fenced engine 1 (EngineDown): the target cuts its connections and refuses its
+    hellos; engine 2 writes on. The MAC binds the id, so a peer cannot name another's."""
+    t, region, inbox = target
+    one, two = WriteInitiator(*t.address, lanes=(KV,), peer=1), WriteInitiator(*t.address, lanes=(KV,), peer=2)
+    try:
+        one.write(KV, "seg", 0, b"\x07" * 8)
+        one.immediate(KV, b"one")
+        assert inbox.get()[:2] == (KV, b"one") and bytes(region[:8]) == b"\x07" * 8
+        t.fence(1)
+        wait_until(lambda: not any(p == 1 for p in t._peer_of.values()))
+        with pytest.raises(OSError):  # its connection is gone: the next writes fail on the sender
+            for _ in range(50):
+                one.write(KV, "seg", 8, b"\x09" * 8)
+        assert bytes(region[8:16]) != b"\x09" * 8
+        with pytest.raises(PeerRefused):
+            WriteInitiator(*t.address, lanes=(KV,), peer=1)
+        two.write(KV, "seg", 16, b"\x02" * 8)
+        two.immediate(KV, b"two")
+        assert inbox.get()[:2] == (KV, b"two") and bytes(region[16:24]) == b"\x02" * 8
+    finally:
+        one.close()
+        two.close()
+    assert wire.hello_mac(b"t", b"n" * 32, KV, 1) != wire.hello_mac(b"t", b"n" * 32, KV, 2)

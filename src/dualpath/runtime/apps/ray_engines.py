@@ -84,6 +84,11 @@ class RayEngines:
             self.actors.append(a)
             self.runs.append(a.run.remote(self.router_endpoint, role, self.token_file, self.store, None, None))
 
+    def start_for(self, router_endpoint: str) -> None:
+        """`start` once the router has bound (LocalCluster's on_router_ready)."""
+        self.router_endpoint = router_endpoint
+        self.start()
+
     def stop(self) -> None:
         """After the cluster's Stop: collect the runs, then end the actors and free the group."""
         ray = self.ray

@@ -49,9 +49,9 @@ def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimit
                 from .ray_engines import RayEngines
 
                 ray = stack.enter_context(ray_session(ray_address)).ray
-                engines = RayEngines(ray, cfg, engines_listen or "", cfg.peer_token_file, cfg.store_dir)
+                engines = RayEngines(ray, cfg, "", cfg.peer_token_file, cfg.store_dir)
                 stack.callback(engines.stop)
-                engines.start()
+                cluster.on_router_ready = engines.start_for  # once the router is bound: no port race
             await cluster.start()
             try:
                 yield

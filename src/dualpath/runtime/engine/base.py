@@ -127,7 +127,7 @@ class EngineBase:
         self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
         self.node = spec.engine  # every engine is its own node on this runtime
         self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
-                                urlsplit(spec.endpoint).hostname or "127.0.0.1")
+                                urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()

@@ -111,6 +111,7 @@ class DecodeEngine(EngineBase):
                 self._cancel(r)
         elif isinstance(msg, EngineDown):
             self.lost_engines.add(msg.engine)  # a dead PE's requests arrive as Cancels
+            self.peers.fence(msg.engine)
         elif isinstance(msg, Reconfigure):
             self.reconfigure(msg)
         elif isinstance(msg, Stop):

@@ -133,6 +133,7 @@ class PrefillEngine(EngineBase):
                     self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
         elif isinstance(msg, EngineDown):
             self.lost_engines.add(msg.engine)
+            self.peers.fence(msg.engine)  # a fenced DE that wakes writes nothing here
             self.kv.peer_lost()  # a forward waiting for that DE's layers goes on (its items are cancelled)
         elif isinstance(msg, Reconfigure):
             self.reconfigure(msg)

@@ -77,8 +77,9 @@ class WriteInitiator:
     """Connections to one target, one per lane in `lanes`."""
 
     def __init__(self, host: str, port: int, token: bytes | None = None, lanes: Iterable[Lane] = BOTH_LANES,
-                 connect_timeout_s: float = HANDSHAKE_TIMEOUT_S, send_timeout_s: float | None = SEND_TIMEOUT_S) -> None:
-        self.address = (host, port)
+                 connect_timeout_s: float = HANDSHAKE_TIMEOUT_S, send_timeout_s: float | None = SEND_TIMEOUT_S,
+                 peer: int = -1) -> None:
+        self.address, self.peer = (host, port), peer  # peer: this sender's engine id, named in the hello
         self._token, self._send_timeout_s = token, send_timeout_s
         self._lanes: dict[Lane, _LaneConn] = {}
         try:
@@ -188,8 +189,8 @@ class WriteInitiator:
             magic, version, nonce = CHALLENGE.unpack(challenge)
             if magic != MAGIC or version != PROTOCOL_VERSION:
                 raise RemoteWriteError(f"{host}:{port} is not a remote-write target of version {PROTOCOL_VERSION}")
-            mac = hello_mac(self._token, nonce, lane) if self._token is not None else bytes(MAC_BYTES)
-            sock.sendall(HELLO.pack(MAGIC, PROTOCOL_VERSION, int(lane), int(self._token is not None), mac))
+            mac = hello_mac(self._token, nonce, lane, self.peer) if self._token is not None else bytes(MAC_BYTES)
+            sock.sendall(HELLO.pack(MAGIC, PROTOCOL_VERSION, int(lane), int(self._token is not None), mac, self.peer))
             reply = bytearray(1)
             try:
                 recv_exact(sock, memoryview(reply))

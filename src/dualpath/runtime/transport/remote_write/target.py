@@ -112,6 +112,8 @@ class WriteTarget:
         self._arrays: dict[str, np.ndarray] = {}  # keeps the registered memory alive
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, Lane | None] = {}
+        self._peer_of: dict[socket.socket, int] = {}  # the engine id each connection's hello named
+        self._fenced: set[int] = set()  # peers the router fenced: refused, their connections cut
         self._threads: set[threading.Thread] = set()
         self._counters = _Counters()
         self._closing = threading.Event()
@@ -175,6 +177,19 @@ class WriteTarget:
                 continue
             out.append(ConnectionMarks(lane, tos, prio))
         return out
+
+    def fence(self, peer: int) -> None:
+        """Refuse peer `peer` from now on and cut its connections (the router fenced it: a frozen
+        engine that wakes must not write into memory that is others' now). A frame it was sending
+        may be cut short; what it wrote is never trusted, as no immediate of it follows."""
+        with self._lock:
+            self._fenced.add(peer)
+            cut = [s for s, p in self._peer_of.items() if p == peer]
+        for s in cut:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # its receiver thread ends out of recv_into
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._closing.set()
@@ -246,6 +261,7 @@ class WriteTarget:
             sock.close()
             with self._lock:
                 self._conns.pop(sock, None)
+                self._peer_of.pop(sock, None)
                 self._threads.discard(threading.current_thread())
 
     def _handshake(self, sock: socket.socket) -> Lane:
@@ -257,18 +273,21 @@ class WriteTarget:
             recv_exact(sock, memoryview(hello))
         except (OSError, RemoteWriteError) as exc:
             raise Refused(f"no hello ({type(exc).__name__}: {exc})") from exc
-        magic, version, lane_byte, has_mac, mac = HELLO.unpack(hello)
+        magic, version, lane_byte, has_mac, mac, peer = HELLO.unpack(hello)
         if magic != MAGIC or version != PROTOCOL_VERSION or lane_byte not in (0, 1) or has_mac not in (0, 1):
             raise Refused("malformed hello")
         lane = Lane(lane_byte)
         if self._token is not None:
             if not has_mac or len(mac) != MAC_BYTES:
                 raise Refused("no token given", lane)
-            if not hmac.compare_digest(mac, hello_mac(self._token, nonce, lane)):
+            if not hmac.compare_digest(mac, hello_mac(self._token, nonce, lane, peer)):
                 raise Refused("wrong token", lane)
+        if peer in self._fenced:
+            raise Refused(f"peer {peer} is fenced", lane)
         apply_lane_options(sock, lane)
         with self._lock:  # before ACCEPT: once the peer is connected, its lane is known here
             self._conns[sock] = lane
+            self._peer_of[sock] = peer
         sock.sendall(ACCEPT)
         sock.settimeout(None)
         return lane
