@@ -6,7 +6,6 @@ paper's own data, `choice:` when it is this project's choice, else cites its sou
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -15,6 +14,7 @@ from .core.measured import MeasuredMachine
 from .core.models import ModelSpec, get_model
 from .errors import InputError
 from .core.hardware import GB, GPUS, GpuSpec, NodeSpec
+from .parsing import parse_device, parse_pd
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,46 +46,6 @@ def parse_mode(text: str) -> Features:
             f"unknown mode {text!r}: use basic, dualpath, oracle, or basic+{'/'.join(_FEATURE_WORDS)} combined with '+'"
         )
     return replace(MODE_PRESETS["basic"], **{_FEATURE_WORDS[p]: True for p in parts[1:]})
-
-
-_PD_RE = re.compile(r"^\s*(\d+)\s*[pP]\s*(\d+)\s*[dD]\s*$")
-
-
-_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
-
-
-def parse_device(text: str) -> tuple[str, int | None]:
-    """'cpu' -> ('cpu', None); 'cuda' -> ('cuda', None); 'cuda:1' -> ('cuda', 1). Spelling only:
-    whether the GPU exists is `runtime.device.require_device`'s question."""
-    m = _DEVICE_RE.match(text.strip().lower()) if isinstance(text, str) else None
-    if not m or (m.group(1) == "cpu" and m.group(2) is not None):
-        raise InputError(f"unknown device {text!r}: expected cpu, cuda or cuda:N")
-    return m.group(1), None if m.group(2) is None else int(m.group(2))
-
-
-def parse_pd(text: str) -> tuple[int, int]:
-    """'2P4D' -> (2, 4): prefill and decode node counts."""
-    m = _PD_RE.match(text)
-    if not m:
-        raise InputError(f"malformed P/D shape {text!r}: expected e.g. 1P1D, 2P4D, 48P96D")
-    p, d = int(m.group(1)), int(m.group(2))
-    if p <= 0 or d <= 0:
-        raise InputError(f"P/D shape {text!r} needs at least one prefill and one decode node")
-    return p, d
-
-
-def parse_tokens(text: str | int) -> int:
-    """'64k' -> 65536, '32K' -> 32768, '4096' -> 4096."""
-    if isinstance(text, int):
-        value = text
-    else:
-        m = re.match(r"^\s*(\d+)\s*([kK]?)\s*$", str(text))
-        if not m:
-            raise InputError(f"malformed token count {text!r}: expected e.g. 64k or 32768")
-        value = int(m.group(1)) * (1024 if m.group(2) else 1)
-    if value <= 0:
-        raise InputError(f"token count must be positive, got {text!r}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +122,17 @@ class ClusterConfig:
     # Weights are sharded across all GPUs of a role by expert parallelism (EP + DP attention for
     # the DeepSeek models, PAPER.md 5); False = every GPU holds a full copy (Qwen 32B: DP only).
     expert_parallel: bool = True
+    # EP dispatch/combine between nodes rides each GPU's CNIC on the latency-critical lane
+    # (PAPER.md 2.3; bytes from the model shape, DeepEP's kernels [S-DEP], core/ep_traffic.py;
+    # timing sim/ep_comm.py) in the MoE presets; False: only the fixed
+    # ComputeKnobs.ep_latency_per_layer_s, no bytes on the CNIC (issue 16.6).
+    ep_over_cnic: bool = True
+    # Ablations of the lanes (`dualpath bench lanes --sim`), settings rather than calibration:
+    # every CNIC direction carries a KV flow that never ends (the KV class saturated); and the
+    # counterfactual where EP bursts see an empty link whatever the KV does (the time "without KV
+    # traffic", the same schedule otherwise).
+    cnic_kv_flood: bool = False
+    ep_ignores_kv: bool = False
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
     storage_read_latency_s: float = 0.0

@@ -1,6 +1,7 @@
 import pytest
 
-from dualpath.config import SimConfig, paper_cluster, parse_mode, parse_pd, parse_tokens
+from dualpath.config import SimConfig, paper_cluster, parse_mode, parse_pd
+from dualpath.parsing import parse_tokens
 from dualpath.config_overrides import apply_overrides
 from dualpath.errors import InputError
 

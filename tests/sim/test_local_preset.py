@@ -99,7 +99,8 @@ def test_a_decode_step_takes_the_longest_running_context():
     per_key_s = 1e-5
     m = _machine(decode_fixed_s=0.0, decode_per_seq_s=0.0, decode_per_key_s=per_key_s, decode_per_ctx_s=0.0)
     loop, done = EventLoop(), {}
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m))
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny")),
+                          net=None)
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.input_tokens, loop.now_s))
     eng = SimpleNamespace(index=0)
     group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(engines=[eng]))

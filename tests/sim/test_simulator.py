@@ -4,6 +4,8 @@ import json
 import math
 
 import pytest
+
+from dualpath.core.ep_traffic import MOE_SHAPES, decode_bytes_per_token
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,7 +83,10 @@ def test_bytes_are_conserved_per_path_and_lane(mode):
     # persisted bytes = all full blocks of every agent's final context
     blocks = sum((sum(a + g for a, g in turns) // 64) for turns in spec)
     assert b["persisted"] == pytest.approx(blocks * 64 * kv)
-    assert r["bytes"]["cnic_lane_latency_critical"] == 0
+    # the latency-critical lane carries the decode nodes' EP all-to-all (2 decode nodes: EP across
+    # them; 1 prefill node: NVLink only), per direction: every decode step of every request
+    steps = sum(g - 1 for g in rec.gen_tokens if g >= 2)
+    assert b["cnic_lane_latency_critical"] == pytest.approx(steps * decode_bytes_per_token(MOE_SHAPES["ds-27b"], 2))
 
 
 @pytest.fixture(scope="module")

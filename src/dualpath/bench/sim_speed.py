@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .._build import build_kind
-from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
+from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
+from ..parsing import parse_tokens
 from ..sim.runner import load_trajectories, write_json
 from ..sim.simulator import Simulator
 

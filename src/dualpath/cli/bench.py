@@ -51,7 +51,13 @@ def bench_lanes(
     testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts, through the kernel's classes (root)")] = False,
     cnic_mb_s: Annotated[float, typer.Option(help="--testbed: the CNIC rate, MB/s")] = 32.0,
     bursts: Annotated[int, typer.Option(help="--testbed: bursts per run")] = 400,
-    plot: Annotated[Optional[Path], typer.Option(help="--testbed: write a PNG figure here")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="--testbed / --sim: write a PNG figure here")] = None,
+    sim: Annotated[bool, typer.Option("--sim", help="in the simulator: the MoE preset's EP bursts on the CNICs, "
+                                      "TPOT with two classes vs one, with and without a KV flood")] = False,
+    model: Annotated[str, typer.Option(help="--sim: an MoE model")] = "ds-v3.2-660b",
+    pd: Annotated[str, typer.Option(help="--sim: P/D shape (EP spans a role's nodes)")] = "2P4D",
+    agents: Annotated[int, typer.Option(help="--sim: agents")] = 1024,
+    max_len: Annotated[str, typer.Option(help="--sim: trajectory MaxLen")] = "64k",
 ) -> None:
     """64 KiB latency-critical bursts every 5 ms over a saturated KV lane: lanes vs one FIFO."""
     from ..bench.lanes import run_lanes_bench
@@ -61,6 +67,8 @@ def bench_lanes(
         from .testbed import lanes_bench
 
         return lanes_bench(cnic_mb_s, bursts, json_path, plot)
+    if sim:
+        return _lanes_sim(model, pd, agents, max_len, json_path, plot)
 
     rows = {}
     for fifo in (False, True):
@@ -75,6 +83,29 @@ def bench_lanes(
     out.print(table)
     if json_path:
         write_json(rows, json_path)
+
+def _lanes_sim(model: str, pd: str, agents: int, max_len: str, json_path: Optional[Path], plot: Optional[Path]) -> None:
+    from ..bench.lanes_sim import plot_lanes_sim, run_lanes_sim
+    from ..core.ep_traffic import MOE_SHAPES
+    from ..sim.runner import write_json
+    from .sim import build_sim_config
+
+    if model not in MOE_SHAPES:
+        raise InputError(f"--sim needs an MoE model (its EP traffic is what the lanes protect): {', '.join(MOE_SHAPES)}")
+    result = run_lanes_sim(build_sim_config(model, pd, max_len, agents, 1, None, None), progress=out.print)
+    table = Table(title=f"EP bursts on the CNICs: {model} {result['pd']}, {agents} agents, dualpath (sim)")
+    for col in ("KV on the CNICs", "EP bursts see", "TPOT mean ms", "TPOT / ref.", "TTFT p50 s", "JCT s"):
+        table.add_column(col, justify="right")
+    for kv, rows in result["kv"].items():
+        for name, r in rows.items():
+            table.add_row(kv, name, f"{r['tpot_mean_s'] * 1e3:.3f}", f"{r['tpot_over_reference']:.4f}",
+                          f"{r['ttft_p50_s']:.3f}", f"{r['jct_s']:.0f}")
+    out.print(table)
+    if json_path:
+        write_json(result, json_path)
+    if plot:
+        plot_lanes_sim(result, plot)
+
 
 def bench_transport(
     total_mib: Annotated[int, typer.Option()] = 256,

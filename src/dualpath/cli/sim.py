@@ -13,7 +13,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..config import ClusterConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode, parse_tokens
+from ..config import ClusterConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode
+from ..parsing import parse_tokens
 from ..config_overrides import apply_overrides
 from ..errors import InputError
 from ..experiments.cli import RAY_HELP, WORKERS_HELP

@@ -23,6 +23,9 @@ class LaneWeights:
 
     latency_critical: float = 99.0
     kv: float = 1.0
+    # ablation (issue 16.6): one FIFO class for both lanes, no arbitration: every flow of a link
+    # gets an equal share (simulator) / one tc class (testbed)
+    one_class: bool = False
 
     def __post_init__(self) -> None:
         if self.latency_critical <= 0 or self.kv <= 0:

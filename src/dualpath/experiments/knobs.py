@@ -27,7 +27,8 @@ from ..core.hardware import GPUS
 
 NO_SOURCE = "(no source written)"
 # Per-experiment settings rather than calibration: each experiment's section states them.
-_SETTINGS = {"cluster.model", "cluster.gpu", "cluster.num_prefill_nodes", "cluster.num_decode_nodes"}
+_SETTINGS = {"cluster.model", "cluster.gpu", "cluster.num_prefill_nodes", "cluster.num_decode_nodes",
+             "cluster.cnic_kv_flood", "cluster.ep_ignores_kv", "scheduler.lane_weights.one_class"}
 _FIELD_RE = re.compile(r"^(\w+)\s*:")
 _FITTED_RE = re.compile(r"^fitted \((?P<figure>[^;)]+)(?:; hardware-only: (?P<hw>[^)]*))?\):\s*")
 _CHOICE_RE = re.compile(r"^choice:\s*")

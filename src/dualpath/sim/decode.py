@@ -15,6 +15,7 @@ Numbered path of one request on the DE side (PAPER.md 1.3 steps 8-9 / 6-7, 1.4):
 from __future__ import annotations
 
 import heapq
+from .ep_comm import ep_comm_for
 from .events import PRIO_COMPLETE
 from .lifecycle import SimContext, TurnLifecycle
 from .state import Engine, Node, SimRequest
@@ -40,6 +41,10 @@ class DecodeGroup:
         self.busy_s = 0.0
         self.num_steps = 0.0
         self._padded = ctx.compute.decode_pads_to_longest()
+        self.running_per_gpu = [0] * n
+        self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=False)  # None: no EP bytes on the CNICs
+        if self.ep is not None:
+            self.ep.watch(self._links_changed)
 
     def _advance(self) -> None:
         now = self.ctx.loop.now_s
@@ -48,18 +53,35 @@ class DecodeGroup:
             self.progress_steps += dt / self.step_s
             self.num_steps += dt / self.step_s
             self.busy_s += dt
+            if self.ep is not None:
+                self.ep.book(self.running_per_gpu, dt / self.step_s)
         self.updated_s = now
 
     def _restep(self) -> None:
         cm = self.ctx.compute
         if not self.num_running:
             self.step_s = 0.0
+            if self.ep is not None:
+                self.ep.reserve(None, 0.0)
             return
         if self._padded:
             self.step_s = self._padded_step_s()
             return
         worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
         self.step_s = cm.decode_step_s(worst, self.num_running)
+        if self.ep is not None:  # the EP bursts' time under the KV now on the GPUs' CNICs
+            self.step_s += self.ep.extra_s(self.running_per_gpu)
+            self.ep.reserve(self.running_per_gpu, self.step_s)
+
+    def _links_changed(self) -> None:
+        """A flow started or ended on one of the node's CNICs: re-time the step (ep_comm.py)."""
+        if not self.num_running:
+            return
+        self._advance()
+        before = self.step_s
+        self._restep()
+        if self.step_s != before:
+            self._reschedule()
 
     def _padded_step_s(self) -> float:
         """The slowest GPU's step when each pads its batch to its longest context (a request's
@@ -91,6 +113,7 @@ class DecodeGroup:
         self.attn_s[i] += attn
         self.kv_bytes[i] += kvb
         self.num_running += 1
+        self.running_per_gpu[i] += 1
         self._seq += 1
         heapq.heappush(self._heap, (self.progress_steps + steps, self._seq, req, i, attn, kvb))
         self._restep()
@@ -108,6 +131,7 @@ class DecodeGroup:
             self.attn_s[i] -= attn
             self.kv_bytes[i] -= kvb
             self.num_running -= 1
+            self.running_per_gpu[i] -= 1
             done.append(req)
         if not self.num_running:  # drop float residue
             self.attn_s = [0.0] * len(self.attn_s)

@@ -5,6 +5,11 @@ Sharing model (weighted processor sharing, local fair share):
   lane's share goes to the busy ones), then equally between the flows of a lane;
 - a flow crossing several links runs at the smallest share it gets on any of them.
 
+With one FIFO class (`LaneWeights.one_class`, the ablation of issue 16.6) every flow of the link
+gets an equal share whatever its lane. A link may carry a saturating KV flood (`kv_flood`), and
+latency-critical bursts whose timing is modelled by their sender (sim/ep_comm.py) reserve their mean
+rate, which the KV lane cannot use (`lc_reserved_bytes_per_s`).
+
 The second rule does not hand bandwidth a flow cannot use on one link to the others (it is not
 max-min fair across links); on a single link it is exact processor sharing. It keeps every rate
 update local: when the flows of one link change, only that link's flows are re-rated, because a
@@ -27,9 +32,10 @@ _INF = float("inf")
 
 
 class Link:
-    __slots__ = ("name", "capacity_bytes_per_s", "weights", "flows", "served_bytes", "_lane_share")
+    __slots__ = ("name", "capacity_bytes_per_s", "weights", "flows", "served_bytes", "_flow_rate",
+                 "kv_flood", "lc_reserved_bytes_per_s", "watchers")
 
-    def __init__(self, name: str, capacity_bytes_per_s: float, weights: LaneWeights) -> None:
+    def __init__(self, name: str, capacity_bytes_per_s: float, weights: LaneWeights, kv_flood: bool = False) -> None:
         if capacity_bytes_per_s <= 0:
             raise ValueError(f"link {name}: capacity must be positive")
         self.name = name
@@ -37,25 +43,47 @@ class Link:
         self.weights = weights
         self.flows: tuple[dict[int, "Flow"], dict[int, "Flow"]] = ({}, {})  # by Lane value
         self.served_bytes = [0.0, 0.0]
-        self._lane_share = [0.0, 0.0]
+        self._flow_rate = [capacity_bytes_per_s, capacity_bytes_per_s]  # what one flow of a lane gets now
+        # ablation (issue 16.6): a backlogged KV flow that never ends, the KV class saturated; it
+        # takes its share like any KV flow, its bytes are not counted
+        self.kv_flood = kv_flood
+        # the mean rate of latency-critical bursts booked on this link (sim/ep_comm.py): the KV
+        # lane cannot use it, since every burst byte crosses the link too
+        self.lc_reserved_bytes_per_s = 0.0
+        self.watchers: list[Callable[[], None]] = []  # called after its set of flows changed
+        self._refresh_lane_shares()
 
     def share(self, lane: int) -> float:
         """Rate one flow of `lane` gets on this link now."""
-        n = len(self.flows[lane])
-        return self._lane_share[lane] / n if n else self.capacity_bytes_per_s
+        return self._flow_rate[lane]
+
+    def lc_burst_rate(self) -> float:
+        """Rate a latency-critical burst starting now would get: with two classes its lane's share
+        (all of it when KV is idle, 99% under contention, PAPER.md 2.3); with one FIFO class, one
+        flow's share among every flow on the link (processor sharing)."""
+        n_lc, n_kv = len(self.flows[0]) + 1, len(self.flows[1]) + self.kv_flood
+        cap = self.capacity_bytes_per_s
+        if self.weights.one_class:
+            return cap / (n_lc + n_kv)
+        if not n_kv:
+            return cap / n_lc
+        w_lc, w_kv = self.weights.latency_critical, self.weights.kv
+        return cap * w_lc / (w_lc + w_kv) / n_lc
 
     def _refresh_lane_shares(self) -> None:
-        busy_lc = bool(self.flows[0])
-        busy_kv = bool(self.flows[1])
+        n_lc, n_kv = len(self.flows[0]), len(self.flows[1]) + self.kv_flood
         cap = self.capacity_bytes_per_s
-        if busy_lc and busy_kv:
-            w_lc, w_kv = self.weights.latency_critical, self.weights.kv
-            total = w_lc + w_kv
-            self._lane_share[0] = cap * w_lc / total
-            self._lane_share[1] = cap * w_kv / total
+        w_lc, w_kv = self.weights.latency_critical, self.weights.kv
+        if self.weights.one_class:
+            lc = kv = cap / (n_lc + n_kv) if n_lc + n_kv else cap  # per flow
+        elif n_lc and n_kv:
+            lc, kv = cap * w_lc / (w_lc + w_kv) / n_lc, cap * w_kv / (w_lc + w_kv) / n_kv
         else:
-            self._lane_share[0] = cap if busy_lc else 0.0
-            self._lane_share[1] = cap if busy_kv else 0.0
+            lc, kv = cap / max(1, n_lc), cap / max(1, n_kv)
+        if self.lc_reserved_bytes_per_s and n_kv:
+            floor = cap * w_kv / (w_lc + w_kv)  # the KV class is never starved (weighted round robin)
+            kv = min(kv, max(cap - self.lc_reserved_bytes_per_s, floor) / n_kv)
+        self._flow_rate[0], self._flow_rate[1] = lc, kv
 
     @property
     def num_flows(self) -> int:
@@ -77,6 +105,13 @@ class Flow:
         self.eta_s = float("inf")  # time of the pending completion event (may be early, never late)
         self.on_done = on_done
         self.tag = tag
+
+
+def _notify(links: tuple[Link, ...]) -> None:
+    """Tell who watches a link (an EP group's step time, sim/ep_comm.py) that its flows changed."""
+    for link in links:
+        for watcher in link.watchers:
+            watcher()
 
 
 class Network:
@@ -106,6 +141,7 @@ class Network:
             link._refresh_lane_shares()
         for link in links:
             self._rerate_link(link)
+        _notify(links)
         return flow
 
     def _advance(self, flow: Flow) -> None:
@@ -130,6 +166,15 @@ class Network:
         link.served_bytes[int(lane)] += nbytes
         self.booked_bytes[int(lane)] += nbytes
 
+    def reserve_lc(self, link: Link, bytes_per_s: float) -> None:
+        """Set the mean rate of the latency-critical bursts on `link` (its KV flows are re-rated)."""
+        if bytes_per_s == link.lc_reserved_bytes_per_s:
+            return
+        self._advance_link(link)
+        link.lc_reserved_bytes_per_s = bytes_per_s
+        link._refresh_lane_shares()
+        self._rerate_link(link)
+
     def settle(self, link: Link) -> None:
         """Bring `served_bytes` of `link` up to now (for sampling)."""
         self._advance_link(link)
@@ -153,8 +198,7 @@ class Network:
             for f in lane_flows.values():  # only events are scheduled here; the dict is not mutated
                 rate = _INF
                 for other in f.links:
-                    n = len(other.flows[lane])
-                    r = other._lane_share[lane] / n if n else other.capacity_bytes_per_s
+                    r = other._flow_rate[lane]
                     if r < rate:
                         rate = r
                 if rate == f.rate:
@@ -192,6 +236,7 @@ class Network:
             link._refresh_lane_shares()
         for link in flow.links:
             self._rerate_link(link)
+        _notify(flow.links)
         flow.on_done(flow)
 
     def check_invariants(self, links: list[Link]) -> None:

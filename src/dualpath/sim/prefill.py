@@ -26,6 +26,7 @@ from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import Budget, form_prefill_batch, prefill_budgets
 from ..core.snapshot import BatchCandidate, ReadSide
+from .ep_comm import ep_comm_for
 from .events import PRIO_COMPLETE
 from .lifecycle import SimContext, TurnLifecycle
 from .links import Flow
@@ -33,13 +34,14 @@ from .state import Engine, Node, SimRequest
 
 
 class Forward:
-    __slots__ = ("entries", "pending", "compute_s", "pd_flows")
+    __slots__ = ("entries", "pending", "compute_s", "pd_flows", "tokens_per_gpu")
 
     def __init__(self, entries: list[tuple[Engine, SimRequest, int]], compute_s: float) -> None:
         self.entries = entries
         self.pending = 0
         self.compute_s = compute_s
         self.pd_flows = 0
+        self.tokens_per_gpu: list[int] = []  # new tokens each GPU computes (EP bursts, ep_comm.py)
 
 
 class PrefillGroup:
@@ -60,6 +62,7 @@ class PrefillGroup:
         self.budgets = prefill_budgets(f.dualpath_scheduler, cm.quota_attention_s, sched.compute_quota_s,
                                        sched.basic_tokens_per_forward, _memory_budget(ctx))
         self.pipeline = pipeline_for(f.io_free, f.layerwise_prefill)
+        self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=True)  # None: no EP bytes on the CNICs
 
     # --- 1. batch formation ----------------------------------------------------------------
     def _candidates(self, eng: Engine, picked: list[SimRequest]) -> Iterator[BatchCandidate]:
@@ -112,6 +115,10 @@ class PrefillGroup:
         self.busy = True
         self.num_forwards += 1
         fwd = Forward(entries, ctx.compute.prefill_forward_s(max_attn_s, total_tokens))
+        if self.ep is not None:
+            fwd.tokens_per_gpu = [0] * len(self.node.engines)
+            for eng, _, ntok in entries:
+                fwd.tokens_per_gpu[eng.index] += ntok
         now = ctx.loop.now_s
         for _, req, _ in entries:
             req.to(Phase.PREFILLING)
@@ -169,6 +176,10 @@ class PrefillGroup:
                 req.pe_buffer_bytes = 0.0
 
     def _start_compute(self, fwd: Forward) -> None:
+        if self.ep is not None:  # the EP bursts' time under the KV on the GPUs' CNICs now
+            fwd.compute_s += self.ep.extra_s(fwd.tokens_per_gpu)
+            self.ep.book(fwd.tokens_per_gpu, 1.0)
+            self.ep.reserve(fwd.tokens_per_gpu, fwd.compute_s)
         fwd.pending += 1
         self.busy_s += fwd.compute_s
         self.compute_end_s = self.ctx.loop.now_s + fwd.compute_s
@@ -181,6 +192,8 @@ class PrefillGroup:
         return self.busy and self.compute_end_s > self.ctx.loop.now_s
 
     def _compute_done(self, fwd: Forward) -> None:
+        if self.ep is not None:
+            self.ep.reserve(None, 0.0)
         fwd.pending -= 1
         self.pipeline.computed(self, fwd)
 

@@ -101,7 +101,7 @@ class Simulator(TurnLifecycle):
             hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
             for g in range(ns.gpus_per_node):
                 eid = nid * ns.gpus_per_node + g
-                out, inn = Link(f"cnic_out{eid}", ns.cnic_bytes_per_s, w), Link(f"cnic_in{eid}", ns.cnic_bytes_per_s, w)
+                out, inn = (Link(f"cnic_{d}{eid}", ns.cnic_bytes_per_s, w, cl.cnic_kv_flood) for d in ("out", "in"))
                 self.links += [out, inn]
                 eng = Engine(eid, node, g, hbm, out, inn)
                 node.engines.append(eng)

@@ -18,7 +18,8 @@ from itertools import product
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import paper_cluster, parse_mode, parse_pd, parse_tokens
+from ..config import paper_cluster, parse_mode, parse_pd
+from ..parsing import parse_tokens
 from ..errors import InputError
 from ..experiments.simrun import SimSpec
 

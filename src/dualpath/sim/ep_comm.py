@@ -1,0 +1,95 @@
+"""Expert-parallel dispatch + combine of one node's GPUs on their CNICs, the latency-critical lane
+(issue 16.6; bytes from core/ep_traffic.py).
+
+How it is timed. The unloaded all-to-all is already in every forward and step as the calibrated
+fixed cost `ComputeKnobs.ep_latency_per_layer_s` (DeepEP's measured kernels, which are bandwidth
+bound: core/ep_traffic.py checks the bytes against them). What the lanes decide is how much longer
+the bursts take when KV shares the link. So a step (or forward) of a GPU with b bytes of bursts
+takes b / r - b / C longer, r being the rate a burst gets on the GPU's CNIC now
+(`Link.lc_burst_rate`: ~99% of the link with two classes under contention, one flow's share with
+one FIFO class) and C the link's capacity; the node's GPUs run in lockstep, so the slowest GPU's
+extra is the group's. The bursts' bytes are booked on both directions of each GPU's CNIC (EP is
+symmetric on average: what a GPU sends equals what it receives) and their mean rate is reserved
+from the KV lane, since those bytes cross the link too.
+
+Not modelled: a prefill forward's extra is fixed when its compute starts (a decode step is re-timed
+whenever the flows on its GPUs' CNICs change, `Link.watchers`); the nodes of an EP group are not
+held in lockstep with each other (each node steps at its own batch); two-micro-batch overlap
+[S-V3P] would hide part of the extra behind compute, so it is an upper bound.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from ..core.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
+from ..core.lanes import Lane
+from .links import Network
+from .state import Node
+
+
+class EpComm:
+    def __init__(self, net: Network, node: Node, bytes_per_token: float, ignores_kv: bool) -> None:
+        self.net = net
+        self.links = [(e.cnic_out, e.cnic_in) for e in node.engines]
+        self.bytes_per_token = bytes_per_token
+        self.ignores_kv = ignores_kv
+        self.booked_bytes = 0.0  # per direction, all GPUs
+
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Call `on_change` whenever the flows on one of the node's CNICs change."""
+        if self.ignores_kv:
+            return
+        for out, inn in self.links:
+            out.watchers.append(on_change)
+            inn.watchers.append(on_change)
+
+    def extra_s(self, tokens_per_gpu: Sequence[float]) -> float:
+        """Seconds the slowest GPU's bursts take now beyond their unloaded time."""
+        if self.ignores_kv:
+            return 0.0
+        worst = 0.0
+        bpt = self.bytes_per_token
+        for (out, inn), n in zip(self.links, tokens_per_gpu):
+            if n:
+                b = n * bpt
+                extra = b / min(out.lc_burst_rate(), inn.lc_burst_rate()) - b / out.capacity_bytes_per_s
+                if extra > worst:
+                    worst = extra
+        return worst
+
+    def book(self, tokens_per_gpu: Sequence[float], repeats: float) -> None:
+        """The bursts of `repeats` steps (or one forward) in every GPU's CNIC ledger."""
+        bpt = self.bytes_per_token * repeats
+        book = self.net.book
+        for (out, inn), n in zip(self.links, tokens_per_gpu):
+            if n:
+                b = n * bpt
+                book(out, Lane.LATENCY_CRITICAL, b)
+                book(inn, Lane.LATENCY_CRITICAL, b)
+                self.booked_bytes += b
+
+    def reserve(self, tokens_per_gpu: Optional[Sequence[float]], duration_s: float) -> None:
+        """Hold the bursts' mean rate off the KV lane of each GPU's CNIC (None: release it)."""
+        if self.ignores_kv:
+            return
+        reserve = self.net.reserve_lc
+        for k, (out, inn) in enumerate(self.links):
+            n = tokens_per_gpu[k] if tokens_per_gpu is not None else 0
+            rate = n * self.bytes_per_token / duration_s if n and duration_s > 0 else 0.0
+            reserve(out, rate)
+            reserve(inn, rate)
+
+
+def ep_comm_for(cfg, net: Network, node: Node, prefill: bool) -> Optional[EpComm]:
+    """The node's EP traffic on its CNICs, or None: a dense model, the `local` preset, an EP group
+    inside one node (NVLink only), or `ep_over_cnic` off."""
+    cl = cfg.cluster
+    shape = MOE_SHAPES.get(cl.model)
+    if shape is None:
+        return None
+    nodes = cl.num_prefill_nodes if prefill else cl.num_decode_nodes
+    if not (cl.ep_over_cnic and cl.expert_parallel) or cfg.local is not None or nodes < 2:
+        return None
+    per_token = prefill_bytes_per_token(shape, nodes) if prefill else decode_bytes_per_token(shape, nodes)
+    return EpComm(net, node, per_token, cl.ep_ignores_kv)
