@@ -21,40 +21,52 @@ def _per_turn(on_turn: OnTurn | None, mode: str, total: int, router: Any) -> Cal
     return None if on_turn is None else (lambda n: on_turn(mode, n, total, storage_read_bytes(router)))
 
 
+def trace_config(model: str, pd: str, mode: str, max_len: int, snic_mb_s: float | None, device: str) -> RuntimeConfig:
+    """The cluster `run` replays a trace on: the DE's KV cache holds twice the longest prompt."""
+    p, d = parse_pd(pd)
+    return RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
+                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6,
+                         de_kv_tokens=max(32768, 2 * max_len), device=device)
+
+
+async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, max_len: int, time_scale: float,
+                    on_turn: OnTurn | None = None, decisions: Path | None = None) -> dict:
+    """Replay the trace's first `limit` agents (trajectory JSONL) or requests (Mooncake) on a
+    running cluster; the summary of one mode."""
+    fmt = detect_format(path)
+    clock = MonotonicClock()
+    router = cluster.router
+    vocab = router.tokenizer.vocab_size
+    if decisions is not None:
+        router.metrics.decisions = DecisionLog(router.clock.now_s())
+    t0 = time.perf_counter()
+    if fmt is WorkloadFormat.TRAJECTORY:
+        trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
+        records = await replay_trajectories(router, trajs, [t.arrival_s or 0.0 for t in trajs], vocab, clock,
+                                            on_turn=_per_turn(on_turn, mode, sum(len(t.turns) for t in trajs), router))
+        n = len(trajs)
+    else:
+        recs = [r for r in read_mooncake(path) if r.input_tokens + r.output_tokens <= max_len][:limit]
+        records = await replay_mooncake(router, recs, vocab, clock, time_scale, on_turn=_per_turn(on_turn, mode, len(recs), router))
+        n = len(recs)
+    wall = time.perf_counter() - t0
+    await asyncio.sleep(0.6)
+    result = summarise(records, router.metrics.summary(), wall, n)
+    if decisions is not None:
+        result["decisions_file"] = str(write_jsonl(router.metrics.decisions.decisions, decisions_path(decisions, mode)))
+    result["mode"] = mode
+    return result
+
+
 async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
                     snic_mb_s: float | None, device: str = "cpu",
                     on_turn: OnTurn | None = None, decisions: Path | None = None) -> dict:
     """One fresh cluster per mode; `on_turn(mode, turns done, total, storage bytes read per node)`
     after every finished turn; `decisions`: every scheduling decision of each mode as JSONL
     (metrics/decisions.py: decisions_path)."""
-    p, d = parse_pd(pd)
-    fmt = detect_format(path)
+    detect_format(path)  # neither format: one line before any cluster starts
     runs = []
     for mode in modes:
-        cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
-                            snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6,
-                            de_kv_tokens=max(32768, 2 * max_len), device=device)
-        clock = MonotonicClock()
-        async with LocalCluster(cfg) as cluster:
-            router = cluster.router
-            vocab = router.tokenizer.vocab_size
-            if decisions is not None:
-                router.metrics.decisions = DecisionLog(router.clock.now_s())
-            t0 = time.perf_counter()
-            if fmt is WorkloadFormat.TRAJECTORY:
-                trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
-                records = await replay_trajectories(router, trajs, [t.arrival_s or 0.0 for t in trajs], vocab, clock,
-                                                    on_turn=_per_turn(on_turn, mode, sum(len(t.turns) for t in trajs), router))
-                n = len(trajs)
-            else:
-                recs = [r for r in read_mooncake(path) if r.input_tokens + r.output_tokens <= max_len][:limit]
-                records = await replay_mooncake(router, recs, vocab, clock, time_scale, on_turn=_per_turn(on_turn, mode, len(recs), router))
-                n = len(recs)
-            wall = time.perf_counter() - t0
-            await asyncio.sleep(0.6)
-            result = summarise(records, router.metrics.summary(), wall, n)
-            if decisions is not None:
-                result["decisions_file"] = str(write_jsonl(router.metrics.decisions.decisions, decisions_path(decisions, mode)))
-        result["mode"] = mode
-        runs.append(result)
+        async with LocalCluster(trace_config(model, pd, mode, max_len, snic_mb_s, device)) as cluster:
+            runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions))
     return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device}, "runs": runs}
