@@ -71,7 +71,7 @@ def test_a_step_is_retimed_when_kv_flows_come_and_go():
     node = SimpleNamespace(engines=[SimpleNamespace(cnic_out=out, cnic_in=inn)])
     ep = EpComm(net, node, bytes_per_token=1e6, ignores_kv=False)
     seen = []
-    ep.watch(lambda: seen.append(ep.extra_s([10])))
+    ep.watch(lambda gpu: seen.append(ep.gpu_changed(gpu, 10)))
     assert ep.extra_s([10]) == 0  # unloaded: the fixed EP latency already counts it
     net.start(CAP * 1e-3, Lane.KV, (out,), lambda f: None)  # 1 ms of KV at full rate
     assert seen[-1] == pytest.approx(10e6 / (CAP / 2) - 10e6 / CAP)  # half the link: twice as long

@@ -42,6 +42,7 @@ class DecodeGroup:
         self.num_steps = 0.0
         self._padded = ctx.compute.decode_pads_to_longest()
         self.running_per_gpu = [0] * n
+        self._compute_step_s = self._ep_extra_s = 0.0  # step_s = the two (when self.ep is not None)
         self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=False)  # None: no EP bytes on the CNICs
         if self.ep is not None:
             self.ep.watch(self._links_changed)
@@ -53,8 +54,6 @@ class DecodeGroup:
             self.progress_steps += dt / self.step_s
             self.num_steps += dt / self.step_s
             self.busy_s += dt
-            if self.ep is not None:
-                self.ep.book(self.running_per_gpu, dt / self.step_s)
         self.updated_s = now
 
     def _restep(self) -> None:
@@ -70,18 +69,23 @@ class DecodeGroup:
         worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
         self.step_s = cm.decode_step_s(worst, self.num_running)
         if self.ep is not None:  # the EP bursts' time under the KV now on the GPUs' CNICs
-            self.step_s += self.ep.extra_s(self.running_per_gpu)
+            self._compute_step_s = self.step_s
+            self._ep_extra_s = self.ep.extra_s(self.running_per_gpu)
+            self.step_s += self._ep_extra_s
             self.ep.reserve(self.running_per_gpu, self.step_s)
 
-    def _links_changed(self) -> None:
-        """A flow started or ended on one of the node's CNICs: re-time the step (ep_comm.py)."""
-        if not self.num_running:
+    def _links_changed(self, gpu: int) -> None:
+        """A flow started or ended on one of the GPU's CNIC directions: re-time the step (ep_comm.py)."""
+        if not self.num_running or self._padded:
+            return
+        extra = self.ep.gpu_changed(gpu, self.running_per_gpu[gpu])
+        if extra == self._ep_extra_s:
             return
         self._advance()
-        before = self.step_s
-        self._restep()
-        if self.step_s != before:
-            self._reschedule()
+        self._ep_extra_s = extra
+        self.step_s = self._compute_step_s + extra
+        self.ep.reserve(self.running_per_gpu, self.step_s)
+        self._reschedule()
 
     def _padded_step_s(self) -> float:
         """The slowest GPU's step when each pads its batch to its longest context (a request's
@@ -114,6 +118,8 @@ class DecodeGroup:
         self.kv_bytes[i] += kvb
         self.num_running += 1
         self.running_per_gpu[i] += 1
+        if self.ep is not None:  # every step's bursts at once: the ledger is exact once the request ends
+            self.ep.book_one(i, steps)
         self._seq += 1
         heapq.heappush(self._heap, (self.progress_steps + steps, self._seq, req, i, attn, kvb))
         self._restep()

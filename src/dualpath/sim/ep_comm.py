@@ -35,28 +35,37 @@ class EpComm:
         self.bytes_per_token = bytes_per_token
         self.ignores_kv = ignores_kv
         self.booked_bytes = 0.0  # per direction, all GPUs
+        self.gpu_extra_s = [0.0] * len(self.links)
 
-    def watch(self, on_change: Callable[[], None]) -> None:
-        """Call `on_change` whenever the flows on one of the node's CNICs change."""
+    def watch(self, on_change: Callable[[int], None]) -> None:
+        """Call `on_change(gpu)` whenever the flows on one of that GPU's CNIC directions change."""
         if self.ignores_kv:
             return
-        for out, inn in self.links:
-            out.watchers.append(on_change)
-            inn.watchers.append(on_change)
+        for k, (out, inn) in enumerate(self.links):
+            out.watchers.append(lambda _k=k: on_change(_k))
+            inn.watchers.append(lambda _k=k: on_change(_k))
 
     def extra_s(self, tokens_per_gpu: Sequence[float]) -> float:
-        """Seconds the slowest GPU's bursts take now beyond their unloaded time."""
+        """Seconds the slowest GPU's bursts take now beyond their unloaded time (each GPU's kept
+        for `gpu_changed`)."""
         if self.ignores_kv:
             return 0.0
-        worst = 0.0
-        bpt = self.bytes_per_token
-        for (out, inn), n in zip(self.links, tokens_per_gpu):
-            if n:
-                b = n * bpt
-                extra = b / min(out.lc_burst_rate(), inn.lc_burst_rate()) - b / out.capacity_bytes_per_s
-                if extra > worst:
-                    worst = extra
-        return worst
+        gpu_extra = self.gpu_extra_s
+        for k, n in enumerate(tokens_per_gpu):
+            gpu_extra[k] = self._gpu_extra_s(k, n) if n else 0.0
+        return max(gpu_extra)
+
+    def gpu_changed(self, gpu: int, tokens: float) -> float:
+        """`extra_s` after the flows of one GPU's CNIC changed (the others' kept)."""
+        self.gpu_extra_s[gpu] = self._gpu_extra_s(gpu, tokens) if tokens else 0.0
+        return max(self.gpu_extra_s)
+
+    def _gpu_extra_s(self, gpu: int, tokens: float) -> float:
+        out, inn = self.links[gpu]
+        if not (out.flows[1] or inn.flows[1] or out.kv_flood or out.flows[0] or inn.flows[0]):
+            return 0.0  # a link with no flow gives a burst its whole capacity
+        b = tokens * self.bytes_per_token
+        return b / min(out.lc_burst_rate(), inn.lc_burst_rate()) - b / out.capacity_bytes_per_s
 
     def book(self, tokens_per_gpu: Sequence[float], repeats: float) -> None:
         """The bursts of `repeats` steps (or one forward) in every GPU's CNIC ledger."""
@@ -69,6 +78,15 @@ class EpComm:
                 book(inn, Lane.LATENCY_CRITICAL, b)
                 self.booked_bytes += b
 
+    def book_one(self, gpu: int, tokens: float) -> None:
+        """The bursts of `tokens` on one GPU (a decode request's steps, booked when it joins)."""
+        if tokens > 0:
+            out, inn = self.links[gpu]
+            b = tokens * self.bytes_per_token
+            self.net.book(out, Lane.LATENCY_CRITICAL, b)
+            self.net.book(inn, Lane.LATENCY_CRITICAL, b)
+            self.booked_bytes += b
+
     def reserve(self, tokens_per_gpu: Optional[Sequence[float]], duration_s: float) -> None:
         """Hold the bursts' mean rate off the KV lane of each GPU's CNIC (None: release it)."""
         if self.ignores_kv:
@@ -77,8 +95,11 @@ class EpComm:
         for k, (out, inn) in enumerate(self.links):
             n = tokens_per_gpu[k] if tokens_per_gpu is not None else 0
             rate = n * self.bytes_per_token / duration_s if n and duration_s > 0 else 0.0
-            reserve(out, rate)
-            reserve(inn, rate)
+            for link in (out, inn):
+                if link.flows[1]:
+                    reserve(link, rate)
+                else:  # nothing to re-rate (Network.reserve_lc's own shortcut, inlined: a hot loop)
+                    link.lc_reserved_bytes_per_s = rate
 
 
 def ep_comm_for(cfg, net: Network, node: Node, prefill: bool) -> Optional[EpComm]:

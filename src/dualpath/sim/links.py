@@ -170,6 +170,9 @@ class Network:
         """Set the mean rate of the latency-critical bursts on `link` (its KV flows are re-rated)."""
         if bytes_per_s == link.lc_reserved_bytes_per_s:
             return
+        if not link.flows[1]:  # no KV flow to re-rate: `start` refreshes the shares when one comes
+            link.lc_reserved_bytes_per_s = bytes_per_s
+            return
         self._advance_link(link)
         link.lc_reserved_bytes_per_s = bytes_per_s
         link._refresh_lane_shares()
