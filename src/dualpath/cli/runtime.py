@@ -145,6 +145,8 @@ def run(
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
     decisions: Annotated[Optional[Path], typer.Option(help="write every scheduling decision as JSONL, one file per mode: F -> F.<mode>.jsonl (the simulator's schema)")] = None,
     device: DeviceOption = "cpu",
+    testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts, the kernel capping every link "
+                                          "(root; needs --snic-mb-s; CNIC 8x)")] = False,
 ) -> None:
     """Replay a trajectory file or a Mooncake trace against the local cluster."""
     from ..runtime.apps.run import run_trace
@@ -155,6 +157,14 @@ def run(
         raise InputError(f"file not found: {trace}")
     if limit <= 0 or max_len <= 0 or time_scale < 0:
         raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
+    if testbed:
+        from .testbed import testbed_run
+
+        if snic_mb_s is None or snic_mb_s <= 0:
+            raise InputError("--testbed needs --snic-mb-s > 0: the kernel caps each node's SNIC link at it")
+        if decisions is not None:
+            raise InputError("--decisions is not written on the testbed (the router runs in its own namespace)")
+        return testbed_run(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device, json_path)
     with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
         progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
         result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,

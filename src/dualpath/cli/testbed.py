@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..config import parse_mode
 from ..errors import InputError
 from .io import console, out
 
@@ -122,7 +123,34 @@ def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents
         write_json(result, json_path)
         console.print(f"wrote {json_path}")
     if plot:
-        from .runtime import plot_runtime
+        from ..metrics.plots import plot_runs
 
-        plot_runtime(result, plot, f"dualpath demo on the testbed: {model}")
+        plot_runs(result, plot, f"dualpath demo on the testbed: {model}", bytes_scale=MB, bytes_unit="MB")
         console.print(f"wrote {plot}")
+
+
+def testbed_run(trace, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
+                snic_mb_s: float, device: str, json_path) -> None:
+    """`run TRACE --testbed` (runtime/apps/testbed_run.py): the replay across emulated hosts, the
+    kernel's counters beside the runtime's ledger, the tokens beside a single-host run's."""
+    from ..runtime.apps.testbed_demo import ledger_vs_kernel
+    from ..runtime.apps.testbed_run import run_testbed_trace
+    from ..sim.runner import write_json
+    from .results import RUNTIME_COLUMNS, print_runs
+
+    for m in modes:
+        parse_mode(m)  # an unknown mode: one line before any namespace exists
+    result = run_testbed_trace(trace, model, pd, modes, limit, max_len, time_scale, snic_mb_s, device,
+                               run_id=_default_id(), log=console.print)
+    print_runs(result, f"replay of {trace.name} on the testbed {pd}, SNIC {snic_mb_s:.1f} MB/s per node (tc)", MB, "MB",
+               RUNTIME_COLUMNS)
+    rows = result["ledger_vs_kernel"] = ledger_vs_kernel(result)
+    for row in rows:
+        ratio = "" if row["kernel_over_stated"] is None else f"x{row['kernel_over_stated']:.3f}"
+        out.print(f"  {row['mode']:9s} {row['host']:10s} {row['what']:30s} runtime {row['runtime_bytes'] / MB:9.2f} MB"
+                  f" (+ headers {row['stated_bytes'] / MB:9.2f})  kernel {row['kernel_bytes'] / MB:9.2f} MB  {ratio}")
+    same = [x["mode"] for x in result["runs"] if x["tokens_sha256"] == result["reference_tokens_sha256"]]
+    out.print(f"tokens identical to the single-host run: {', '.join(same) or 'none'} of {', '.join(modes)}")
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"wrote {json_path}")

@@ -29,11 +29,31 @@ async def drive(spec: dict) -> dict:
     return result
 
 
+async def drive_trace(spec: dict) -> dict:
+    """`run --testbed`: the trace of spec["trace"] replayed in one mode (run.py's replay_on)."""
+    from pathlib import Path
+
+    from .run import replay_on, trace_config
+
+    t = spec["trace"]
+    cfg = replace(trace_config(spec["model"], spec["pd"], spec["mode"], t["max_len"], None, spec["device"]),
+                  engine_transport="tcp", peer_token_file=spec["token_file"], store_dir=spec["store_url"])
+    async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
+        result = await replay_on(c, Path(t["path"]), spec["mode"], t["limit"], t["max_len"], t["time_scale"])
+    return {**result, "ledger": _ledger(c)}
+
+
+def _ledger(c: LocalCluster) -> dict:
+    counters = c.router.metrics.engine_counters  # the engines' last report, sent as they stopped
+    return {str(e): {"storage_read_bytes": x.storage_read_bytes, "storage_write_bytes": x.storage_write_bytes,
+                     "remote_write_bytes": x.remote_write_bytes} for e, x in sorted(counters.items())}
+
+
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path) as f:
         spec = json.load(f)
-    result = asyncio.run(drive(spec))
+    result = asyncio.run(drive_trace(spec) if "trace" in spec else drive(spec))
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0
