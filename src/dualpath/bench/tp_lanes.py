@@ -1,0 +1,214 @@
+"""`dualpath bench tp-lanes --testbed`: TPOT of a tensor-parallel decode engine whose collectives
+ride the latency-critical lane, beside saturating KV traffic (issue 16.6, "Lanes in the results").
+
+On a 1P1D testbed plus a host of its own for the DE's rank 1 (testbed/tp_hosts.py):
+  1. rank 0 (bench/tp_decode.py) runs in the DE host, rank 1 in `<base>-d0t`; the rank pair's
+     packets are steered to class 1:10 by address on the four CNIC ends they cross.
+  2. The CNIC rate is derived on the running testbed: one measurement at a provisional rate
+     gives the decode step time and the collectives' payload bytes per step; the rate is set so
+     that those bytes take COLLECTIVE_SHARE of the step on the wire (real, not dominant), then
+     `tc class change` re-rates every CNIC end.
+  3. Four measurements of a batch of decode steps: {idle, KV saturated} x {two classes (99:1),
+     one class (the filters removed: one FIFO)}. "KV saturated": bulk CS1 flows both ways over
+     the DE's CNIC link (PE -> DE and DE -> PE), as the layer streams and PD transfers cross it.
+Each measurement also records what the kernel counted in 1:10 and 1:20 on the DE's CNIC ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ..testbed.netns import class_bytes, down, run_command, up
+from ..testbed.plan import plan_testbed
+from ..testbed.tp_hosts import cnic_ends, cnic_rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
+
+# The collectives' wire time as a share of a decode step at the derived CNIC rate: large enough
+# that queueing behind KV would show in TPOT, small enough that the network does not dominate it
+# (project choice; Megatron-style TP on NVLink spends ~10-30% of a decode step communicating).
+COLLECTIVE_SHARE = 0.25
+PROVISIONAL_CNIC_BYTES_PER_S = 1e9  # the calibration run's rate: far above what the steps need
+SNIC_BYTES_PER_S = 50e6  # unused by this bench (no storage traffic); any positive rate
+BULK_PORT = 7421
+BULK_WARMUP_S = 1.0  # the bulk flows' TCP windows open before steps are timed (bench/lanes_testbed.py: 0.5 s)
+RUN_INDEX = 246  # the testbed's address block: apart from the other benches' and tests' (248, 250, 251)
+
+_SINK = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); buf = bytearray(1 << 20)
+while c.recv_into(buf):
+    pass
+"""
+
+_SOURCE = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 8 << 2)
+block = b"\xa5" * (1 << 20)
+while True:
+    c.sendall(block)
+"""
+
+
+class TpDecode:
+    """bench/tp_decode.py as rank 0 in `ns`: its ready line, then measurements on request."""
+
+    def __init__(self, plan, engine_host: str, model: str, batch: int, threads: int = 1) -> None:
+        tp_ns = tp_host_of(engine_host)
+        argv = ["ip", "netns", "exec", engine_host, sys.executable, "-m", "dualpath.bench.tp_decode", "--model", model,
+                "--batch", str(batch), "--threads", str(threads), "--leader-host", plan.cnic_addr_of[engine_host],
+                "--follower-host", plan.cnic_addr_of[tp_ns], "--follower-netns", tp_ns]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self._line()
+
+    def _line(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tp_decode ended (code {self.proc.wait()}) before answering")
+        return json.loads(line)
+
+    def measure(self, name: str, steps: int) -> dict:
+        self.proc.stdin.write(f"measure {name} {steps}\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int) -> list[subprocess.Popen]:
+    """A saturating CS1 (KV-class) flow from src_ns to a sink at dst_addr in dst_ns."""
+    sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, sys.executable, "-c", _SINK, dst_addr, str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    if sink.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"bulk sink in {dst_ns} did not start")
+    source = subprocess.Popen(["ip", "netns", "exec", src_ns, sys.executable, "-c", _SOURCE, dst_addr, str(port)],
+                              stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
+    return [source, sink]
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def de_class_bytes(plan, host: str) -> dict[str, dict[str, int]]:
+    """1:10 / 1:20 bytes on both ends of `host`'s CNIC link: its egress (out) and the fabric's (in)."""
+    out = {}
+    for side, (ns, dev) in zip(("out", "in"), cnic_ends(plan, host)):
+        by = class_bytes(ns, dev)
+        out[side] = {"lc_class_bytes": by.get(10, 0), "kv_class_bytes": by.get(20, 0)}
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {side: {k: after[side][k] - before[side][k] for k in after[side]} for side in after}
+
+
+def _stats(step_s: list[float]) -> dict[str, float]:
+    a = np.asarray(step_s)
+    return {"steps": len(step_s), "tpot_mean_s": float(a.mean()), "tpot_p50_s": float(np.percentile(a, 50)),
+            "tpot_p99_s": float(np.percentile(a, 99))}
+
+
+def _measure(dec: TpDecode, plan, name: str, steps: int, loaded: bool) -> dict[str, Any]:
+    pe, de = plan.hosts
+    bulk: list[subprocess.Popen] = []
+    try:
+        if loaded:  # both directions of the DE's CNIC: PE -> DE (layer streams' way) and DE -> PE (PD's)
+            bulk = (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT)
+                    + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1))
+            time.sleep(BULK_WARMUP_S)
+        before = de_class_bytes(plan, de)
+        r = dec.measure(name, steps)
+        after = de_class_bytes(plan, de)
+    finally:
+        stop(bulk)
+    return {**_stats(r["step_s"]), "payload_bytes": r["payload_bytes"], "kernel": _delta(after, before)}
+
+
+def _one_class(plan) -> None:
+    """Every filter off every CNIC end: all packets take the default KV class, one FIFO."""
+    for link in plan.links:
+        if link.name == "cnic":
+            for ns, dev in ((link.a_ns, link.a_if), (link.b_ns, link.b_if)):
+                run_command(["ip", "netns", "exec", ns, "tc", "filter", "del", "dev", dev, "parent", "1:"])
+
+
+def _derive_rate(dec: TpDecode, plan, steps: int) -> dict[str, float]:
+    """Module doc, 2: the rate at which the collectives' bytes take COLLECTIVE_SHARE of a step."""
+    calib = dec.measure("calibrate", steps)
+    step_s = float(np.median(calib["step_s"]))
+    per_step = calib["payload_bytes"] / len(calib["step_s"])
+    rate = per_step / (COLLECTIVE_SHARE * step_s)
+    for cmd in cnic_rate_commands(plan, rate):
+        run_command(cmd)
+    return {"calibration_step_s": step_s, "payload_bytes_per_step": per_step, "collective_share": COLLECTIVE_SHARE,
+            "provisional_cnic_bytes_per_s": PROVISIONAL_CNIC_BYTES_PER_S, "cnic_bytes_per_s": rate}
+
+
+def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, cnic_bytes_per_s: float | None = None,
+                 run_id: str | None = None) -> dict[str, Any]:
+    """The four measurements (module doc); `cnic_bytes_per_s` given: that rate, not derived."""
+    base = plan_testbed(run_id or f"tp{os.getpid() % 1000}", 1, 1, SNIC_BYTES_PER_S,
+                        cnic_bytes_per_s or PROVISIONAL_CNIC_BYTES_PER_S, run_index=RUN_INDEX)
+    de = base.hosts[1]
+    plan = with_tp_hosts(base, (de,))
+    up(plan)
+    dec = None
+    try:
+        for cmd in tp_filter_commands(plan, de):
+            run_command(cmd)
+        dec = TpDecode(plan, de, model, batch)
+        rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
+        runs = {"idle_two_classes": _measure(dec, plan, "idle_two_classes", steps, False),
+                "saturated_two_classes": _measure(dec, plan, "saturated_two_classes", steps, True)}
+        _one_class(plan)
+        runs["idle_one_class"] = _measure(dec, plan, "idle_one_class", steps, False)
+        runs["saturated_one_class"] = _measure(dec, plan, "saturated_one_class", steps, True)
+    finally:
+        if dec is not None:
+            dec.close()
+        down(plan.run_id)
+    inflation = {c: runs[f"saturated_{c}"]["tpot_mean_s"] / runs[f"idle_{c}"]["tpot_mean_s"]
+                 for c in ("two_classes", "one_class")}
+    return {"model": model, "batch": batch, "steps": steps, "same_tokens": dec.ready["same_tokens"], **rate,
+            "runs": runs, "tpot_saturated_over_idle": inflation}
+
+
+def plot_tp_lanes(result: dict[str, Any], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for i, classes in enumerate(("two_classes", "one_class")):
+        vals = [result["runs"][f"{load}_{classes}"]["tpot_mean_s"] * 1e3 for load in ("idle", "saturated")]
+        ax.bar([j + 0.38 * i for j in range(2)], vals, 0.38, label=classes.replace("_", " ") +
+               f" (x{result['tpot_saturated_over_idle'][classes]:.2f})")
+    ax.set_xticks([0.19, 1.19], ["no KV traffic", "KV saturated"])
+    ax.set_ylabel("TPOT (decode step), ms")
+    ax.set_title(f"tp=2 {result['model']} decode, batch {result['batch']}, "
+                 f"CNIC {result['cnic_bytes_per_s'] / 1e6:.0f} MB/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

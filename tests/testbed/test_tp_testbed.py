@@ -1,0 +1,70 @@
+"""Tensor-parallel collectives on the testbed (issue 16.6): rank 1 on a host of its own, its gloo
+traffic with rank 0 counted by the kernel in the latency-critical class 1:10 on the DE's CNIC
+link, KV on the same link in 1:20, and the tokens of one process (root; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from dualpath.testbed.plan import plan_testbed
+from dualpath.testbed.tp_hosts import tp_filter_commands, tp_host_of, with_tp_hosts
+
+MB = 1e6
+root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+                          reason="the testbed needs root and iproute2 (ip, tc)")
+
+
+def test_the_tp_host_has_a_cnic_link_only_and_filters_cover_the_pair_both_ways():
+    plan = with_tp_hosts(plan_testbed("x1", 1, 1, 4 * MB, 32 * MB, run_index=7), ("dpx1-d0",))
+    tp = tp_host_of("dpx1-d0")
+    assert plan.tp_hosts == (tp,) and tp in plan.namespaces and plan.cnic_addr_of[tp] == "10.232.7.101"
+    assert [x.name for x in plan.links if x.host == tp] == ["cnic"]
+    cmds = [" ".join(c) for c in tp_filter_commands(plan, "dpx1-d0")]
+    assert len(cmds) == 8  # 4 ends x 2 directions
+    assert sum("src 10.232.7.2/32 match ip dst 10.232.7.101/32 flowid 1:10" in c for c in cmds) == 4
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+@root
+def test_collectives_land_in_the_lc_class_and_kv_in_the_kv_class(state_dir):
+    from dualpath.bench.tp_lanes import TpDecode, de_class_bytes
+    from dualpath.testbed.netns import down, namespaces_with_prefix, run_command, up
+    from dualpath.testbed.probe import transfer
+
+    plan = with_tp_hosts(plan_testbed(f"q{os.getpid() % 10000}", 1, 1, 8 * MB, 64 * MB, run_index=245),
+                         (f"dpq{os.getpid() % 10000}-d0",))
+    pe, de = plan.hosts
+    kv_bytes = 4_000_000
+    up(plan)
+    dec = None
+    try:
+        for cmd in tp_filter_commands(plan, de):
+            run_command(cmd)
+        before = de_class_bytes(plan, de)
+        dec = TpDecode(plan, de, "tiny", batch=4)
+        assert dec.ready["same_tokens"] is True
+        r = dec.measure("steps", 20)
+        dec.close()
+        kv = transfer(pe, de, plan.cnic_addr_of[de], kv_bytes, dscp=8)  # PE -> DE: into the DE host
+        after = de_class_bytes(plan, de)
+    finally:
+        if dec is not None:
+            dec.close()
+        down(plan.run_id)
+    assert namespaces_with_prefix(f"dp{plan.run_id}-") == []
+    d = {side: {k: after[side][k] - before[side][k] for k in after[side]} for side in after}
+    collective_bytes = r["payload_bytes"]  # 20 steps, but the rendezvous and checks add more
+    # rank 0 sends each broadcast whole and half of each all_reduce's partial both ways
+    assert d["out"]["lc_class_bytes"] >= collective_bytes / 2
+    assert d["in"]["lc_class_bytes"] >= collective_bytes / 4
+    assert d["in"]["kv_class_bytes"] >= kv.payload_bytes  # the KV flow took the KV class ...
+    assert d["in"]["lc_class_bytes"] < kv.payload_bytes / 4  # ... not the LC one
+    assert d["out"]["kv_class_bytes"] < d["out"]["lc_class_bytes"]  # out: only the KV flow's ACKs
