@@ -68,3 +68,25 @@ def test_collectives_land_in_the_lc_class_and_kv_in_the_kv_class(state_dir):
     assert d["in"]["kv_class_bytes"] >= kv.payload_bytes  # the KV flow took the KV class ...
     assert d["in"]["lc_class_bytes"] < kv.payload_bytes / 4  # ... not the LC one
     assert d["out"]["kv_class_bytes"] < d["out"]["lc_class_bytes"]  # out: only the KV flow's ACKs
+
+
+@pytest.mark.slow  # ~20 s: six measurements and three model loads
+@root
+def test_tp_lanes_bench_fifo_inflates_tpot_and_the_lanes_do_not(state_dir):
+    """A tiny `bench tp-lanes`: the structure of its result, the classes' bytes, and the ordering,
+    which holds with a wide margin (x0.97 vs x11 on the shared 2-core machine, docs/experiments.md)."""
+    from dualpath.bench.tp_lanes import LOADS, run_tp_lanes
+
+    r = run_tp_lanes("tiny", batch=4, steps=12, run_id=f"b{os.getpid() % 10000}", rounds=1)
+    assert r["same_tokens"] is True and r["wire_bytes_per_step"] >= r["payload_bytes_per_step"]
+    assert r["cnic_bytes_per_s"] == pytest.approx(r["wire_bytes_per_step"] / (0.25 * r["calibration_step_s"]))
+    assert set(r["runs"]) == {f"{load}_{c}" for load in LOADS for c in ("two_classes", "one_class")}
+    for name, run in r["runs"].items():
+        out = run["kernel"]["out"]
+        if name.endswith("two_classes"):  # the collectives in 1:10; KV only when it crosses the DE's CNIC
+            assert out["lc_class_bytes"] >= run["payload_bytes"] / 2
+            assert (out["kv_class_bytes"] > out["lc_class_bytes"]) == name.startswith("saturated")
+        else:  # one class: everything in 1:20
+            assert out["lc_class_bytes"] == 0 and out["kv_class_bytes"] >= run["payload_bytes"] / 2
+    two, one = r["tpot_saturated_over_idle"]["two_classes"], r["tpot_saturated_over_idle"]["one_class"]
+    assert two < 2.0 and one > 2 * two

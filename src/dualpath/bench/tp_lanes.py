@@ -8,9 +8,14 @@ On a 1P1D testbed plus a host of its own for the DE's rank 1 (testbed/tp_hosts.p
      gives the decode step time and the collectives' payload bytes per step; the rate is set so
      that those bytes take COLLECTIVE_SHARE of the step on the wire (real, not dominant), then
      `tc class change` re-rates every CNIC end.
-  3. Four measurements of a batch of decode steps: {idle, KV saturated} x {two classes (99:1),
-     one class (the filters removed: one FIFO)}. "KV saturated": bulk CS1 flows both ways over
-     the DE's CNIC link (PE -> DE and DE -> PE), as the layer streams and PD transfers cross it.
+  3. Six measurements of a batch of decode steps: {idle, KV elsewhere, KV saturated} x {two
+     classes (99:1), one class (the filters removed: one FIFO at the link rate)}. "KV saturated":
+     bulk CS1 flows both ways over the DE's CNIC link (PE -> DE and DE -> PE), as the layer
+     streams and PD transfers cross it. "KV elsewhere", the CPU control: the same two flows at the
+     same rate between the PE and the storage host (its SNIC link, re-rated to the CNIC rate), so
+     they cost the CPUs what the saturating ones cost but cross no link of the DE's. On a machine
+     with spare cores it equals idle; on a busy 2-core one, saturated / elsewhere is the lanes'
+     own effect and saturated / idle adds the flows' CPU cost.
 Each measurement also records what the kernel counted in 1:10 and 1:20 on the DE's CNIC ends.
 """
 
@@ -26,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..testbed.netns import class_bytes, down, run_command, up
-from ..testbed.plan import plan_testbed
-from ..testbed.tp_hosts import cnic_ends, cnic_rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
+from ..testbed.plan import _bits, plan_testbed
+from ..testbed.tp_hosts import cnic_ends, rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
 
 # The collectives' wire time as a share of a decode step at the derived CNIC rate: large enough
 # that queueing behind KV would show in TPOT, small enough that the network does not dominate it
@@ -128,45 +133,95 @@ def _stats(step_s: list[float]) -> dict[str, float]:
             "tpot_p99_s": float(np.percentile(a, 99))}
 
 
-def _measure(dec: TpDecode, plan, name: str, steps: int, loaded: bool) -> dict[str, Any]:
+LOADS = ("idle", "kv_elsewhere", "saturated")
+
+
+def _start_load(plan, load: str) -> list[subprocess.Popen]:
+    """The bulk flows of `load` (module doc, 3)."""
     pe, de = plan.hosts
+    if load == "saturated":  # both directions of the DE's CNIC: PE -> DE (layer streams' way) and DE -> PE (PD's)
+        return (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT)
+                + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1))
+    if load == "kv_elsewhere":  # the same two flows over the PE's SNIC link, storage <-> PE
+        snic = next(x for x in plan.links if x.name == "snic" and x.host == pe)
+        return (start_bulk(snic.a_ns, pe, snic.b_addr.split("/")[0], BULK_PORT)
+                + start_bulk(pe, snic.a_ns, snic.a_addr.split("/")[0], BULK_PORT + 1))
+    return []
+
+
+def _measure(dec: TpDecode, plan, name: str, steps: int, load: str) -> dict[str, Any]:
+    de = plan.hosts[1]
     bulk: list[subprocess.Popen] = []
     try:
-        if loaded:  # both directions of the DE's CNIC: PE -> DE (layer streams' way) and DE -> PE (PD's)
-            bulk = (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT)
-                    + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1))
+        bulk = _start_load(plan, load)
+        if bulk:
             time.sleep(BULK_WARMUP_S)
         before = de_class_bytes(plan, de)
         r = dec.measure(name, steps)
         after = de_class_bytes(plan, de)
     finally:
         stop(bulk)
-    return {**_stats(r["step_s"]), "payload_bytes": r["payload_bytes"], "kernel": _delta(after, before)}
+    return {"step_s": r["step_s"], "payload_bytes": r["payload_bytes"], "kernel": _delta(after, before)}
 
 
-def _one_class(plan) -> None:
-    """Every filter off every CNIC end: all packets take the default KV class, one FIFO."""
+def _merge(parts: list[dict]) -> dict[str, Any]:
+    """One run from its rounds: statistics over every step, bytes summed."""
+    steps = [t for p in parts for t in p["step_s"]]
+    kernel = {side: {k: sum(p["kernel"][side][k] for p in parts) for k in parts[0]["kernel"][side]}
+              for side in parts[0]["kernel"]}
+    return {**_stats(steps), "rounds": len(parts), "payload_bytes": sum(p["payload_bytes"] for p in parts),
+            "kernel": kernel}
+
+
+def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float) -> dict[str, dict]:
+    """Every load with two classes, then with one; the loads interleaved over `rounds` rounds of
+    steps // rounds steps each, so that a slow spell of a shared machine spreads over all of them."""
+    runs = {}
+    for classes in ("two_classes", "one_class"):
+        if classes == "one_class":
+            _one_class(plan, rate_bytes_per_s)
+        parts: dict[str, list] = {load: [] for load in LOADS}
+        for _ in range(rounds):
+            for load in LOADS:
+                parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load))
+        runs.update({f"{load}_{classes}": _merge(parts[load]) for load in LOADS})
+    return runs
+
+
+def _one_class(plan, rate_bytes_per_s: float) -> None:
+    """Every filter off every CNIC end, so all packets take the default class 1:20, re-rated to the
+    whole link: one FIFO at the link rate (not a 1% class borrowing the rest)."""
     for link in plan.links:
         if link.name == "cnic":
             for ns, dev in ((link.a_ns, link.a_if), (link.b_ns, link.b_if)):
                 run_command(["ip", "netns", "exec", ns, "tc", "filter", "del", "dev", dev, "parent", "1:"])
+                run_command(["ip", "netns", "exec", ns, "tc", "class", "change", "dev", dev, "parent", "1:1", "classid",
+                             "1:20", "htb", "rate", _bits(rate_bytes_per_s), "ceil", _bits(rate_bytes_per_s)])
 
 
 def _derive_rate(dec: TpDecode, plan, steps: int) -> dict[str, float]:
-    """Module doc, 2: the rate at which the collectives' bytes take COLLECTIVE_SHARE of a step."""
+    """Module doc, 2: the rate at which the collectives' bytes take COLLECTIVE_SHARE of a step.
+    The bytes are what the kernel counted in 1:10 on the busier direction of the DE's CNIC (gloo's
+    framing and TCP/IP headers included: ~1.6x the tensors' bytes for the tiny model's small ones)."""
+    de = plan.hosts[1]
+    before = de_class_bytes(plan, de)
     calib = dec.measure("calibrate", steps)
+    lc = _delta(de_class_bytes(plan, de), before)
     step_s = float(np.median(calib["step_s"]))
-    per_step = calib["payload_bytes"] / len(calib["step_s"])
-    rate = per_step / (COLLECTIVE_SHARE * step_s)
-    for cmd in cnic_rate_commands(plan, rate):
+    num_steps = len(calib["step_s"])
+    wire_per_step = max(side["lc_class_bytes"] for side in lc.values()) / num_steps
+    rate = wire_per_step / (COLLECTIVE_SHARE * step_s)
+    for cmd in rate_commands(plan, rate, ("cnic", "snic")):  # the SNIC too: the CPU control's flows (module doc)
         run_command(cmd)
-    return {"calibration_step_s": step_s, "payload_bytes_per_step": per_step, "collective_share": COLLECTIVE_SHARE,
+    return {"calibration_step_s": step_s, "payload_bytes_per_step": calib["payload_bytes"] / num_steps,
+            "wire_bytes_per_step": wire_per_step, "collective_share": COLLECTIVE_SHARE,
             "provisional_cnic_bytes_per_s": PROVISIONAL_CNIC_BYTES_PER_S, "cnic_bytes_per_s": rate}
 
 
 def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, cnic_bytes_per_s: float | None = None,
-                 run_id: str | None = None) -> dict[str, Any]:
-    """The four measurements (module doc); `cnic_bytes_per_s` given: that rate, not derived."""
+                 run_id: str | None = None, rounds: int = 2) -> dict[str, Any]:
+    """The six measurements (module doc), in `rounds` interleaved rounds; `cnic_bytes_per_s`
+    given: that rate (CNIC and SNIC), not derived."""
     base = plan_testbed(run_id or f"tp{os.getpid() % 1000}", 1, 1, SNIC_BYTES_PER_S,
                         cnic_bytes_per_s or PROVISIONAL_CNIC_BYTES_PER_S, run_index=RUN_INDEX)
     de = base.hosts[1]
@@ -178,19 +233,19 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
             run_command(cmd)
         dec = TpDecode(plan, de, model, batch)
         rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
-        runs = {"idle_two_classes": _measure(dec, plan, "idle_two_classes", steps, False),
-                "saturated_two_classes": _measure(dec, plan, "saturated_two_classes", steps, True)}
-        _one_class(plan)
-        runs["idle_one_class"] = _measure(dec, plan, "idle_one_class", steps, False)
-        runs["saturated_one_class"] = _measure(dec, plan, "saturated_one_class", steps, True)
+        runs = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"])
     finally:
         if dec is not None:
             dec.close()
         down(plan.run_id)
-    inflation = {c: runs[f"saturated_{c}"]["tpot_mean_s"] / runs[f"idle_{c}"]["tpot_mean_s"]
-                 for c in ("two_classes", "one_class")}
-    return {"model": model, "batch": batch, "steps": steps, "same_tokens": dec.ready["same_tokens"], **rate,
-            "runs": runs, "tpot_saturated_over_idle": inflation}
+    return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "same_tokens": dec.ready["same_tokens"],
+            **rate, "runs": runs, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
+            "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere")}
+
+
+def _ratio(runs: dict, load: str, base: str) -> dict[str, float]:
+    """Mean TPOT under `load` over mean TPOT under `base`, per class setup."""
+    return {c: runs[f"{load}_{c}"]["tpot_mean_s"] / runs[f"{base}_{c}"]["tpot_mean_s"] for c in ("two_classes", "one_class")}
 
 
 def plot_tp_lanes(result: dict[str, Any], path) -> None:
@@ -199,12 +254,12 @@ def plot_tp_lanes(result: dict[str, Any], path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
     for i, classes in enumerate(("two_classes", "one_class")):
-        vals = [result["runs"][f"{load}_{classes}"]["tpot_mean_s"] * 1e3 for load in ("idle", "saturated")]
-        ax.bar([j + 0.38 * i for j in range(2)], vals, 0.38, label=classes.replace("_", " ") +
-               f" (x{result['tpot_saturated_over_idle'][classes]:.2f})")
-    ax.set_xticks([0.19, 1.19], ["no KV traffic", "KV saturated"])
+        vals = [result["runs"][f"{load}_{classes}"]["tpot_mean_s"] * 1e3 for load in LOADS]
+        ax.bar([j + 0.38 * i for j in range(len(LOADS))], vals, 0.38, label=classes.replace("_", " ") +
+               f" (saturated x{result['tpot_saturated_over_idle'][classes]:.2f} of idle)")
+    ax.set_xticks([j + 0.19 for j in range(len(LOADS))], ["no KV traffic", "KV elsewhere (CPU control)", "KV saturated"])
     ax.set_ylabel("TPOT (decode step), ms")
     ax.set_title(f"tp=2 {result['model']} decode, batch {result['batch']}, "
                  f"CNIC {result['cnic_bytes_per_s'] / 1e6:.0f} MB/s")

@@ -10,7 +10,7 @@ its collectives in the latency-critical class, marked by the kernel.
    capped CNIC end the pair's packets cross, u32 filters match the rank pair's addresses (both
    directions) and steer them to the latency-critical class 1:10, beside the plan's DSCP filter
    (same parent, prio 2). Everything else keeps its DSCP class; unmarked traffic stays in 1:20.
-3. `cnic_rate_commands`: the CNIC classes re-rated in place (`tc class change`), for a bench that
+3. `rate_commands`: the links' classes re-rated in place (`tc class change`), for a bench that
    derives its rate from a measurement on the running testbed.
 """
 
@@ -66,12 +66,13 @@ def tp_filter_commands(plan: TestbedPlan, engine_host: str) -> list[list[str]]:
     return cmds
 
 
-def cnic_rate_commands(plan: TestbedPlan, rate_bytes_per_s: float) -> list[list[str]]:
-    """`tc class change` of every CNIC end to `rate_bytes_per_s`, lanes split as plan.py splits them."""
+def rate_commands(plan: TestbedPlan, rate_bytes_per_s: float, names: tuple[str, ...] = ("cnic",)) -> list[list[str]]:
+    """`tc class change` of every end of the links named `names` (cnic, snic) to `rate_bytes_per_s`,
+    lanes split as plan.py splits them."""
     total = plan.weights.latency_critical + plan.weights.kv
     cmds = []
     for link in plan.links:
-        if link.name != "cnic":
+        if link.name not in names:
             continue
         for ns, dev in ((link.a_ns, link.a_if), (link.b_ns, link.b_if)):
             tc = ["ip", "netns", "exec", ns, "tc", "class", "change", "dev", dev]
