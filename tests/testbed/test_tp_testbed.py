@@ -90,3 +90,11 @@ def test_tp_lanes_bench_fifo_inflates_tpot_and_the_lanes_do_not(state_dir):
             assert out["lc_class_bytes"] == 0 and out["kv_class_bytes"] >= run["payload_bytes"] / 2
     two, one = r["tpot_saturated_over_idle"]["two_classes"], r["tpot_saturated_over_idle"]["one_class"]
     assert two < 2.0 and one > 2 * two
+
+
+def test_bench_tp_lanes_bad_input_is_one_error_line():
+    from cli_helpers import cli_here
+
+    for args in ((), ("--testbed", "--steps", "5"), ("--testbed", "--gso-kib", "1"), ("--testbed", "--rounds", "30")):
+        r = cli_here("bench", "tp-lanes", *args)
+        assert r.returncode == 2 and r.stderr.startswith("error:") and r.stderr.strip().count("\n") == 0, (args, r.stderr)

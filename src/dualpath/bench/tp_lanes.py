@@ -7,7 +7,8 @@ On a 1P1D testbed plus a host of its own for the DE's rank 1 (testbed/tp_hosts.p
   2. The CNIC rate is derived on the running testbed: one measurement at a provisional rate
      gives the decode step time and the collectives' payload bytes per step; the rate is set so
      that those bytes take COLLECTIVE_SHARE of the step on the wire (real, not dominant), then
-     `tc class change` re-rates every CNIC end.
+     `tc class change` re-rates every CNIC end. Optionally GSO is capped on every link
+     (`gso_max_bytes`, testbed/tp_hosts.py 3): smaller units on the wire, more packets to process.
   3. Six measurements of a batch of decode steps: {idle, KV elsewhere, KV saturated} x {two
      classes (99:1), one class (the filters removed: one FIFO at the link rate)}. "KV saturated":
      bulk CS1 flows both ways over the DE's CNIC link (PE -> DE and DE -> PE), as the layer
@@ -32,7 +33,7 @@ import numpy as np
 
 from ..testbed.netns import class_bytes, down, run_command, up
 from ..testbed.plan import _bits, plan_testbed
-from ..testbed.tp_hosts import cnic_ends, rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
+from ..testbed.tp_hosts import cnic_ends, gso_commands, rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
 
 # The collectives' wire time as a share of a decode step at the derived CNIC rate: large enough
 # that queueing behind KV would show in TPOT, small enough that the network does not dominate it
@@ -219,7 +220,7 @@ def _derive_rate(dec: TpDecode, plan, steps: int) -> dict[str, float]:
 
 
 def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, cnic_bytes_per_s: float | None = None,
-                 run_id: str | None = None, rounds: int = 2) -> dict[str, Any]:
+                 run_id: str | None = None, rounds: int = 2, gso_max_bytes: int | None = None) -> dict[str, Any]:
     """The six measurements (module doc), in `rounds` interleaved rounds; `cnic_bytes_per_s`
     given: that rate (CNIC and SNIC), not derived."""
     base = plan_testbed(run_id or f"tp{os.getpid() % 1000}", 1, 1, SNIC_BYTES_PER_S,
@@ -229,7 +230,7 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
     up(plan)
     dec = None
     try:
-        for cmd in tp_filter_commands(plan, de):
+        for cmd in tp_filter_commands(plan, de) + ([] if gso_max_bytes is None else gso_commands(plan, gso_max_bytes)):
             run_command(cmd)
         dec = TpDecode(plan, de, model, batch)
         rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
@@ -238,7 +239,8 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
         if dec is not None:
             dec.close()
         down(plan.run_id)
-    return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "same_tokens": dec.ready["same_tokens"],
+    return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "gso_max_bytes": gso_max_bytes,
+            "same_tokens": dec.ready["same_tokens"],
             **rate, "runs": runs, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
             "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere")}
 

@@ -10,7 +10,12 @@ its collectives in the latency-critical class, marked by the kernel.
    capped CNIC end the pair's packets cross, u32 filters match the rank pair's addresses (both
    directions) and steer them to the latency-critical class 1:10, beside the plan's DSCP filter
    (same parent, prio 2). Everything else keeps its DSCP class; unmarked traffic stays in 1:20.
-3. `rate_commands`: the links' classes re-rated in place (`tc class change`), for a bench that
+3. `gso_commands`: the kernel hands a qdisc TCP segments of up to 64 KiB (GSO), which HTB sends
+   whole: at tens of MB/s one KV segment holds a link for milliseconds, and a latency-critical
+   message behind it waits that long, where a fabric arbitrates its VLs per packet (IB MTU 4 KiB,
+   PAPER.md 2.3). Capping GSO makes the emulated links arbitrate smaller units, at the price of
+   the kernel handling more packets (CPU the emulation takes from the engines on a small machine).
+4. `rate_commands`: the links' classes re-rated in place (`tc class change`), for a bench that
    derives its rate from a measurement on the running testbed.
 """
 
@@ -64,6 +69,12 @@ def tp_filter_commands(plan: TestbedPlan, engine_host: str) -> list[list[str]]:
                          "prio", str(TP_FILTER_PRIO), "u32", "match", "ip", "src", f"{src}/32", "match", "ip", "dst",
                          f"{dst}/32", "flowid", flow])
     return cmds
+
+
+def gso_commands(plan: TestbedPlan, gso_max_bytes: int) -> list[list[str]]:
+    """GSO capped at `gso_max_bytes` on every end of every link (module doc, 3)."""
+    return [["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size", str(gso_max_bytes)]
+            for link in plan.links for ns, dev in ((link.a_ns, link.a_if), (link.b_ns, link.b_if))]
 
 
 def rate_commands(plan: TestbedPlan, rate_bytes_per_s: float, names: tuple[str, ...] = ("cnic",)) -> list[list[str]]:
