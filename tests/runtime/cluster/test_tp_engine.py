@@ -50,3 +50,30 @@ def test_tp_must_be_1_or_2_and_cpu_only():
     for args in (("serve", "--tp", "3"), ("demo", "--tp", "0"), ("demo", "--tp", "2", "--testbed")):
         r = cli_here(*args)
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:"), (args, r.stderr)
+
+
+def test_a_joined_decode_engine_with_tp2_serves_the_tokens_of_tp1(tmp_path):
+    """`dualpath engine --tp 2`: the tensor-parallel ranks are the joining host's business (a local
+    override of the router's config); the decode engine's rank 1 binds to its --listen address."""
+    from test_joined_engines import _engine
+
+    token = tmp_path / "token"
+    token.write_text("the cluster's secret\n")
+    cfg = RuntimeConfig(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096,
+                        engine_transport="tcp", peer_token_file=str(token))
+    engines = []
+
+    def start(router: str) -> None:
+        engines.extend([_engine(router, "prefill", token), _engine(router, "decode", token, "--tp", "2")])
+
+    try:
+        outs, _, summary = asyncio.run(cluster_conversation(cfg, engines_listen="tcp://127.0.0.1:0", on_router_ready=start))
+        assert outs == reference_conversation("tiny")
+        assert summary["bytes"]["cnic_lane_latency_critical"] > 0  # only the DE's collectives count there
+        for p in engines:
+            assert p.wait(timeout=30) == 0
+    finally:
+        for p in engines:
+            if p.poll() is None:
+                p.kill()
+    assert _tp_workers() == []

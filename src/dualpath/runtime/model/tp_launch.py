@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import IO
 
 import torch.distributed as dist
 
@@ -52,6 +53,7 @@ class TensorParallelRank0:
     """A running pair, seen from rank 0: its collectives (bytes carried) and rank 1's process."""
 
     def __init__(self, model: Llama, collectives: Collectives, follower: subprocess.Popen, store: dist.Store) -> None:
+        # the store's server lives in this process: kept as long as the group that met through it
         self.model, self.collectives, self.follower, self._store = model, collectives, follower, store
         self._closed = False
 
@@ -104,7 +106,7 @@ def start_tensor_parallel(model: Llama, model_name: str, seed: int, threads: int
     return TensorParallelRank0(model, collectives, follower, store)
 
 
-def _wait_ready(store: dist.Store, follower: subprocess.Popen, log, timeout_s: float) -> None:
+def _wait_ready(store: dist.Store, follower: subprocess.Popen, log: IO[str], timeout_s: float) -> None:
     deadline_s = time.monotonic() + timeout_s
     while not store.check([READY_KEY]):
         code = follower.poll()
