@@ -52,6 +52,7 @@ def test_tp_must_be_1_or_2_and_cpu_only():
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:"), (args, r.stderr)
 
 
+@pytest.mark.slow  # 25 s; the local cluster above covers the engines' tp path by default
 def test_a_joined_decode_engine_with_tp2_serves_the_tokens_of_tp1(tmp_path):
     """`dualpath engine --tp 2`: the tensor-parallel ranks are the joining host's business (a local
     override of the router's config); the decode engine's rank 1 binds to its --listen address."""
