@@ -1,8 +1,7 @@
 """One typed config tree (simulator and runtime), validated on construction. Every number has its
 unit in its name and its source in a comment; the CLI derives its options from these fields. A
 knob's comment opens with `fitted (FIGURE; hardware-only: section.field=value):` when fitted to the
-paper's own data, `choice:` when it is this project's choice, else cites its source (experiments/knobs.py).
-"""
+paper's own data, `choice:` when it is this project's choice, else cites its source (experiments/knobs.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,9 @@ from typing import Any
 from .core.lanes import LaneWeights
 from .core.measured import MeasuredMachine
 from .core.models import ModelSpec, get_model
-from .errors import InputError
+from .config_tp import TensorParallelConfig
 from .core.hardware import GB, GPUS, GpuSpec, NodeSpec
+from .errors import InputError
 from .parsing import parse_device, parse_pd
 
 
@@ -327,6 +327,7 @@ class RuntimeConfig:
     # that one bit of it is flipped in flight. Each engine draws from its own RNG seeded by
     # (seed, engine id). 0 = off (the default): no injector is built, the copies are unchanged.
     kv_corrupt_probability: float = 0.0
+    tp: TensorParallelConfig = field(default_factory=TensorParallelConfig)  # ranks per engine (config_tp.py)
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -356,7 +357,7 @@ class RuntimeConfig:
             raise InputError(f"force_read_side must be prefill, decode or None, got {self.force_read_side!r}")
         if self.force_read_side == "decode" and not parse_mode(self.mode).de_read_path:
             raise InputError(f"force_read_side=decode needs the DE read path, which mode {self.mode!r} lacks")
-        parse_device(self.device)
+        self.tp.check_device(parse_device(self.device)[0])
         if self.kv_dtype not in ("float32", "bfloat16", "float16"):
             raise InputError(f"kv_dtype must be float32, bfloat16 or float16, got {self.kv_dtype!r}")
 

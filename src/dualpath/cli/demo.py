@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..progress import reporter
 from .io import console, out
 from .results import RUNTIME_COLUMNS, print_runs
-from .runtime import DeviceOption, _device, plot_runtime
+from .runtime import DeviceOption, TpOption, _device, plot_runtime, tp_config
 
 
 def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float]):
@@ -69,10 +69,14 @@ def demo(
     seed: Annotated[int, typer.Option()] = 0,
     device: DeviceOption = "cpu",
     testbed: Annotated[bool, typer.Option(help="across emulated hosts: network namespaces, tc-enforced links (root)")] = False,
+    tp: TpOption = 1,
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
     from ..runtime.apps.demo import run_demo
 
+    tp_cfg = tp_config(tp)
+    if testbed and tp_cfg.ranks > 1:
+        raise InputError("--tp 2 with --testbed: not wired for the demo; `dualpath bench tp-lanes --testbed` runs it")
     if testbed:
         from .testbed import testbed_demo
 
@@ -81,7 +85,8 @@ def demo(
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
         progress.log(f"starting a local 1P1D cluster ({model} on {device})")
-        result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan))
+        result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan,
+                                   tp=tp_cfg))
     console.print(f"demo: {result['config']['cpus']}")
     print_runs(result, _title(result, model, device), 1e6, "MB", RUNTIME_COLUMNS)
     runs = {r["mode"]: r for r in result["runs"]}

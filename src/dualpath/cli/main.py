@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, chaos, demo, fidelity, runtime, sim, store, sweep, testbed
+from . import bench, bench_tp, chaos, demo, fidelity, runtime, sim, store, sweep, testbed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -42,6 +42,7 @@ app.command()(fidelity.fidelity)
 app.command()(chaos.chaos)
 bench_app.command("sim-speed")(bench.bench_sim_speed)
 bench_app.command("lanes")(bench.bench_lanes)
+bench_app.command("tp-lanes")(bench_tp.bench_tp_lanes)
 bench_app.command("transport")(bench.bench_transport)
 bench_app.command("store")(bench.bench_store)
 bench_app.command("overload")(bench.bench_overload)

@@ -25,6 +25,18 @@ DeviceOption = Annotated[str, typer.Option(
     help="cpu, cuda (engine e on GPU e mod #GPUs) or cuda:N; checked before anything starts")]
 
 
+TpOption = Annotated[int, typer.Option(
+    "--tp", help="tensor-parallel ranks per engine: 1, or 2 (each layer's MLP split over two processes; "
+    "a broadcast and an all_reduce per layer, on the latency-critical lane; cpu only)")]
+
+
+def tp_config(ranks: int, **placement):
+    """RuntimeConfig.tp from `--tp` (validated there: 1 or 2)."""
+    from ..config_tp import TensorParallelConfig
+
+    return TensorParallelConfig(ranks, **placement)
+
+
 def _device(spec: str) -> str:
     from ..runtime.engine.device import require_device
 
@@ -90,6 +102,7 @@ def serve(
     engines_listen: Annotated[Optional[str], typer.Option(help="tcp://HOST:PORT: start no engines; wait for `dualpath engine`s to join here")] = None,
     token_file: Annotated[Optional[Path], typer.Option(help="shared token of the router and engines (required beyond loopback)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT (needs dualpath[cluster])")] = None,
+    tp: TpOption = 1,
 ) -> None:
     """OpenAI-compatible server on a PD-disaggregated cluster: engines started here, or joining from other hosts."""
     from ..config import RuntimeConfig, parse_pd
@@ -109,7 +122,7 @@ def serve(
                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
                         engine_fault_policy=engine_fault_policy, **faults,
                         engine_transport="tcp" if engines_listen or ray else "local",
-                        peer_token_file=None if token_file is None else str(token_file))
+                        peer_token_file=None if token_file is None else str(token_file), tp=tp_config(tp))
     _device(device)
     serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen, ray_address=ray)
 
@@ -124,13 +137,17 @@ def engine(
     threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the router's, else this host's CPUs)")] = None,
     join_timeout_s: Annotated[float, typer.Option(help="how long to wait for the router's answer")] = 120.0,
     store: Annotated[Optional[str], typer.Option(help="this host's URL of the storage service (default: the router's)")] = None,
+    tp: TpOption = 1,
+    tp_peer_host: Annotated[Optional[str], typer.Option(help="--tp 2: rank 1's address (default: --listen)")] = None,
+    tp_peer_netns: Annotated[Optional[str], typer.Option(help="--tp 2: start rank 1 in this network namespace (root)")] = None,
 ) -> None:
     """One engine on this host, joining a router started with `dualpath serve --engines-listen`."""
     from ..runtime.engine.join import join, run_joined
 
+    tp_cfg = tp_config(tp, leader_host=listen, follower_host=tp_peer_host or listen, follower_netns=tp_peer_netns)
     welcome = join(router, role, None if token_file is None else str(token_file), listen, join_timeout_s)
     print(f"joined {router} as engine {welcome.engine} ({role})", flush=True)
-    run_joined(welcome, listen, device, threads, store)
+    run_joined(welcome, listen, device, threads, store, tp_cfg)
 
 
 def run(

@@ -70,10 +70,12 @@ class TestbedPlan:
     cnic_addr_of: dict  # host namespace -> its address on the compute network
     weights: LaneWeights
     router_ns: str = ""  # a host for the router, linked to both networks like a node ("" = none)
+    tp_hosts: tuple[str, ...] = ()  # hosts of engines' tensor-parallel rank 1, CNIC link only (tp_hosts.py)
 
     @property
     def namespaces(self) -> tuple[str, ...]:
-        return (self.storage_ns, self.fabric_ns, *self.hosts, *((self.router_ns,) if self.router_ns else ()))
+        return (self.storage_ns, self.fabric_ns, *self.hosts, *((self.router_ns,) if self.router_ns else ()),
+                *self.tp_hosts)
 
 
 def _check(run_id: str, num_prefill: int, num_decode: int, run_index: int) -> None:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ...config import DEMO_AGENTS, RuntimeConfig
+from ...config_tp import TensorParallelConfig
 from ...core.request import TurnSpec
 from ...metrics.decisions import DecisionLog
 from ...workloads import Trajectory
@@ -170,7 +171,8 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    model: str = "smollm2-135m", seed: int = 0,
                    on_turn: Callable[[str, int, int, Mapping[str, int]], None] | None = None,
                    num_agents: int = DEMO_AGENTS, rounds: int | None = None, device: str = "cpu",
-                   plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False) -> dict:
+                   plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False,
+                   tp: TensorParallelConfig | None = None) -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
     `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates."""
@@ -183,7 +185,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
     total = num_turns(trajectories)
     runs = []
     t0 = time.perf_counter()
-    cluster_cfg = replace(demo_config(modes[0], rates, model), seed=seed, device=device)
+    cluster_cfg = replace(demo_config(modes[0], rates, model), seed=seed, device=device, tp=tp or TensorParallelConfig())
     async with LocalCluster(cluster_cfg) as cluster:
         startup_s = time.perf_counter() - t0
         cpu_note = cluster.cpu_plan.note

@@ -41,6 +41,7 @@ from ..transport.channel import Inbox, Outbox
 from ..transport.messages import message
 from ..transport.shm import SharedSegments
 from .peers import PeerWrites
+from .tp import start_engine_tp, tp_payload_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ class EngineBase:
             torch.cuda.set_device(self.device)  # this process's default stream and allocations
         self.loaded = load_model(cfg.model, device=self.device, seed=cfg.seed)
         self.model = self.loaded.model
+        self.tp = start_engine_tp(self.model, cfg, spec.threads)  # rank 1 (RuntimeConfig.tp), or None
         self.mcfg = self.model.config
         self.dtype = kv_dtype(cfg)
         self.itemsize = torch.tensor([], dtype=self.dtype).element_size()
@@ -144,6 +146,7 @@ class EngineBase:
         self._ended: set[int] = set()
         self._ended_order: collections.deque[int] = collections.deque()
         self._lane_base = (0, 0)
+        self._tp_base_bytes = 0
         self._last_report_s = self.clock.now_s()
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{spec.engine}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"writer{spec.engine}", daemon=True)
@@ -175,6 +178,7 @@ class EngineBase:
         for k in self.counters:  # counters are per mode
             self.counters[k] = 0
         self._lane_base = self.arbiter.stats().sent_bytes
+        self._tp_base_bytes = tp_payload_bytes(self.tp)
         self.on_reconfigured()
         self.to_router(Reconfigured(self.spec.engine, msg.mode))
 
@@ -324,7 +328,8 @@ class EngineBase:
         self.to_router(Counters(self.spec.engine, int(self.counters["storage_read_bytes"]),
                                 int(self.counters["storage_write_bytes"]), float(self.counters["read_busy_s"]),
                                 int(st.sent_bytes[Lane.KV] - self._lane_base[Lane.KV]),
-                                int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]),
+                                int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]
+                                    + tp_payload_bytes(self.tp) - self._tp_base_bytes),  # + the collectives
                                 float(self.counters["busy_s"]),
                                 int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS),
                                 read_latency_s=float(self.counters["read_latency_s"]),
@@ -338,6 +343,8 @@ class EngineBase:
         self._writer.join(timeout=30)
         self.arbiter.close()
         self.report_counters()
+        if self.tp is not None:
+            self.tp.close()
         self.peers.close()
         self._beating.set()  # beats until the outboxes close
         self._heart.join(timeout=5)

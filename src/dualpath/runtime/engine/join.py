@@ -11,7 +11,7 @@
    like an engine the local cluster started, and reports them in its Hello.
 4. On exit it unlinks its segments. A killed engine leaves them to the resource tracker.
 
-Local overrides (device, threads) are this host's business and replace the router's.
+Local overrides (device, threads, tensor-parallel ranks) are this host's business and replace the router's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import socket
 from dataclasses import replace
 
 from ...config import RuntimeConfig
+from ...config_tp import TensorParallelConfig
 from ...config_overrides import config_from_json
 from ...errors import InputError
 from ..protocol import EngineRole, Join, Welcome
@@ -63,11 +64,11 @@ def join(router: str, role: str, token_file: str | None, listen_host: str = "127
 
 
 def run_joined(welcome: Welcome, listen_host: str = "127.0.0.1", device: str | None = None,
-               threads: int | None = None, store: str | None = None) -> None:
+               threads: int | None = None, store: str | None = None, tp: TensorParallelConfig | None = None) -> None:
     """Create this node's buffers and run the engine the Welcome describes, until it is stopped.
     `store`: this host's URL of the cluster's storage service (its own SNIC's address of it)."""
     cfg: RuntimeConfig = config_from_json(RuntimeConfig, welcome.config_json)
-    local = {k: v for k, v in (("device", device), ("torch_threads", threads)) if v is not None}
+    local = {k: v for k, v in (("device", device), ("torch_threads", threads), ("tp", tp)) if v is not None}
     cfg = replace(cfg, **local)
     e = welcome.engine
     role = EngineRole.PREFILL if e < cfg.num_prefill else EngineRole.DECODE

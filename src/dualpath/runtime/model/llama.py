@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +101,9 @@ class Block(nn.Module):
         self.w_gate = nn.Linear(c, config.intermediate_size, bias=False)
         self.w_up = nn.Linear(c, config.intermediate_size, bias=False)
         self.w_down = nn.Linear(config.intermediate_size, c, bias=False)
+        # tensor parallelism (tensor_parallel.py): None runs the MLP here; otherwise a callable
+        # xn [..., C] -> MLP output [..., C] that splits it across ranks
+        self.mlp_hook: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., C] -> q [..., H, D] and kv [..., 2, G, D], both with RoPE applied."""
@@ -115,7 +118,11 @@ class Block(nn.Module):
         """Residual after attention (attn [..., H*D]), then the SwiGLU MLP with its residual."""
         x = x + self.wo(attn)
         xn = self.mlp_norm(x)
-        return x + self.w_down(F.silu(self.w_gate(xn)) * self.w_up(xn))
+        return x + (self.mlp(xn) if self.mlp_hook is None else self.mlp_hook(xn))
+
+    def mlp(self, xn: torch.Tensor) -> torch.Tensor:
+        """SwiGLU on normalised input xn [..., C] -> [..., C], all of it on this process."""
+        return self.w_down(F.silu(self.w_gate(xn)) * self.w_up(xn))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,271 @@
+"""`dualpath bench tp-lanes --testbed`: TPOT of a tensor-parallel decode engine whose collectives
+ride the latency-critical lane, beside saturating KV traffic (issue 16.6, "Lanes in the results").
+
+On a 1P1D testbed plus a host of its own for the DE's rank 1 (testbed/tp_hosts.py):
+  1. rank 0 (bench/tp_decode.py) runs in the DE host, rank 1 in `<base>-d0t`; the rank pair's
+     packets are steered to class 1:10 by address on the four CNIC ends they cross.
+  2. The CNIC rate is derived on the running testbed: one measurement at a provisional rate
+     gives the decode step time and the collectives' payload bytes per step; the rate is set so
+     that those bytes take COLLECTIVE_SHARE of the step on the wire (real, not dominant), then
+     `tc class change` re-rates every CNIC end. Optionally GSO is capped on every link
+     (`gso_max_bytes`, testbed/tp_hosts.py 3): smaller units on the wire, more packets to process.
+  3. Six measurements of a batch of decode steps: {idle, KV elsewhere, KV saturated} x {two
+     classes (99:1), one class (the filters removed: one FIFO at the link rate)}. "KV saturated":
+     bulk CS1 flows both ways over the DE's CNIC link (PE -> DE and DE -> PE), as the layer
+     streams and PD transfers cross it. "KV elsewhere", the CPU control: the same two flows at the
+     same rate between the PE and the storage host (its SNIC link, re-rated to the CNIC rate), so
+     they cost the CPUs what the saturating ones cost but cross no link of the DE's. On a machine
+     with spare cores it equals idle; on a busy 2-core one, saturated / elsewhere is the lanes'
+     own effect and saturated / idle adds the flows' CPU cost.
+Each measurement also records what the kernel counted in 1:10 and 1:20 on the DE's CNIC ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ..testbed.netns import class_bytes, down, run_command, up
+from ..testbed.plan import _bits, plan_testbed
+from ..testbed.tp_hosts import cnic_ends, gso_commands, rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
+
+# The collectives' wire time as a share of a decode step at the derived CNIC rate: large enough
+# that queueing behind KV would show in TPOT, small enough that the network does not dominate it
+# (project choice; Megatron-style TP on NVLink spends ~10-30% of a decode step communicating).
+COLLECTIVE_SHARE = 0.25
+PROVISIONAL_CNIC_BYTES_PER_S = 1e9  # the calibration run's rate: far above what the steps need
+SNIC_BYTES_PER_S = 50e6  # unused by this bench (no storage traffic); any positive rate
+BULK_PORT = 7421
+BULK_WARMUP_S = 1.0  # the bulk flows' TCP windows open before steps are timed (bench/lanes_testbed.py: 0.5 s)
+RUN_INDEX = 246  # the testbed's address block: apart from the other benches' and tests' (248, 250, 251)
+
+_SINK = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); buf = bytearray(1 << 20)
+while c.recv_into(buf):
+    pass
+"""
+
+_SOURCE = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 8 << 2)
+block = b"\xa5" * (1 << 20)
+while True:
+    c.sendall(block)
+"""
+
+
+class TpDecode:
+    """bench/tp_decode.py as rank 0 in `ns`: its ready line, then measurements on request."""
+
+    def __init__(self, plan, engine_host: str, model: str, batch: int, threads: int = 1) -> None:
+        tp_ns = tp_host_of(engine_host)
+        argv = ["ip", "netns", "exec", engine_host, sys.executable, "-m", "dualpath.bench.tp_decode", "--model", model,
+                "--batch", str(batch), "--threads", str(threads), "--leader-host", plan.cnic_addr_of[engine_host],
+                "--follower-host", plan.cnic_addr_of[tp_ns], "--follower-netns", tp_ns]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self._line()
+
+    def _line(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tp_decode ended (code {self.proc.wait()}) before answering")
+        return json.loads(line)
+
+    def measure(self, name: str, steps: int) -> dict:
+        self.proc.stdin.write(f"measure {name} {steps}\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int) -> list[subprocess.Popen]:
+    """A saturating CS1 (KV-class) flow from src_ns to a sink at dst_addr in dst_ns."""
+    sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, sys.executable, "-c", _SINK, dst_addr, str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    if sink.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"bulk sink in {dst_ns} did not start")
+    source = subprocess.Popen(["ip", "netns", "exec", src_ns, sys.executable, "-c", _SOURCE, dst_addr, str(port)],
+                              stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
+    return [source, sink]
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def de_class_bytes(plan, host: str) -> dict[str, dict[str, int]]:
+    """1:10 / 1:20 bytes on both ends of `host`'s CNIC link: its egress (out) and the fabric's (in)."""
+    out = {}
+    for side, (ns, dev) in zip(("out", "in"), cnic_ends(plan, host)):
+        by = class_bytes(ns, dev)
+        out[side] = {"lc_class_bytes": by.get(10, 0), "kv_class_bytes": by.get(20, 0)}
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {side: {k: after[side][k] - before[side][k] for k in after[side]} for side in after}
+
+
+def _stats(step_s: list[float]) -> dict[str, float]:
+    a = np.asarray(step_s)
+    return {"steps": len(step_s), "tpot_mean_s": float(a.mean()), "tpot_p50_s": float(np.percentile(a, 50)),
+            "tpot_p99_s": float(np.percentile(a, 99))}
+
+
+LOADS = ("idle", "kv_elsewhere", "saturated")
+
+
+def _start_load(plan, load: str) -> list[subprocess.Popen]:
+    """The bulk flows of `load` (module doc, 3)."""
+    pe, de = plan.hosts
+    if load == "saturated":  # both directions of the DE's CNIC: PE -> DE (layer streams' way) and DE -> PE (PD's)
+        return (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT)
+                + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1))
+    if load == "kv_elsewhere":  # the same two flows over the PE's SNIC link, storage <-> PE
+        snic = next(x for x in plan.links if x.name == "snic" and x.host == pe)
+        return (start_bulk(snic.a_ns, pe, snic.b_addr.split("/")[0], BULK_PORT)
+                + start_bulk(pe, snic.a_ns, snic.a_addr.split("/")[0], BULK_PORT + 1))
+    return []
+
+
+def _measure(dec: TpDecode, plan, name: str, steps: int, load: str) -> dict[str, Any]:
+    de = plan.hosts[1]
+    bulk: list[subprocess.Popen] = []
+    try:
+        bulk = _start_load(plan, load)
+        if bulk:
+            time.sleep(BULK_WARMUP_S)
+        before = de_class_bytes(plan, de)
+        r = dec.measure(name, steps)
+        after = de_class_bytes(plan, de)
+    finally:
+        stop(bulk)
+    return {"step_s": r["step_s"], "payload_bytes": r["payload_bytes"], "kernel": _delta(after, before)}
+
+
+def _merge(parts: list[dict]) -> dict[str, Any]:
+    """One run from its rounds: statistics over every step, bytes summed."""
+    steps = [t for p in parts for t in p["step_s"]]
+    kernel = {side: {k: sum(p["kernel"][side][k] for p in parts) for k in parts[0]["kernel"][side]}
+              for side in parts[0]["kernel"]}
+    return {**_stats(steps), "rounds": len(parts), "payload_bytes": sum(p["payload_bytes"] for p in parts),
+            "kernel": kernel}
+
+
+def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float) -> dict[str, dict]:
+    """Every load with two classes, then with one; the loads interleaved over `rounds` rounds of
+    steps // rounds steps each, so that a slow spell of a shared machine spreads over all of them."""
+    runs = {}
+    for classes in ("two_classes", "one_class"):
+        if classes == "one_class":
+            _one_class(plan, rate_bytes_per_s)
+        parts: dict[str, list] = {load: [] for load in LOADS}
+        for _ in range(rounds):
+            for load in LOADS:
+                parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load))
+        runs.update({f"{load}_{classes}": _merge(parts[load]) for load in LOADS})
+    return runs
+
+
+def _one_class(plan, rate_bytes_per_s: float) -> None:
+    """Every filter off every CNIC end, so all packets take the default class 1:20, re-rated to the
+    whole link: one FIFO at the link rate (not a 1% class borrowing the rest)."""
+    for link in plan.links:
+        if link.name == "cnic":
+            for ns, dev in ((link.a_ns, link.a_if), (link.b_ns, link.b_if)):
+                run_command(["ip", "netns", "exec", ns, "tc", "filter", "del", "dev", dev, "parent", "1:"])
+                run_command(["ip", "netns", "exec", ns, "tc", "class", "change", "dev", dev, "parent", "1:1", "classid",
+                             "1:20", "htb", "rate", _bits(rate_bytes_per_s), "ceil", _bits(rate_bytes_per_s)])
+
+
+def _derive_rate(dec: TpDecode, plan, steps: int) -> dict[str, float]:
+    """Module doc, 2: the rate at which the collectives' bytes take COLLECTIVE_SHARE of a step.
+    The bytes are what the kernel counted in 1:10 on the busier direction of the DE's CNIC (gloo's
+    framing and TCP/IP headers included: ~1.6x the tensors' bytes for the tiny model's small ones)."""
+    de = plan.hosts[1]
+    before = de_class_bytes(plan, de)
+    calib = dec.measure("calibrate", steps)
+    lc = _delta(de_class_bytes(plan, de), before)
+    step_s = float(np.median(calib["step_s"]))
+    num_steps = len(calib["step_s"])
+    wire_per_step = max(side["lc_class_bytes"] for side in lc.values()) / num_steps
+    rate = wire_per_step / (COLLECTIVE_SHARE * step_s)
+    for cmd in rate_commands(plan, rate, ("cnic", "snic")):  # the SNIC too: the CPU control's flows (module doc)
+        run_command(cmd)
+    return {"calibration_step_s": step_s, "payload_bytes_per_step": calib["payload_bytes"] / num_steps,
+            "wire_bytes_per_step": wire_per_step, "collective_share": COLLECTIVE_SHARE,
+            "provisional_cnic_bytes_per_s": PROVISIONAL_CNIC_BYTES_PER_S, "cnic_bytes_per_s": rate}
+
+
+def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, cnic_bytes_per_s: float | None = None,
+                 run_id: str | None = None, rounds: int = 2, gso_max_bytes: int | None = None) -> dict[str, Any]:
+    """The six measurements (module doc), in `rounds` interleaved rounds; `cnic_bytes_per_s`
+    given: that rate (CNIC and SNIC), not derived."""
+    base = plan_testbed(run_id or f"tp{os.getpid() % 1000}", 1, 1, SNIC_BYTES_PER_S,
+                        cnic_bytes_per_s or PROVISIONAL_CNIC_BYTES_PER_S, run_index=RUN_INDEX)
+    de = base.hosts[1]
+    plan = with_tp_hosts(base, (de,))
+    up(plan)
+    dec = None
+    try:
+        for cmd in tp_filter_commands(plan, de) + ([] if gso_max_bytes is None else gso_commands(plan, gso_max_bytes)):
+            run_command(cmd)
+        dec = TpDecode(plan, de, model, batch)
+        rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
+        runs = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"])
+    finally:
+        if dec is not None:
+            dec.close()
+        down(plan.run_id)
+    return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "gso_max_bytes": gso_max_bytes,
+            "same_tokens": dec.ready["same_tokens"],
+            **rate, "runs": runs, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
+            "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere")}
+
+
+def _ratio(runs: dict, load: str, base: str) -> dict[str, float]:
+    """Mean TPOT under `load` over mean TPOT under `base`, per class setup."""
+    return {c: runs[f"{load}_{c}"]["tpot_mean_s"] / runs[f"{base}_{c}"]["tpot_mean_s"] for c in ("two_classes", "one_class")}
+
+
+def plot_tp_lanes(result: dict[str, Any], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    for i, classes in enumerate(("two_classes", "one_class")):
+        vals = [result["runs"][f"{load}_{classes}"]["tpot_mean_s"] * 1e3 for load in LOADS]
+        ax.bar([j + 0.38 * i for j in range(len(LOADS))], vals, 0.38, label=classes.replace("_", " ") +
+               f" (saturated x{result['tpot_saturated_over_idle'][classes]:.2f} of idle)")
+    ax.set_xticks([j + 0.19 for j in range(len(LOADS))], ["no KV traffic", "KV elsewhere (CPU control)", "KV saturated"])
+    ax.set_ylabel("TPOT (decode step), ms")
+    ax.set_title(f"tp=2 {result['model']} decode, batch {result['batch']}, "
+                 f"CNIC {result['cnic_bytes_per_s'] / 1e6:.0f} MB/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

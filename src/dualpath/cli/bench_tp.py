@@ -1,0 +1,64 @@
+"""`dualpath bench tp-lanes --testbed`: TPOT of a tp=2 decode engine beside saturating KV traffic,
+with the two lane classes and with one FIFO class (bench/tp_lanes.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InputError
+from .io import console, out
+
+MB = 1e6
+
+
+def bench_tp_lanes(
+    testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts (root): the only place it runs")] = False,
+    model: Annotated[str, typer.Option(help="smollm2-135m or tiny")] = "smollm2-135m",
+    batch: Annotated[int, typer.Option(help="decode sequences per step")] = 8,
+    steps: Annotated[int, typer.Option(help="timed decode steps per measurement (over all its rounds)")] = 40,
+    rounds: Annotated[int, typer.Option(help="rounds the loads are interleaved in (a busy machine's slow spells spread)")] = 2,
+    cnic_mb_s: Annotated[Optional[float], typer.Option(help="CNIC (and SNIC) rate, MB/s (default: derived so the "
+                                                             "collectives take 25% of a step on the wire)")] = None,
+    # 16 KiB: a KV segment holds the link 0.55 ms at ~30 MB/s instead of the kernel's 64 KiB's 2.3 ms,
+    # at a packet rate two shared cores still carry (docs/experiments.md section 19; IB's MTU is 4)
+    gso_kib: Annotated[int, typer.Option(help="cap GSO on every link at this many KiB (64: the kernel's default, "
+                                              "no cap; 4: IB's MTU)")] = 16,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/tp-lanes.json"),
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/tp-lanes.png"),
+) -> None:
+    """TPOT of a tp=2 decode engine on the testbed: idle vs KV-saturated CNIC, two classes vs one."""
+    if not testbed:
+        raise InputError("bench tp-lanes runs across emulated hosts only: add --testbed (needs root)")
+    if batch <= 0 or not 10 <= steps <= 250 or not 1 <= rounds <= steps // 5 or (cnic_mb_s is not None and cnic_mb_s <= 0):
+        raise InputError("--batch must be positive, --steps in 10..250, --rounds in 1..steps/5, --cnic-mb-s positive")
+    if not 2 <= gso_kib <= 64:
+        raise InputError("--gso-kib must be in 2..64")
+    from ..bench.tp_lanes import plot_tp_lanes, run_tp_lanes
+    from ..sim.runner import write_json
+    from ..testbed.netns import check_can_run
+
+    check_can_run()
+    r = run_tp_lanes(model, batch, steps, None if cnic_mb_s is None else cnic_mb_s * MB, rounds=rounds,
+                     gso_max_bytes=None if gso_kib == 64 else gso_kib * 1024)
+    how = "given" if cnic_mb_s is not None else (
+        f"derived: {r['wire_bytes_per_step'] / 1e3:.1f} kB of collectives per {r['calibration_step_s'] * 1e3:.1f} ms step "
+        f"at {r['collective_share']:.0%} of it")
+    gso = "64 KiB (kernel)" if gso_kib == 64 else f"{gso_kib} KiB"
+    out.print(f"tp=2 {model}, batch {batch}: CNIC {r['cnic_bytes_per_s'] / MB:.1f} MB/s ({how}), GSO {gso}; "
+              f"same tokens as one process: {r['same_tokens']}")
+    for name, s in r["runs"].items():
+        k = s["kernel"]["out"]
+        out.print(f"  {name:24s} TPOT mean {s['tpot_mean_s'] * 1e3:7.2f} ms  p99 {s['tpot_p99_s'] * 1e3:7.2f} ms  "
+                  f"(DE CNIC out: 1:10 {k['lc_class_bytes'] / MB:.2f} MB, 1:20 {k['kv_class_bytes'] / MB:.2f} MB)")
+    for classes, x in r["tpot_saturated_over_idle"].items():
+        y = r["tpot_saturated_over_kv_elsewhere"][classes]
+        out.print(f"  TPOT saturated / idle, {classes.replace('_', ' ')}: x{x:.2f}  (/ KV elsewhere: x{y:.2f})")
+    if json_path:
+        write_json(r, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        plot_tp_lanes(r, plot)
+        console.print(f"wrote {plot}")
