@@ -88,8 +88,18 @@ def restart_config(cfg: RuntimeConfig) -> RuntimeConfig:
 
 
 def bundles_for(cfg: RuntimeConfig, resources: dict[str, float]) -> list[dict[str, float]]:
-    """One bundle per engine, prefill first (pure: `resources` is ray.cluster_resources())."""
+    """One bundle per engine, prefill first (pure: `resources` is ray.cluster_resources()). A
+    cluster that marks the nodes of one role but none of the other, or has fewer CPUs in all than
+    engines, is an InputError at once (a placement that cannot succeed is not waited for)."""
     n = cfg.num_prefill + cfg.num_decode
+    marked = [role for role, tag in ROLE_RESOURCE.items() if resources.get(tag, 0) > 0]
+    if marked and len(marked) < len(ROLE_RESOURCE):
+        role = next(r for r in ROLE_RESOURCE if r not in marked)
+        raise InputError(f"the Ray cluster has no node for the {role} role: nodes declare {ROLE_RESOURCE[marked[0]]} "
+                         f"but none {ROLE_RESOURCE[role]} (ray start --resources '{{\"{ROLE_RESOURCE[role]}\": 1}}')")
+    if resources.get("CPU", 0) < n:
+        raise InputError(f"the Ray cluster cannot place {cfg.num_prefill}P{cfg.num_decode}D: it has "
+                         f"{resources.get('CPU', 0):g} CPU(s) in all, and each of the {n} engines needs one")
     gpu = {"GPU": 1.0} if resources.get("GPU", 0) >= n else {}
     out = []
     for role, count in (("prefill", cfg.num_prefill), ("decode", cfg.num_decode)):
