@@ -26,9 +26,11 @@ URL of the storage service (through its own SNIC link), so no engine byte rides 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...config import RuntimeConfig
 from ...errors import InputError
@@ -63,23 +65,34 @@ def _actor_class(ray: Any) -> Any:
     class EngineActor:
         """One engine; `run` blocks until the router stops it (then returns its engine id)."""
 
-        def pid(self) -> int:
+        def whoami(self) -> dict:
+            """This process: its pid, its network namespace (/proc/self/ns/net), its Ray node's address."""
             import os
 
-            return os.getpid()
+            return {"pid": os.getpid(), "netns": os.readlink("/proc/self/ns/net"), "node_ip": ray.util.get_node_ip_address()}
 
         def run(self, router: str, role: str, token_file: str | None, store: str | None, device: str | None,
                 threads: int | None, engine: int = -1, addresses: dict | None = None) -> int:
             from ..engine.join import join, run_joined
 
-            node_ip = ray.util.get_node_ip_address()
-            here = (addresses or {}).get(node_ip)
-            host = here.listen_host if here else "127.0.0.1" if router.startswith("tcp://127.") else node_ip
+            here = (addresses or {}).get(ray.util.get_node_ip_address())
+            host = here.listen_host if here else source_address(router)
             welcome = join(router, role, token_file, host, engine=engine)
             run_joined(welcome, host, device, threads, (here.store_url if here else "") or store)
             return welcome.engine
 
     return EngineActor
+
+
+def source_address(router: str) -> str:
+    """This host's address on the way to `router` (tcp://HOST:PORT): the kernel's choice of source
+    for that route, so an engine listens on the network the router is on (not, say, the network
+    Ray's node address is on). No packet is sent (a UDP connect only picks the route)."""
+    parts = urlsplit(router)
+    host = parts.hostname or "127.0.0.1"
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, parts.port or 9))
+        return s.getsockname()[0]
 
 
 def restart_config(cfg: RuntimeConfig) -> RuntimeConfig:
@@ -124,7 +137,7 @@ class RayEngines:
         self.actors: list[Any] = []  # index = engine id (prefill first, as the router numbers them)
         self.runs: list[Any] = []  # each actor's current `run`
         self.restarts: list[int] = []  # restarts Ray made per engine (at most ENGINE_MAX_RESTARTS)
-        self._pids: list[Any] = []  # each actor's current `pid` call
+        self._whoami: list[Any] = []  # each actor's current `whoami` call
         self._cluster: Any = None
         self._loop: Any = None
         self._stopping = threading.Event()
@@ -160,15 +173,15 @@ class RayEngines:
                               self.group, placement_group_bundle_index=i)).remote()
             self.actors.append(a)
             self.runs.append(None)
-            self._pids.append(None)
+            self._whoami.append(None)
             self.restarts.append(0)
             self._submit(i)
 
     def _submit(self, engine: int) -> None:
-        """`pid`, then `run` asking for place `engine` (a sync actor runs them in this order)."""
+        """`whoami`, then `run` asking for place `engine` (a sync actor runs them in this order)."""
         role = "prefill" if engine < self.cfg.num_prefill else "decode"
         a = self.actors[engine]
-        self._pids[engine] = a.pid.remote()
+        self._whoami[engine] = a.whoami.remote()
         self.runs[engine] = a.run.remote(self.router_endpoint, role, self.token_file, self.store, None, self.threads,
                                          engine, self.addresses)
 
@@ -185,9 +198,12 @@ class RayEngines:
             self._watch = threading.Thread(target=self._watch_runs, name="ray-engine-watch", daemon=True)
             self._watch.start()
 
+    def whoami(self, engine: int, timeout_s: float = ENGINE_RESTART_WAIT_S) -> dict:
+        """`engine`'s actor process now (after a restart: its successor): pid, netns, node_ip."""
+        return self.ray.get(self._whoami[engine], timeout=timeout_s)
+
     def pid(self, engine: int, timeout_s: float = ENGINE_RESTART_WAIT_S) -> int:
-        """The process id of `engine`'s actor now (after a restart: its successor's)."""
-        return self.ray.get(self._pids[engine], timeout=timeout_s)
+        return self.whoami(engine, timeout_s)["pid"]
 
     def kill_engine(self, engine: int) -> None:
         """The router fenced `engine`: kill its process through Ray, which restarts the actor (a
