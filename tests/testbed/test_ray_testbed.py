@@ -112,3 +112,33 @@ def test_a_chat_on_ray_nodes_one_per_emulated_host_and_nothing_left(tmp_path, mo
     assert leftover == {ns: [] for ns in plan.namespaces}
     assert not netns.namespaces_with_prefix(f"dp{run_id}-")
     assert not os.path.exists(nodes.temp_dir)
+
+
+@root
+@pytest.mark.slow
+def test_the_demo_on_ray_nodes_gives_one_hosts_tokens_and_survives_a_killed_decode_actor(tmp_path, monkeypatch):
+    """`demo --testbed --ray`, small (tiny model, dualpath mode): the engines are Ray actors, each in
+    its host's namespace; the tokens equal one host's; the restart check's kill -9 of the decode
+    actor's process is followed by a restart whose request and the next one get the baseline's
+    tokens; nothing is left."""
+    from dualpath.runtime.apps.testbed_demo import check_result, run_testbed_demo
+    from dualpath.testbed import netns
+
+    monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
+    run_id = f"z{os.getpid() % 9999}"
+    result = run_testbed_demo(model="tiny", agents=2, rounds=4, snic_bytes_per_s=2 * MB, run_id=run_id,
+                              log=lambda line: None, modes=("dualpath",), ray=True)
+    assert not netns.namespaces_with_prefix(f"dp{run_id}-")
+    (dual,) = result["runs"]
+    assert dual["tokens_sha256"] == result["reference_tokens_sha256"]
+    assert dual["bytes"]["remote_writes"] > 0 and dual["bytes"]["storage_via_decode"] > 0
+    hosts = result["config"]["testbed"]["hosts"]
+    ns_inode = {h: None for h in hosts}  # the namespaces are gone now: compare the actors' among themselves
+    netns_of = [e["netns"] for e in dual["ray_engines"]]
+    assert len(set(netns_of)) == len(ns_inode) == 2  # one engine per host namespace
+    assert [e["node_ip"] for e in dual["ray_engines"]] == [result["config"]["testbed"]["mgmt_addr_of"][h] for h in hosts]
+    restart = result["ray"]["restart"]
+    assert restart["before"]["pid"] != restart["after"]["pid"] and restart["before"]["netns"] == restart["after"]["netns"]
+    assert restart["in_flight_same"] and restart["next_same"] and restart["restarts"] == {"1": 1}
+    assert restart["in_flight_s"] < 60.0  # ray_engines.ENGINE_RESTART_WAIT_S: the bound
+    assert check_result(result) == []

@@ -81,40 +81,42 @@ def _delta(before: list[dict], after: list[dict]) -> list[dict]:
 
 
 def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[int, tuple[int, ...]],
-             threads: dict[int, int], ray: dict | None = None) -> dict:
+             threads: dict[int, int], ray: dict | None = None, label: str = "") -> dict:
     """One mode on a fresh store: service, driver, engines; the driver's result and the links' bytes.
     `ray` (the Ray cluster's address and node count, ray_testbed.py): the engines are Ray actors on
-    the hosts' Ray nodes, placed by the driver, instead of processes started here."""
+    the hosts' Ray nodes, placed by the driver, instead of processes started here. `label` names
+    the run's files (default: the mode)."""
+    name = label or mode
     token = spec["token_file"]
-    store_dir = work / f"store-{mode}"
+    store_dir = work / f"store-{name}"
     store_dir.mkdir()
     procs: list[subprocess.Popen] = []
     try:
         store = _spawn(plan.storage_ns, ["-m", "dualpath.cli", "store", "serve", "--dir", str(store_dir), "--listen",
-                                         f"0.0.0.0:{STORE_PORT}", "--token-file", token], work / f"store-{mode}.log")
+                                         f"0.0.0.0:{STORE_PORT}", "--token-file", token], work / f"store-{name}.log")
         procs.append(store)
-        _wait_line(work / f"store-{mode}.log", "listening on", store, 60)
+        _wait_line(work / f"store-{name}.log", "listening on", store, 60)
         before = netns.link_counters(plan)
         router_ip = plan.cnic_addr_of[plan.router_ns]
         url = lambda host: f"tcp://{plan.storage_addr_of[host]}:{STORE_PORT}?token_file={token}"
         spec = {**spec, "mode": mode, "listen": f"tcp://{router_ip}:{ROUTER_PORT}", "store_url": url(plan.router_ns)}
         if ray is not None:
             spec["ray"] = {**ray, "addresses": node_addresses(plan, url), "threads": max(threads.values())}
-        (work / f"spec-{mode}.json").write_text(json.dumps(spec))
-        out = work / f"result-{mode}.json"
-        driver = _spawn(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{mode}.json"), str(out)],
-                        work / f"driver-{mode}.log")
+        (work / f"spec-{name}.json").write_text(json.dumps(spec))
+        out = work / f"result-{name}.json"
+        driver = _spawn(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{name}.json"), str(out)],
+                        work / f"driver-{name}.log")
         procs.append(driver)
         for e, (host, role) in enumerate(zip(plan.hosts, plan.roles) if ray is None else ()):
             procs.append(_spawn(host, ["-m", "dualpath.cli", "engine", "--router", spec["listen"], "--role", role,
                                        "--token-file", token, "--listen", plan.cnic_addr_of[host], "--store", url(host),
-                                       "--threads", str(threads[e])], work / f"engine{e}-{mode}.log", cpus[e]))
+                                       "--threads", str(threads[e])], work / f"engine{e}-{name}.log", cpus[e]))
         try:
             rc = driver.wait(RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"the {mode} run did not finish within {RUN_TIMEOUT_S:.0f} s") from None
         if rc != 0:
-            raise RuntimeError(f"the {mode} driver failed ({rc}): {(work / f'driver-{mode}.log').read_text()[-3000:]}")
+            raise RuntimeError(f"the {mode} driver failed ({rc}): {(work / f'driver-{name}.log').read_text()[-3000:]}")
         for p in procs[2:]:
             p.wait(30)  # engines end on the cluster's Stop
         result = json.loads(out.read_text())
@@ -176,7 +178,8 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
                 runs.append(run_mode(plan, mode, spec, work, cpus, threads, on_ray))
             if nodes is not None:
                 log("restart check: kill -9 of the decode actor's process mid-request, then the next request")
-                restart = run_mode(plan, "dualpath", spec, work, cpus, threads, {**on_ray, "restart_check": True})["restart"]
+                restart = run_mode(plan, "dualpath", spec, work, cpus, threads, {**on_ray, "restart_check": True},
+                                   "restart")["restart"]
     finally:
         if nodes is not None:
             stragglers = nodes.stop()
