@@ -55,6 +55,10 @@ def test_an_unreachable_ray_address_is_one_line_and_starts_nothing():
     assert not ray.is_initialized()
 
 
+def test_demo_ray_needs_the_testbed():
+    _one_error_line(cli_here("demo", "--model", "tiny", "--ray"), "demo --ray", "--testbed")
+
+
 def test_a_cluster_without_a_role_or_with_too_few_cpus_is_refused_at_once():
     cfg = RuntimeConfig(model="tiny", num_prefill=1, num_decode=2)
     with pytest.raises(InputError, match=r"no node for the decode role: nodes declare dp_prefill but none dp_decode"):
