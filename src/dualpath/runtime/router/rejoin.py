@@ -82,9 +82,7 @@ def on_hello(router: Any, msg: Hello) -> None:
 
 def readmit(router: Any, msg: Hello, incarnation: int) -> None:
     """A successor takes fenced `msg.engine`'s place under `incarnation` (step 2)."""
-    old = router.engines[msg.engine]
-    if old.outbox is not None:
-        old.outbox.close()
+    # the old record's outbox stays open: a finished attempt may still hold it (its sends reach no one)
     router.liveness.readmit(msg.engine, incarnation)
     _state(router, msg)
     for e in router.live_engines():
