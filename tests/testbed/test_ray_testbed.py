@@ -133,9 +133,9 @@ def test_the_demo_on_ray_nodes_gives_one_hosts_tokens_and_survives_a_killed_deco
     assert dual["tokens_sha256"] == result["reference_tokens_sha256"]
     assert dual["bytes"]["remote_writes"] > 0 and dual["bytes"]["storage_via_decode"] > 0
     hosts = result["config"]["testbed"]["hosts"]
-    ns_inode = {h: None for h in hosts}  # the namespaces are gone now: compare the actors' among themselves
-    netns_of = [e["netns"] for e in dual["ray_engines"]]
-    assert len(set(netns_of)) == len(ns_inode) == 2  # one engine per host namespace
+    # engine e ran inside host e's namespace (its /proc/self/ns/net), on that host's Ray node
+    assert [e["netns"] for e in dual["ray_engines"]] == [result["ray"]["host_netns"][h] for h in hosts]
+    assert len(set(result["ray"]["host_netns"].values())) == 2
     assert [e["node_ip"] for e in dual["ray_engines"]] == [result["config"]["testbed"]["mgmt_addr_of"][h] for h in hosts]
     restart = result["ray"]["restart"]
     assert restart["before"]["pid"] != restart["after"]["pid"] and restart["before"]["netns"] == restart["after"]["netns"]

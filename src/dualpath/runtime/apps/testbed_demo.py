@@ -157,6 +157,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
     reference = single_host_reference(model, agents, num_rounds, seed, device)
     plan = plan_testbed(run_id, 1, 1, rates.snic_bytes_per_s, rates.cnic_bytes_per_s, router=True, mgmt=ray)
     netns.up(plan)
+    host_netns = {h: f"net:[{os.stat(f'/run/netns/{h}').st_ino}]" for h in plan.hosts}  # as /proc/PID/ns/net reads
     nodes, restart, stragglers = None, None, []
     try:
         with tempfile.TemporaryDirectory(prefix="dp-testbed-") as tmp:
@@ -187,7 +188,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
     return {"config": {"model": model, "pd": "1P1D", "rates": rates.to_json(), "seed": seed, "device": device,
                        "full_block_bytes": kv_bytes * bt, "testbed": netns.plan_json(plan)},
             "reference_tokens_sha256": reference, "runs": runs,
-            **({"ray": {"restart": restart, "stragglers_killed": stragglers}} if ray else {})}
+            **({"ray": {"restart": restart, "stragglers_killed": stragglers, "host_netns": host_netns}} if ray else {})}
 
 
 def ledger_vs_kernel(result: dict) -> list[dict]:
