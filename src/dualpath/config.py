@@ -322,6 +322,7 @@ class RuntimeConfig:
     engine_heartbeat_timeout_s: float = 5.0
     engine_fault_policy: str = "recompute"  # recompute (migrate, Dynamo-style) | fail (an error to the client)
     engine_fault_retries: int = 2  # migrations per request (each after its engine died) before an error
+    engine_restart_wait_s: float = 0.0  # a role without engines waits for a restarted one (router/rejoin.py); 0: none
     # Fault injection (tests, `dualpath chaos --corruptions`): the probability, per checksummed
     # block piece an engine sends (layer streams, PD transfers; runtime/transport/integrity.py),
     # that one bit of it is flipped in flight. Each engine draws from its own RNG seeded by
@@ -333,8 +334,8 @@ class RuntimeConfig:
         parse_mode(self.mode)
         if self.engine_fault_policy not in ("recompute", "fail"):
             raise InputError(f"engine_fault_policy must be recompute or fail, got {self.engine_fault_policy!r}")
-        if self.engine_heartbeat_timeout_s <= 0 or self.engine_fault_retries < 0:
-            raise InputError("engine_heartbeat_timeout_s must be positive and engine_fault_retries >= 0")
+        if self.engine_heartbeat_timeout_s <= 0 or min(self.engine_fault_retries, self.engine_restart_wait_s) < 0:
+            raise InputError("engine_heartbeat_timeout_s must be positive, engine_fault_retries and engine_restart_wait_s >= 0")
         if self.num_prefill <= 0 or self.num_decode <= 0:
             raise InputError("need at least one prefill and one decode engine")
         if not 0.0 <= self.kv_corrupt_probability <= 1.0:

@@ -70,6 +70,7 @@ def demo(
     device: DeviceOption = "cpu",
     testbed: Annotated[bool, typer.Option(help="across emulated hosts: network namespaces, tc-enforced links (root)")] = False,
     tp: TpOption = 1,
+    ray: Annotated[bool, typer.Option("--ray", help="with --testbed: a Ray node per emulated host, engines as Ray actors, and a kill -9 restart check (needs dualpath[cluster])")] = False,
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
     from ..runtime.apps.demo import run_demo
@@ -77,10 +78,12 @@ def demo(
     tp_cfg = tp_config(tp)
     if testbed and tp_cfg.ranks > 1:
         raise InputError("--tp 2 with --testbed: not wired for the demo; `dualpath bench tp-lanes --testbed` runs it")
+    if ray and not testbed:
+        raise InputError("demo --ray runs on the testbed's own Ray nodes: add --testbed (your own cluster: serve --ray ADDRESS)")
     if testbed:
         from .testbed import testbed_demo
 
-        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device)
+        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device, ray)
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:

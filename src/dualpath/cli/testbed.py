@@ -97,7 +97,7 @@ def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
 
 
 def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents: int, rounds: Optional[int],
-                 seed: int, device: str) -> None:
+                 seed: int, device: str, ray: bool = False) -> None:
     """`demo --testbed` (runtime/apps/testbed_demo.py): the demo across emulated hosts, the kernel's counters
     beside the runtime's ledger, the tokens beside a single-host run's."""
     from ..sim.runner import write_json
@@ -105,7 +105,7 @@ def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents
     from .results import print_runs
 
     result = run_testbed_demo(model, agents, rounds, None if snic_mb_s is None else snic_mb_s * MB, seed, device,
-                              run_id=_default_id(), log=console.print)
+                              run_id=_default_id(), log=console.print, ray=ray)
     r = result["config"]["rates"]
     print_runs(result, f"testbed 1P1D, {model}, SNIC {r['snic_bytes_per_s'] / MB:.1f} MB/s per node (tc)", MB, "MB")
     rows = result["ledger_vs_kernel"] = ledger_vs_kernel(result)
@@ -118,6 +118,12 @@ def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents
     same = all(x["tokens_sha256"] == result["reference_tokens_sha256"] for x in result["runs"])
     out.print(f"tokens: {'identical to' if same else 'DIFFERENT from'} the single-host run in both modes")
     out.print(f"JCT dualpath / basic = {runs['dualpath']['jct_s'] / runs['basic']['jct_s']:.2f}")
+    restart = (result.get("ray") or {}).get("restart")
+    if restart:
+        out.print(f"Ray restart: decode actor pid {restart['before']['pid']} killed (kill -9) -> pid {restart['after']['pid']}; "
+                  f"its request {'completed with' if restart['in_flight_same'] else 'did NOT end with'} the baseline's tokens "
+                  f"{restart['in_flight_s']:.1f} s after the kill, the next one "
+                  f"{'served with' if restart['next_same'] else 'did NOT get'} them ({restart['next_done_s']:.1f} s)")
     result["failed_checks"] = check_result(result)
     if json_path:
         write_json(result, json_path)

@@ -39,6 +39,7 @@ from .model import load_model
 from .protocol import EngineRole, Join, Welcome
 from .router.liveness import ExitWatch
 from .router.recovery import engine_lost
+from .router.rejoin import offer_place
 from .router.router import Router
 from .store import BlockStore
 from .store.remote import RemoteStore, store_for
@@ -81,7 +82,7 @@ class LocalCluster:
         self.store: BlockStore | RemoteStore | None = None
         self.engines_listen = engines_listen  # tcp://HOST:PORT: engines join there instead of being spawned
         self.on_router_ready = on_router_ready  # called with the router's bound endpoint (port 0 resolved)
-        self._joining: set[int] = set()  # ids handed to joining engines that have not said Hello yet
+        self.on_fence: Callable[[int], None] | None = None  # also told of each fenced engine (Ray kills its actor)
         if engines_listen and config.engine_transport != "tcp":
             raise InputError("engines that join over the network need engine_transport tcp")
         engines = range(config.num_prefill + config.num_decode)
@@ -163,17 +164,13 @@ class LocalCluster:
             self.processes[e] = p
 
     def _welcome(self, msg: Join) -> None:
-        """Answer a `dualpath engine` that asks to join: the next free id of its role, or why not."""
+        """Answer a `dualpath engine` that asks to join: a free place of its role (a fenced one's
+        under its next incarnation: router/rejoin.py), or why not."""
         cfg, router = self.cfg, self.router
-        ids = range(cfg.num_prefill) if msg.role == EngineRole.PREFILL else range(cfg.num_prefill, cfg.num_prefill + cfg.num_decode)
-        free = [e for e in ids if e not in router.engines and e not in self._joining]
-        refused = "" if free else f"every {msg.role} place of {cfg.num_prefill}P{cfg.num_decode}D is taken"
-        engine = free[0] if free else -1
-        if free:
-            self._joining.add(engine)
+        engine, incarnation, refused = offer_place(router, EngineRole(msg.role), msg.engine)
         out = Outbox(msg.reply_to, token=router.token)
         out.send(Welcome(engine, config_to_json(cfg), self._store_root, self._fingerprint, router.endpoint,
-                         self._layout.full_block_bytes, refused))
+                         self._layout.full_block_bytes, refused, incarnation))
         out.close()
 
     async def switch_mode(self, mode: str) -> None:
@@ -195,6 +192,8 @@ class LocalCluster:
     def _kill(self, engine: int) -> None:
         """Fence an engine for good (router/liveness.py step 4): a frozen one never wakes to write
         into buffers that are others' now."""
+        if self.on_fence is not None:
+            self.on_fence(engine)
         p = self.processes.get(engine)
         if p is not None and p.pid is not None:
             try:

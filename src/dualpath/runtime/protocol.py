@@ -21,7 +21,9 @@ Numbered path of one request (router R, prefill engine P, decode engine D):
   6. R -> P/D `Cancel` frees a request early (client gone, or its other engine died).
 Engines report loads with every state change they own (`EngineReport`). Every engine sends a
 `Heartbeat` from a thread of its own; when the router fences a dead or silent engine it tells
-the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py).
+the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py). A joined
+engine that restarts (a Ray actor, runtime/apps/ray_engines.py) asks for its place again; the
+router re-admits it under the next incarnation and tells the others (`EngineUp`, router/rejoin.py).
 """
 
 from __future__ import annotations
@@ -294,6 +296,17 @@ class EngineDown:
     """R -> surviving engines: `engine` is fenced (dead or frozen, and killed); stop waiting for it."""
 
     engine: int
+    incarnation: int = 0  # the fenced process (wire.py): its remote writes are refused from now on
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class EngineUp:
+    """R -> the other engines: a successor holds `engine`'s place again (its `incarnation`, one the
+    remote-write fence still accepts); it may be assigned work and waited for once more."""
+
+    engine: int
+    incarnation: int
 
 
 @message
@@ -305,6 +318,7 @@ class Join:
     role: EngineRole  # arrives as its str value
     reply_to: str
     host: str  # the engine's host name, for errors and logs
+    engine: int = -1  # the place it asks for (a restarted engine: its own); -1 = any free one
 
 
 @message
@@ -320,3 +334,4 @@ class Welcome:
     router_endpoint: str
     full_block_bytes: int  # a host-buffer slot: one Full Block of the model (all layers)
     refused: str
+    incarnation: int = 0  # which holder of `engine` this is: 0 first, +1 per re-admission (router/rejoin.py)

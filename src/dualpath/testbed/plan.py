@@ -23,12 +23,17 @@ Names: every interface and namespace starts with `dp<run id>`, at most 15 charac
 so two runs never collide and `down` finds everything a run made. Addresses come from 10.231.0.0/16
 (private, RFC 1918), one /30 per SNIC link, and one /24 per run for the compute bridge, with the
 run's index in the third octet.
+
+Optionally (`mgmt=True`) a management network: a second bridge in the fabric namespace and one
+unshaped veth per host (`mgmt0`, 10.233.<run>.<k + 1>/24), for a cluster manager's own traffic
+(Ray's GCS, raylets, object transfers: runtime/apps/ray_testbed.py), so it rides neither the
+shaped SNIC/CNIC links nor their classes.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.lanes import Lane, LaneWeights
 from ..errors import InputError
@@ -55,6 +60,7 @@ class Link:
     b_if: str
     b_addr: str
     rate_bytes_per_s: float
+    shaped: bool = True  # HTB with the two lanes on both ends; False: the management network, unshaped
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,8 @@ class TestbedPlan:
     weights: LaneWeights
     router_ns: str = ""  # a host for the router, linked to both networks like a node ("" = none)
     tp_hosts: tuple[str, ...] = ()  # hosts of engines' tensor-parallel rank 1, CNIC link only (tp_hosts.py)
+    mgmt_bridge: str = ""  # the management network's bridge in the fabric namespace ("" = none)
+    mgmt_addr_of: dict = field(default_factory=dict)  # host namespace -> its management address
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -88,11 +96,13 @@ def _check(run_id: str, num_prefill: int, num_decode: int, run_index: int) -> No
 
 
 def plan_testbed(run_id: str, num_prefill: int, num_decode: int, snic_bytes_per_s: float, cnic_bytes_per_s: float,
-                 run_index: int = 0, weights: LaneWeights = LaneWeights(), router: bool = False) -> TestbedPlan:
+                 run_index: int = 0, weights: LaneWeights = LaneWeights(), router: bool = False,
+                 mgmt: bool = False) -> TestbedPlan:
     """The namespaces, links and addresses of one run; `run_index` picks its address block.
     `router`: one more host, `<base>-r`, for the router: an SNIC link to the storage host (its
     lookups) and a CNIC port on the fabric (its control messages), both at the CNIC rate (the
-    router's links are no bottleneck in the paper's cluster)."""
+    router's links are no bottleneck in the paper's cluster). `mgmt`: the management network
+    (module docstring), a port on it for every host."""
     _check(run_id, num_prefill, num_decode, run_index)
     if snic_bytes_per_s <= 0 or cnic_bytes_per_s <= 0:
         raise InputError("testbed link rates must be positive")
@@ -114,11 +124,16 @@ def plan_testbed(run_id: str, num_prefill: int, num_decode: int, snic_bytes_per_
         links.append(Link("cnic", host, fabric_ns, f"{base}-{short}c", "", host, "cnic0", f"{cnic_ip}/24",
                           cnic_bytes_per_s))
         storage_addr_of[host], cnic_addr_of[host] = st_ip, cnic_ip
+    mgmt_addr_of = {}
+    for k, host in enumerate(every if mgmt else ()):
+        mgmt_addr_of[host] = f"10.233.{run_index}.{k + 1}"
+        links.append(Link("mgmt", host, fabric_ns, f"{base}-{host[len(base) + 1:]}m", "", host, "mgmt0",
+                          f"{mgmt_addr_of[host]}/24", 0.0, shaped=False))
     for link in links:
         for name in (link.a_if, link.b_if):
             assert len(name) <= IFNAMSIZ_CHARS, name
     return TestbedPlan(run_id, storage_ns, fabric_ns, bridge, hosts, roles, tuple(links), storage_addr_of, cnic_addr_of,
-                       weights, router_ns)
+                       weights, router_ns, f"{base}-mb" if mgmt else "", mgmt_addr_of)
 
 
 def _bits(bytes_per_s: float) -> str:
@@ -149,7 +164,8 @@ def up_commands(plan: TestbedPlan) -> list[list[str]]:
     cmds: list[list[str]] = [["ip", "netns", "add", ns] for ns in plan.namespaces]
     cmds += [["ip", "-n", ns, "link", "set", "lo", "up"] for ns in plan.namespaces]
     fab = plan.fabric_ns
-    cmds += [["ip", "-n", fab, "link", "add", plan.bridge, "type", "bridge"], ["ip", "-n", fab, "link", "set", plan.bridge, "up"]]
+    for br in (plan.bridge, *((plan.mgmt_bridge,) if plan.mgmt_bridge else ())):
+        cmds += [["ip", "-n", fab, "link", "add", br, "type", "bridge"], ["ip", "-n", fab, "link", "set", br, "up"]]
     for link in plan.links:
         # created inside the node's namespace, so no name ever appears in the root namespace
         cmds.append(["ip", "-n", link.b_ns, "link", "add", link.b_if, "type", "veth", "peer", "name", link.a_if,
@@ -158,9 +174,11 @@ def up_commands(plan: TestbedPlan) -> list[list[str]]:
             if addr:
                 cmds.append(["ip", "-n", ns, "addr", "add", addr, "dev", dev])
             cmds.append(["ip", "-n", ns, "link", "set", dev, "up"])
-            cmds += shape_commands(ns, dev, link.rate_bytes_per_s, plan.weights)
+            if link.shaped:
+                cmds += shape_commands(ns, dev, link.rate_bytes_per_s, plan.weights)
         if not link.a_addr:
-            cmds.append(["ip", "-n", fab, "link", "set", link.a_if, "master", plan.bridge])
+            bridge = plan.mgmt_bridge if link.name == "mgmt" else plan.bridge
+            cmds.append(["ip", "-n", fab, "link", "set", link.a_if, "master", bridge])
     return cmds
 
 

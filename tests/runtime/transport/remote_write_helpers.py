@@ -41,7 +41,7 @@ def raw_peer(target: WriteTarget, lane=Lane.KV, token: bytes | None = None) -> s
     challenge = _recv(s, wire.CHALLENGE.size)
     _, _, nonce = wire.CHALLENGE.unpack(challenge)
     mac = wire.hello_mac(token, nonce, lane) if token else bytes(wire.MAC_BYTES)
-    s.sendall(wire.HELLO.pack(wire.MAGIC, wire.PROTOCOL_VERSION, int(lane), int(token is not None), mac, -1))
+    s.sendall(wire.HELLO.pack(wire.MAGIC, wire.PROTOCOL_VERSION, int(lane), int(token is not None), mac, -1, 0))
     assert _recv(s, 1) == wire.ACCEPT
     return s
 

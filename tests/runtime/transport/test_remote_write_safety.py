@@ -218,7 +218,7 @@ def test_a_fenced_peer_is_cut_off_and_refused_and_others_write_on(target):
         one.immediate(KV, b"one")
         assert inbox.get()[:2] == (KV, b"one") and bytes(region[:8]) == b"\x07" * 8
         t.fence(1)
-        wait_until(lambda: not any(p == 1 for p in t._peer_of.values()))
+        wait_until(lambda: not any(p == 1 for p, _ in t._peer_of.values()))
         with pytest.raises(OSError):  # its connection is gone: the next writes fail on the sender
             for _ in range(50):
                 one.write(KV, "seg", 8, b"\x09" * 8)
@@ -232,3 +232,25 @@ def test_a_fenced_peer_is_cut_off_and_refused_and_others_write_on(target):
         one.close()
         two.close()
     assert wire.hello_mac(b"t", b"n" * 32, KV, 1) != wire.hello_mac(b"t", b"n" * 32, KV, 2)
+
+
+def test_a_fenced_incarnation_stays_refused_and_its_successor_writes(target):
+    """Engine 1 restarted (Ray): the router fenced incarnation 0 and re-admitted incarnation 1.
+    The old one is refused, even after the successor connected; the successor's bytes land; the
+    MAC binds the incarnation, so the old process cannot claim the new one's."""
+    t, region, inbox = target
+    t.fence(1, 0)
+    with pytest.raises(PeerRefused):
+        WriteInitiator(*t.address, lanes=(KV,), peer=1, incarnation=0)
+    successor = WriteInitiator(*t.address, lanes=(KV,), peer=1, incarnation=1)
+    try:
+        successor.write(KV, "seg", 0, b"\x05" * 8)
+        successor.immediate(KV, b"next")
+        assert inbox.get()[:2] == (KV, b"next") and bytes(region[:8]) == b"\x05" * 8
+        with pytest.raises(PeerRefused):
+            WriteInitiator(*t.address, lanes=(KV,), peer=1, incarnation=0)
+        t.fence(1, 1)  # the successor died too: its connection is cut
+        wait_until(lambda: not t._peer_of)
+    finally:
+        successor.close()
+    assert wire.hello_mac(b"t", b"n" * 32, KV, 1, 0) != wire.hello_mac(b"t", b"n" * 32, KV, 1, 1)

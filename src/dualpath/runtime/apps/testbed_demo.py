@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from ...testbed import netns
 from ...testbed.plan import TestbedPlan, plan_testbed
+from .ray_testbed import RayNodes, node_addresses
 
 STORE_PORT = 7400  # the storage service on the storage host (any free port would do: a namespace of our own)
 ROUTER_PORT = 7100  # the router's --engines-listen port on the router host
@@ -80,36 +81,42 @@ def _delta(before: list[dict], after: list[dict]) -> list[dict]:
 
 
 def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[int, tuple[int, ...]],
-             threads: dict[int, int]) -> dict:
-    """One mode on a fresh store: service, driver, engines; the driver's result and the links' bytes."""
+             threads: dict[int, int], ray: dict | None = None, label: str = "") -> dict:
+    """One mode on a fresh store: service, driver, engines; the driver's result and the links' bytes.
+    `ray` (the Ray cluster's address and node count, ray_testbed.py): the engines are Ray actors on
+    the hosts' Ray nodes, placed by the driver, instead of processes started here. `label` names
+    the run's files (default: the mode)."""
+    name = label or mode
     token = spec["token_file"]
-    store_dir = work / f"store-{mode}"
+    store_dir = work / f"store-{name}"
     store_dir.mkdir()
     procs: list[subprocess.Popen] = []
     try:
         store = _spawn(plan.storage_ns, ["-m", "dualpath.cli", "store", "serve", "--dir", str(store_dir), "--listen",
-                                         f"0.0.0.0:{STORE_PORT}", "--token-file", token], work / f"store-{mode}.log")
+                                         f"0.0.0.0:{STORE_PORT}", "--token-file", token], work / f"store-{name}.log")
         procs.append(store)
-        _wait_line(work / f"store-{mode}.log", "listening on", store, 60)
+        _wait_line(work / f"store-{name}.log", "listening on", store, 60)
         before = netns.link_counters(plan)
         router_ip = plan.cnic_addr_of[plan.router_ns]
         url = lambda host: f"tcp://{plan.storage_addr_of[host]}:{STORE_PORT}?token_file={token}"
         spec = {**spec, "mode": mode, "listen": f"tcp://{router_ip}:{ROUTER_PORT}", "store_url": url(plan.router_ns)}
-        (work / f"spec-{mode}.json").write_text(json.dumps(spec))
-        out = work / f"result-{mode}.json"
-        driver = _spawn(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{mode}.json"), str(out)],
-                        work / f"driver-{mode}.log")
+        if ray is not None:
+            spec["ray"] = {**ray, "addresses": node_addresses(plan, url), "threads": max(threads.values())}
+        (work / f"spec-{name}.json").write_text(json.dumps(spec))
+        out = work / f"result-{name}.json"
+        driver = _spawn(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{name}.json"), str(out)],
+                        work / f"driver-{name}.log")
         procs.append(driver)
-        for e, (host, role) in enumerate(zip(plan.hosts, plan.roles)):
+        for e, (host, role) in enumerate(zip(plan.hosts, plan.roles) if ray is None else ()):
             procs.append(_spawn(host, ["-m", "dualpath.cli", "engine", "--router", spec["listen"], "--role", role,
                                        "--token-file", token, "--listen", plan.cnic_addr_of[host], "--store", url(host),
-                                       "--threads", str(threads[e])], work / f"engine{e}-{mode}.log", cpus[e]))
+                                       "--threads", str(threads[e])], work / f"engine{e}-{name}.log", cpus[e]))
         try:
             rc = driver.wait(RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"the {mode} run did not finish within {RUN_TIMEOUT_S:.0f} s") from None
         if rc != 0:
-            raise RuntimeError(f"the {mode} driver failed ({rc}): {(work / f'driver-{mode}.log').read_text()[-3000:]}")
+            raise RuntimeError(f"the {mode} driver failed ({rc}): {(work / f'driver-{name}.log').read_text()[-3000:]}")
         for p in procs[2:]:
             p.wait(30)  # engines end on the cluster's Stop
         result = json.loads(out.read_text())
@@ -134,7 +141,10 @@ def single_host_reference(model: str, agents: int, rounds: int, seed: int, devic
 
 def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int | None = None,
                      snic_bytes_per_s: float | None = None, seed: int = 0, device: str = "cpu", run_id: str = "demo",
-                     log: Callable[[str], None] = print, modes: tuple[str, ...] = ("basic", "dualpath")) -> dict[str, Any]:
+                     log: Callable[[str], None] = print, modes: tuple[str, ...] = ("basic", "dualpath"),
+                     ray: bool = False) -> dict[str, Any]:
+    """`ray`: one Ray node per host on the plan's management network (ray_testbed.py), engines as
+    Ray actors; after the modes, the restart check (ray_driver.py) on a cluster of its own."""
     from ..engine.cpus import available_cpus, plan_cpus
     from .demo import calibrate_for, plan_demo
 
@@ -145,8 +155,10 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
     cpu_plan = plan_cpus(range(2), available_cpus(), None)
     log(f"reference: the same workload on one host at real speed ({agents} agents x {num_rounds} rounds)")
     reference = single_host_reference(model, agents, num_rounds, seed, device)
-    plan = plan_testbed(run_id, 1, 1, rates.snic_bytes_per_s, rates.cnic_bytes_per_s, router=True)
+    plan = plan_testbed(run_id, 1, 1, rates.snic_bytes_per_s, rates.cnic_bytes_per_s, router=True, mgmt=ray)
     netns.up(plan)
+    host_netns = {h: f"net:[{os.stat(f'/run/netns/{h}').st_ino}]" for h in plan.hosts}  # as /proc/PID/ns/net reads
+    nodes, restart, stragglers = None, None, []
     try:
         with tempfile.TemporaryDirectory(prefix="dp-testbed-") as tmp:
             work = Path(tmp)
@@ -155,16 +167,28 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
             token.write_text(secrets.token_hex(32))
             spec = {"model": model, "agents": agents, "rounds": num_rounds, "seed": seed, "device": device,
                     "token_file": str(token)}
-            runs = []
+            runs, cpus, threads = [], cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine
+            if ray:
+                nodes = RayNodes(plan, cpus, work)
+                nodes.start()
+                nodes.wait_joined()
+            on_ray = nodes.driver_spec() if nodes else None
             for mode in modes:
                 log(f"{mode}: across the testbed's hosts (SNIC {rates.snic_bytes_per_s / 1e6:.1f} MB/s, "
-                    f"CNIC {rates.cnic_bytes_per_s / 1e6:.1f} MB/s, enforced by tc)")
-                runs.append(run_mode(plan, mode, spec, work, cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine))
+                    f"CNIC {rates.cnic_bytes_per_s / 1e6:.1f} MB/s, enforced by tc){' on Ray' if ray else ''}")
+                runs.append(run_mode(plan, mode, spec, work, cpus, threads, on_ray))
+            if nodes is not None:
+                log("restart check: kill -9 of the decode actor's process mid-request, then the next request")
+                restart = run_mode(plan, "dualpath", spec, work, cpus, threads, {**on_ray, "restart_check": True},
+                                   "restart")["restart"]
     finally:
+        if nodes is not None:
+            stragglers = nodes.stop()
         netns.down(plan.run_id)
     return {"config": {"model": model, "pd": "1P1D", "rates": rates.to_json(), "seed": seed, "device": device,
                        "full_block_bytes": kv_bytes * bt, "testbed": netns.plan_json(plan)},
-            "reference_tokens_sha256": reference, "runs": runs}
+            "reference_tokens_sha256": reference, "runs": runs,
+            **({"ray": {"restart": restart, "stragglers_killed": stragglers, "host_netns": host_netns}} if ray else {})}
 
 
 def ledger_vs_kernel(result: dict) -> list[dict]:
@@ -203,4 +227,8 @@ def check_result(result: dict) -> list[str]:
         ratio = result["runs"][1]["jct_s"] / result["runs"][0]["jct_s"]
         if ratio > 0.60:
             bad.append(f"JCT dualpath / basic = {ratio:.2f} > 0.60")
+    restart = (result.get("ray") or {}).get("restart")
+    if "ray" in result and not (restart and restart["in_flight_same"] and restart["next_same"]
+                                and restart["before"]["pid"] != restart["after"]["pid"]):
+        bad.append("Ray restart: the killed decode actor's request or the next one did not get the baseline's tokens")
     return bad

@@ -3,7 +3,8 @@
 `python -m dualpath.runtime.apps.testbed_driver SPEC.json OUT.json`: a cluster whose engines join over the
 compute network (`engines_listen`), KV and control over TCP (`engine_transport="tcp"`), the store
 the storage service reached through the router host's SNIC link, no emulated rate anywhere (the
-kernel's qdiscs enforce them); the demo's workload in one mode; the result as JSON.
+kernel's qdiscs enforce them); the demo's workload in one mode; the result as JSON. With
+`spec["ray"]` the engines are Ray actors on the hosts' Ray nodes (ray_driver.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,15 @@ async def drive(spec: dict) -> dict:
     cfg = replace(demo_config(spec["mode"], None, spec["model"]), seed=spec["seed"], device=spec["device"],
                   engine_transport="tcp", peer_token_file=spec["token_file"], store_dir=spec["store_url"])
     workload = demo_workload(spec["agents"], spec["rounds"])
-    async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
-        result = await run_workload(c, workload)
-    counters = c.router.metrics.engine_counters  # the engines' last report, sent as they stopped
+    if spec.get("ray"):  # engines as Ray actors on the hosts' Ray nodes (ray_driver.py)
+        from .ray_driver import drive_on_ray
+
+        result, router = await drive_on_ray(spec, cfg, workload)
+    else:
+        async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
+            result = await run_workload(c, workload)
+        router = c.router
+    counters = router.metrics.engine_counters  # the engines' last report, sent as they stopped
     result["ledger"] = {str(e): {"storage_read_bytes": x.storage_read_bytes, "storage_write_bytes": x.storage_write_bytes,
                                  "remote_write_bytes": x.remote_write_bytes} for e, x in sorted(counters.items())}
     return result

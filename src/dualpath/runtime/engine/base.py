@@ -60,6 +60,7 @@ class EngineSpec:
     cpus: tuple = ()  # this process's CPU set (runtime/engine/cpus.py); () = no affinity
     threads: int = 1  # torch threads
     environ: tuple = ()  # the parent's environment at the cluster's start, as (key, value) pairs
+    incarnation: int = 0  # which holder of this engine id (Welcome): named in every remote-write hello
 
 
 @message
@@ -129,7 +130,7 @@ class EngineBase:
         self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
         self.node = spec.engine  # every engine is its own node on this runtime
         self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
-                                urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine)
+                                urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()

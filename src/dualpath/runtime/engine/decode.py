@@ -33,7 +33,7 @@ from ..transport.integrity import bad_pieces
 from ..transport.transfer import SpanCopy
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineDown, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+from ..protocol import (Cancel, EngineDown, EngineUp, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
 from ..transport.messages import Stop
@@ -111,7 +111,9 @@ class DecodeEngine(EngineBase):
                 self._cancel(r)
         elif isinstance(msg, EngineDown):
             self.lost_engines.add(msg.engine)  # a dead PE's requests arrive as Cancels
-            self.peers.fence(msg.engine)
+            self.peers.fence(msg.engine, msg.incarnation)
+        elif isinstance(msg, EngineUp):
+            self.lost_engines.discard(msg.engine)  # its successor (router/rejoin.py)
         elif isinstance(msg, Reconfigure):
             self.reconfigure(msg)
         elif isinstance(msg, Stop):

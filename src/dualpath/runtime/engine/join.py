@@ -35,8 +35,9 @@ JOIN_TIMEOUT_S = 120.0  # a router that is starting loads its model first: about
 
 
 def join(router: str, role: str, token_file: str | None, listen_host: str = "127.0.0.1",
-         timeout_s: float = JOIN_TIMEOUT_S) -> Welcome:
-    """Ask `router` for a place as a `role` engine; the Welcome, or an InputError saying why not."""
+         timeout_s: float = JOIN_TIMEOUT_S, engine: int = -1) -> Welcome:
+    """Ask `router` for a place as a `role` engine (`engine`: that place, e.g. a restarted one's
+    own; -1 any); the Welcome, or an InputError saying why not."""
     try:
         engine_role = EngineRole(role)
     except ValueError:
@@ -50,7 +51,7 @@ def join(router: str, role: str, token_file: str | None, listen_host: str = "127
     except (ValueError, OSError) as exc:
         raise InputError(str(exc)) from None
     try:
-        out.send(Join(engine_role, inbox.endpoint, socket.gethostname()))
+        out.send(Join(engine_role, inbox.endpoint, socket.gethostname(), engine))
         msg = inbox.recv(timeout_s)
     finally:
         out.close()
@@ -79,7 +80,8 @@ def run_joined(welcome: Welcome, listen_host: str = "127.0.0.1", device: str | N
         spec = EngineSpec(e, role, f"tcp://{listen_host}:0", welcome.router_endpoint, cfg,
                           {e: (buffer.name, buffer.slot_bytes * buffer.num_slots)},
                           (landing.name, cfg.pe_hbm_bytes) if landing else (), store or welcome.store_root,
-                          welcome.fingerprint, threads=cfg.torch_threads or os.cpu_count() or 1)
+                          welcome.fingerprint, threads=cfg.torch_threads or os.cpu_count() or 1,
+                          incarnation=welcome.incarnation)
         engine_main(spec)
     finally:
         buffer.close()

@@ -49,8 +49,10 @@ def parse_data_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 class PeerWrites:
-    def __init__(self, engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1", me: int = -1) -> None:
+    def __init__(self, engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1", me: int = -1,
+                 incarnation: int = 0) -> None:
         self._engine, self.me = engine, me  # me: this engine's id, named to every peer it writes to
+        self.incarnation = incarnation  # ... with which holder of that id this process is (wire.py)
         self.remote = remote
         self._token = token
         self._initiators: dict[str, WriteInitiator] = {}
@@ -152,13 +154,15 @@ class PeerWrites:
             init = self._initiators.get(peer_data)
             if init is None:
                 host, port = parse_data_endpoint(peer_data)
-                init = self._initiators[peer_data] = WriteInitiator(host, port, self._token, peer=self.me)
+                init = self._initiators[peer_data] = WriteInitiator(host, port, self._token, peer=self.me,
+                                                                     incarnation=self.incarnation)
             return init
 
-    def fence(self, engine: int) -> None:
-        """The router fenced `engine` (EngineDown): its writes into this engine's memory stop here."""
+    def fence(self, engine: int, incarnation: int = 0) -> None:
+        """The router fenced `engine`'s `incarnation` (EngineDown): its writes into this engine's
+        memory stop here; a successor under a later incarnation is accepted (EngineUp)."""
         if self.target is not None:
-            self.target.fence(engine)
+            self.target.fence(engine, incarnation)
 
     def _on_immediate(self, lane: Lane, data: bytes) -> None:
         """A peer's message after its writes (on the target's receiver thread): into our inbox."""

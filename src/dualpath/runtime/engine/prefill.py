@@ -34,7 +34,7 @@ from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineDown, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
+from ..protocol import (Cancel, EngineDown, EngineUp, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
                        PrefillDone, PromptReady, ReadDone)
 from ..transport.messages import Stop
 
@@ -133,8 +133,10 @@ class PrefillEngine(EngineBase):
                     self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
         elif isinstance(msg, EngineDown):
             self.lost_engines.add(msg.engine)
-            self.peers.fence(msg.engine)  # a fenced DE that wakes writes nothing here
+            self.peers.fence(msg.engine, msg.incarnation)  # a fenced DE that wakes writes nothing here
             self.kv.peer_lost()  # a forward waiting for that DE's layers goes on (its items are cancelled)
+        elif isinstance(msg, EngineUp):
+            self.lost_engines.discard(msg.engine)  # its successor (router/rejoin.py): wait for it again
         elif isinstance(msg, Reconfigure):
             self.reconfigure(msg)
         elif isinstance(msg, Stop):

@@ -10,6 +10,9 @@
   4. A dead or frozen engine is fenced for good (`Liveness.fence`): the cluster kills it (a frozen
      one would otherwise wake on SIGCONT and write into buffers that now belong to others), the
      router ignores its messages, and recovery.py ends or migrates its requests.
+  5. Its id, not that process, may come back: a successor (a restarted Ray actor) that joins is
+     re-admitted under the next incarnation (`Liveness.readmit`, rejoin.py); the fenced process
+     stays cut off by its incarnation.
 
 Pure bookkeeping except `ExitWatch`; times come from the router's clock.
 """
@@ -30,7 +33,9 @@ class Liveness:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._last_seen_s: dict[int, float] = {}  # engine -> last heartbeat (receiver thread writes)
-        self.down: dict[int, str] = {}  # fenced engine -> why (never readmitted)
+        self.down: dict[int, str] = {}  # fenced engine -> why (until a successor is re-admitted)
+        self.incarnation: dict[int, int] = {}  # engine -> its holder's incarnation (0 first; rejoin.py)
+        self.restarts: dict[int, int] = {}  # engine -> successors re-admitted
 
     def seen(self, engine: int, now_s: float) -> None:
         self._last_seen_s[engine] = now_s
@@ -46,6 +51,12 @@ class Liveness:
             if e not in self.down and last is not None and now_s - last > self.timeout_s:
                 out.append((e, now_s - last))
         return out
+
+    def readmit(self, engine: int, incarnation: int) -> None:
+        """A successor holds fenced `engine` now (rejoin.py): alive again under `incarnation`."""
+        self.down.pop(engine, None)
+        self.incarnation[engine] = incarnation
+        self.restarts[engine] = self.restarts.get(engine, 0) + 1
 
     def fence(self, engine: int, cause: str) -> bool:
         """Mark `engine` down for good; False if it already was (reports may come twice)."""
@@ -102,7 +113,8 @@ def engine_health(engines: dict[int, Any], liveness: Liveness) -> dict:
     status = "ok" if not liveness.down else "degraded" if live == roles else "unavailable"
     down = [{"engine": e, "role": str(engines[e].role) if e in engines else "unknown", "cause": c}
             for e, c in sorted(liveness.down.items())]
-    return {"status": status, "engines": len(engines), "live_engines": sum(liveness.is_alive(e) for e in engines), "down": down}
+    return {"status": status, "engines": len(engines), "live_engines": sum(liveness.is_alive(e) for e in engines), "down": down,
+            "restarts": {str(e): n for e, n in sorted(liveness.restarts.items())}}
 
 
 def describe_down(engines: dict[int, Any], liveness: Liveness) -> str:

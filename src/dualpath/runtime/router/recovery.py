@@ -19,6 +19,8 @@ Numbered path (`engine_lost`, on the router's event loop, once per engine):
      ends with `ServiceUnavailable` naming the cause (HTTP 503, or an SSE error event).
   4. Requests not yet placed are unbooked and queued again on a scheduler over the live engines
      (or, with a role left empty, fail the same way); new requests then get a 503 at once.
+  5. Unless a successor may come (`engine_restart_wait_s` > 0, `restart_pending`; rejoin.py step
+     3): then the requests of steps 3-4 wait unscheduled, and fail only when the wait is over.
 Each accepted request so ends exactly once: its last token, or one error.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 from ...core.snapshot import ReadSide
 from ..api import GenerationRequest, ServiceUnavailable
 from ..protocol import HEARTBEATS_PER_TIMEOUT, Cancel, EngineDown
+from .liveness import describe_down
 from .state import EngineState, RouterRequest
 
 
@@ -54,8 +57,8 @@ def engine_lost(router: Any, engine: int, cause: str) -> None:
         return
     router.placement.engine_lost(engine)
     for e in router.live_engines():
-        e.outbox.send(EngineDown(engine))
-    servable = router.servable()
+        e.outbox.send(EngineDown(engine, router.liveness.incarnation.get(engine, 0)))
+    servable = router.servable() or restart_pending(router)  # step 5: a role short may still wait
     why = f"{lost.role} engine {engine} {cause}"
     requeue: list[RouterRequest] = []
     for rr in sorted(router.requests.values(), key=lambda r: r.rid):
@@ -65,7 +68,7 @@ def engine_lost(router: Any, engine: int, cause: str) -> None:
                 if nxt is not None:
                     requeue.append(nxt)
         elif rr not in router.unscheduled and (rr.de is None or lost in (rr.pe, rr.de)):
-            _unbook(router, rr)  # queued in the old scheduler, or placing on the lost engine
+            unbook(router, rr)  # queued in the old scheduler, or placing on the lost engine
             if servable:
                 requeue.append(rr)
             else:
@@ -76,8 +79,11 @@ def engine_lost(router: Any, engine: int, cause: str) -> None:
             router.unscheduled.remove(rr)
             router.requests.pop(rr.rid, None)
             fail(router, rr, f"{why}; no engine of its role is left")
-    if router.scheduler is not None and servable:
-        router.new_scheduler(sorted(requeue, key=lambda r: (r.stream_rid, r.rid)))
+    requeue.sort(key=lambda r: (r.stream_rid, r.rid))
+    if router.scheduler is not None and router.servable():
+        router.new_scheduler(requeue)
+    elif servable:  # waiting for a successor (step 5): the old scheduler stays frozen
+        router.unscheduled.extend(requeue)
     router.kick()
 
 
@@ -111,7 +117,7 @@ def _lose_side(router: Any, rr: RouterRequest, lost: EngineState, why: str, serv
     return nxt
 
 
-def _unbook(router: Any, rr: RouterRequest) -> None:
+def unbook(router: Any, rr: RouterRequest) -> None:
     """Undo what passes booked for a request no engine has heard of (nothing was sent)."""
     if rr in router.placing:
         router.placing.remove(rr)
@@ -155,3 +161,28 @@ def fail(router: Any, rr: RouterRequest, why: str) -> None:
         rr.failed = True
         router.metrics.failed(rr.stream_rid)
         rr.queue.put_nowait(ServiceUnavailable(f"the request failed: {why}"))
+
+
+def restart_pending(router: Any) -> bool:
+    """A role short of engines may still get a successor in time (step 5): the first call after
+    the loss starts the wait and its timer."""
+    wait_s = router.cfg.engine_restart_wait_s
+    if wait_s <= 0:
+        return False
+    now_s = router.clock.now_s()
+    if router.restart_deadline_s is None:
+        router.restart_deadline_s = now_s + wait_s
+        router._loop.call_later(wait_s, restart_overdue, router)
+    return now_s < router.restart_deadline_s
+
+
+def restart_overdue(router: Any) -> None:
+    """The wait is over (step 5): if a role is still short, every waiting request ends with an error."""
+    if router.servable() or router.restart_deadline_s is None:
+        return
+    why = (f"{describe_down(router.engines, router.liveness)}; no successor joined within "
+           f"engine_restart_wait_s ({router.cfg.engine_restart_wait_s:g} s)")
+    while router.unscheduled:
+        rr = router.unscheduled.popleft()
+        router.requests.pop(rr.rid, None)
+        fail(router, rr, why)

@@ -37,14 +37,15 @@ from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
                         Hello, Join, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
                         Reconfigured, Token)
-from ..transport.channel import Inbox, Outbox
+from ..transport.channel import Inbox
 from ..store.remote import read_token
 from ..transport.shm import SlotLedger
 from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
 from .modes import switch_mode
-from .recovery import check_heartbeats
+from .recovery import check_heartbeats, restart_pending
+from .rejoin import on_hello
 from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
 from .tokens import emit, first_token
 
@@ -86,6 +87,8 @@ class Router:
         self.on_fence: Callable[[int], None] = lambda engine: None  # the cluster kills a fenced engine
         self.on_join: Callable[[Join], None] = lambda msg: None  # the cluster welcomes a joining engine
         self.watch: asyncio.TimerHandle | None = None  # the next heartbeat check (recovery.check_heartbeats)
+        self.offered: dict[int, int] = {}  # engine -> incarnation offered to a joining engine, before its Hello (rejoin.py)
+        self.restart_deadline_s: float | None = None  # a role short of engines waits for a successor until (recovery.py)
 
     @property
     def store(self) -> Any:
@@ -173,11 +176,11 @@ class Router:
                              f"({self.max_context_tokens} tokens)")
         if n + request.params.max_tokens > self.cfg.de_kv_tokens:
             raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
-        if self.liveness.down and not self.servable():
+        if self.liveness.down and not self.servable() and not restart_pending(self):
             raise ServiceUnavailable(f"no engine can serve it: {describe_down(self.engines, self.liveness)}")
         rr = self.new_record(request, asyncio.Queue())
         self.metrics.arrived(rr.rid)
-        if self.scheduler is None:
+        if self.scheduler is None or not self.servable():  # before start-up's end, or waiting for a successor
             self.unscheduled.append(rr)
         else:
             self.scheduler.submit(rr.qview, rr)
@@ -289,14 +292,10 @@ class Router:
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Join):  # an engine started on its own: the cluster answers (runtime/cluster.py)
             return self.on_join(msg)
+        if isinstance(msg, Hello):  # a new engine, or a fenced one's successor (rejoin.py)
+            return on_hello(self, msg)
         if not self.liveness.is_alive(getattr(msg, "engine", -1)):
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
-        if isinstance(msg, Hello):
-            e = EngineState(msg.engine, EngineRole(msg.role), msg.endpoint, kv_capacity_tokens=msg.kv_capacity_tokens,
-                            prefill_tokens_per_s=msg.prefill_tokens_per_s, outbox=Outbox(msg.endpoint, token=self.token),
-                            data_endpoint=msg.data_endpoint)
-            self.engines[msg.engine], self.buffers[msg.engine] = e, SlotLedger(msg.buffer_segment, self.full_block_bytes, msg.buffer_slots)
-            return
         if isinstance(msg, Counters):
             self.metrics.counters(msg)
             return

@@ -78,8 +78,9 @@ class WriteInitiator:
 
     def __init__(self, host: str, port: int, token: bytes | None = None, lanes: Iterable[Lane] = BOTH_LANES,
                  connect_timeout_s: float = HANDSHAKE_TIMEOUT_S, send_timeout_s: float | None = SEND_TIMEOUT_S,
-                 peer: int = -1) -> None:
+                 peer: int = -1, incarnation: int = 0) -> None:
         self.address, self.peer = (host, port), peer  # peer: this sender's engine id, named in the hello
+        self.incarnation = incarnation  # which process holds that id (wire.py: a successor's is higher)
         self._token, self._send_timeout_s = token, send_timeout_s
         self._lanes: dict[Lane, _LaneConn] = {}
         try:
@@ -189,8 +190,9 @@ class WriteInitiator:
             magic, version, nonce = CHALLENGE.unpack(challenge)
             if magic != MAGIC or version != PROTOCOL_VERSION:
                 raise RemoteWriteError(f"{host}:{port} is not a remote-write target of version {PROTOCOL_VERSION}")
-            mac = hello_mac(self._token, nonce, lane, self.peer) if self._token is not None else bytes(MAC_BYTES)
-            sock.sendall(HELLO.pack(MAGIC, PROTOCOL_VERSION, int(lane), int(self._token is not None), mac, self.peer))
+            mac = hello_mac(self._token, nonce, lane, self.peer, self.incarnation) if self._token is not None else bytes(MAC_BYTES)
+            sock.sendall(HELLO.pack(MAGIC, PROTOCOL_VERSION, int(lane), int(self._token is not None), mac, self.peer,
+                                    self.incarnation))
             reply = bytearray(1)
             try:
                 recv_exact(sock, memoryview(reply))

@@ -112,8 +112,8 @@ class WriteTarget:
         self._arrays: dict[str, np.ndarray] = {}  # keeps the registered memory alive
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, Lane | None] = {}
-        self._peer_of: dict[socket.socket, int] = {}  # the engine id each connection's hello named
-        self._fenced: set[int] = set()  # peers the router fenced: refused, their connections cut
+        self._peer_of: dict[socket.socket, tuple[int, int]] = {}  # (engine id, incarnation) each hello named
+        self._fenced: dict[int, int] = {}  # engine id -> its last incarnation the router fenced: that and earlier are refused
         self._threads: set[threading.Thread] = set()
         self._counters = _Counters()
         self._closing = threading.Event()
@@ -178,13 +178,15 @@ class WriteTarget:
             out.append(ConnectionMarks(lane, tos, prio))
         return out
 
-    def fence(self, peer: int) -> None:
-        """Refuse peer `peer` from now on and cut its connections (the router fenced it: a frozen
-        engine that wakes must not write into memory that is others' now). A frame it was sending
-        may be cut short; what it wrote is never trusted, as no immediate of it follows."""
+    def fence(self, peer: int, incarnation: int = 0) -> None:
+        """Refuse peer `peer`'s `incarnation` (and every earlier one) from now on and cut their
+        connections (the router fenced it: a frozen engine that wakes must not write into memory
+        that is others' now); a successor the router re-admits under a later incarnation is
+        accepted. A frame it was sending may be cut short; what it wrote is never trusted, as no
+        immediate of it follows."""
         with self._lock:
-            self._fenced.add(peer)
-            cut = [s for s, p in self._peer_of.items() if p == peer]
+            self._fenced[peer] = max(incarnation, self._fenced.get(peer, incarnation))
+            cut = [s for s, (p, k) in self._peer_of.items() if p == peer and k <= self._fenced[peer]]
         for s in cut:
             try:
                 s.shutdown(socket.SHUT_RDWR)  # its receiver thread ends out of recv_into
@@ -273,21 +275,21 @@ class WriteTarget:
             recv_exact(sock, memoryview(hello))
         except (OSError, RemoteWriteError) as exc:
             raise Refused(f"no hello ({type(exc).__name__}: {exc})") from exc
-        magic, version, lane_byte, has_mac, mac, peer = HELLO.unpack(hello)
+        magic, version, lane_byte, has_mac, mac, peer, incarnation = HELLO.unpack(hello)
         if magic != MAGIC or version != PROTOCOL_VERSION or lane_byte not in (0, 1) or has_mac not in (0, 1):
             raise Refused("malformed hello")
         lane = Lane(lane_byte)
         if self._token is not None:
             if not has_mac or len(mac) != MAC_BYTES:
                 raise Refused("no token given", lane)
-            if not hmac.compare_digest(mac, hello_mac(self._token, nonce, lane, peer)):
+            if not hmac.compare_digest(mac, hello_mac(self._token, nonce, lane, peer, incarnation)):
                 raise Refused("wrong token", lane)
-        if peer in self._fenced:
-            raise Refused(f"peer {peer} is fenced", lane)
+        if incarnation <= self._fenced.get(peer, -1):
+            raise Refused(f"peer {peer} (incarnation {incarnation}) is fenced", lane)
         apply_lane_options(sock, lane)
         with self._lock:  # before ACCEPT: once the peer is connected, its lane is known here
             self._conns[sock] = lane
-            self._peer_of[sock] = peer
+            self._peer_of[sock] = (peer, incarnation)
         sock.sendall(ACCEPT)
         sock.settimeout(None)
         return lane

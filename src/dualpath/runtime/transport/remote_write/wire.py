@@ -4,9 +4,12 @@ A connection (one per lane) carries, in order:
 
 1. target -> initiator: CHALLENGE = MAGIC, u16 version, a fresh 32-byte nonce.
 2. initiator -> target: HELLO = MAGIC, u16 version, u8 lane, u8 has_mac, 32-byte MAC, i32 peer,
-   where MAC = HMAC-SHA256(token, DOMAIN + nonce + lane byte + peer as i32) (zeros and has_mac 0
-   without a token). `peer` is the sender's engine id (-1: none), so a target can refuse a peer
-   the router fenced (`WriteTarget.fence`), and the MAC binds it: a peer cannot claim another's id.
+   u32 incarnation, where MAC = HMAC-SHA256(token, DOMAIN + nonce + lane byte + peer as i32 +
+   incarnation as u32) (zeros and has_mac 0 without a token). `peer` is the sender's engine id
+   (-1: none) and `incarnation` which process holds that id (0 first, +1 for each successor the
+   router re-admitted after a restart), so a target can refuse a peer the router fenced
+   (`WriteTarget.fence`) and still accept its successor; the MAC binds both: a peer cannot claim
+   another's id or a later incarnation than the router gave it.
    The target compares in constant time (hmac.compare_digest); a wrong or missing MAC closes the
    connection. The lane is bound into the MAC, so a recorded hello cannot be replayed for the
    other lane, and the nonce is fresh per connection, so it cannot be replayed at all.
@@ -33,13 +36,13 @@ from typing import Sequence
 from ....core.lanes import Lane
 
 MAGIC = b"DPRW"  # DualPath Remote Write
-PROTOCOL_VERSION = 2  # 2: the hello names its peer
+PROTOCOL_VERSION = 3  # 2: the hello names its peer; 3: and its incarnation
 NONCE_BYTES = 32  # 256 bits of os.urandom per connection: never repeats in practice
 MAC_BYTES = 32  # HMAC-SHA256 digest size (RFC 2104, FIPS 180-4)
 DOMAIN = b"dualpath-remote-write-v1\0"  # separates these MACs from any other use of the token
 
 CHALLENGE = struct.Struct("<4sH32s")
-HELLO = struct.Struct("<4sHBB32si")
+HELLO = struct.Struct("<4sHBB32siI")
 ACCEPT = b"\x01"
 
 HEADER = struct.Struct("<BBHIQ")  # kind, name_len, reserved, nbytes, offset_bytes
@@ -69,9 +72,9 @@ class PeerRefused(RemoteWriteError):
 
 
 
-def hello_mac(token: bytes, nonce: bytes, lane: Lane, peer: int = -1) -> bytes:
-    return hmac.new(token, DOMAIN + nonce + bytes([int(lane)]) + peer.to_bytes(4, "little", signed=True),
-                    hashlib.sha256).digest()
+def hello_mac(token: bytes, nonce: bytes, lane: Lane, peer: int = -1, incarnation: int = 0) -> bytes:
+    return hmac.new(token, DOMAIN + nonce + bytes([int(lane)]) + peer.to_bytes(4, "little", signed=True)
+                    + incarnation.to_bytes(4, "little"), hashlib.sha256).digest()
 
 
 def write_header(name: bytes, offset_bytes: int, nbytes: int) -> bytes:
