@@ -30,9 +30,7 @@ async def drive(spec: dict) -> dict:
         async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
             result = await run_workload(c, workload)
         router = c.router
-    counters = router.metrics.engine_counters  # the engines' last report, sent as they stopped
-    result["ledger"] = {str(e): {"storage_read_bytes": x.storage_read_bytes, "storage_write_bytes": x.storage_write_bytes,
-                                 "remote_write_bytes": x.remote_write_bytes} for e, x in sorted(counters.items())}
+    result["ledger"] = _ledger(router)
     return result
 
 
@@ -47,11 +45,11 @@ async def drive_trace(spec: dict) -> dict:
                   engine_transport="tcp", peer_token_file=spec["token_file"], store_dir=spec["store_url"])
     async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
         result = await replay_on(c, Path(t["path"]), spec["mode"], t["limit"], t["max_len"], t["time_scale"])
-    return {**result, "ledger": _ledger(c)}
+    return {**result, "ledger": _ledger(c.router)}
 
 
-def _ledger(c: LocalCluster) -> dict:
-    counters = c.router.metrics.engine_counters  # the engines' last report, sent as they stopped
+def _ledger(router) -> dict:
+    counters = router.metrics.engine_counters  # the engines' last report, sent as they stopped
     return {str(e): {"storage_read_bytes": x.storage_read_bytes, "storage_write_bytes": x.storage_write_bytes,
                      "remote_write_bytes": x.remote_write_bytes} for e, x in sorted(counters.items())}
 
