@@ -76,15 +76,16 @@ class DecodeGroup:
 
     def _links_changed(self, gpu: int) -> None:
         """A flow started or ended on one of the GPU's CNIC directions: re-time the step (ep_comm.py)."""
-        if not self.num_running or self._padded:
+        ep = self.ep
+        if ep is None or not self.num_running or self._padded:
             return
-        extra = self.ep.gpu_changed(gpu, self.running_per_gpu[gpu])
+        extra = ep.gpu_changed(gpu, self.running_per_gpu[gpu])
         if extra == self._ep_extra_s:
             return
         self._advance()
         self._ep_extra_s = extra
         self.step_s = self._compute_step_s + extra
-        self.ep.reserve(self.running_per_gpu, self.step_s)
+        ep.reserve(self.running_per_gpu, self.step_s)
         self._reschedule()
 
     def _padded_step_s(self) -> float:

@@ -20,6 +20,7 @@ held in lockstep with each other (each node steps at its own batch); two-micro-b
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 from ..core.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
@@ -42,8 +43,8 @@ class EpComm:
         if self.ignores_kv:
             return
         for k, (out, inn) in enumerate(self.links):
-            out.watchers.append(lambda _k=k: on_change(_k))
-            inn.watchers.append(lambda _k=k: on_change(_k))
+            out.watchers.append(partial(on_change, k))
+            inn.watchers.append(partial(on_change, k))
 
     def extra_s(self, tokens_per_gpu: Sequence[float]) -> float:
         """Seconds the slowest GPU's bursts take now beyond their unloaded time (each GPU's kept

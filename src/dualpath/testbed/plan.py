@@ -133,7 +133,7 @@ def plan_testbed(run_id: str, num_prefill: int, num_decode: int, snic_bytes_per_
         for name in (link.a_if, link.b_if):
             assert len(name) <= IFNAMSIZ_CHARS, name
     return TestbedPlan(run_id, storage_ns, fabric_ns, bridge, hosts, roles, tuple(links), storage_addr_of, cnic_addr_of,
-                       weights, router_ns, f"{base}-mb" if mgmt else "", mgmt_addr_of)
+                       weights, router_ns, mgmt_bridge=f"{base}-mb" if mgmt else "", mgmt_addr_of=mgmt_addr_of)
 
 
 def _bits(bytes_per_s: float) -> str:

@@ -69,6 +69,19 @@ def child(tmp_path):
     proc.wait(10)
 
 
+def _stop(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """SIGSTOP, then wait until the kernel shows the process stopped (state T): the signal is
+    asynchronous, and a busy machine may let the service answer one more call first."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"service {proc.pid} not stopped within {timeout_s} s")
+
+
 def _client(port: int, retry_after_s: float) -> RemoteStore:
     return RemoteStore("127.0.0.1", port, LAYOUT, FINGERPRINT, DTYPE, timeout_s=TIMEOUT_S, retry_after_s=retry_after_s)
 
@@ -80,7 +93,7 @@ def test_a_frozen_service_costs_n_lookups_one_timeout_and_a_probe_brings_it_back
         store.put_many(zip(digests, data))
         placement = Placement(store, {}, LAYOUT.block_tokens)
         prompt = list(range(4 * LAYOUT.block_tokens + 1))
-        proc.send_signal(signal.SIGSTOP)
+        _stop(proc)
         t0 = time.monotonic()
         assert store.lookup(digests) == 0  # this one waits its timeout
         first_s = time.monotonic() - t0
