@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from rich.console import Console
 
 from dualpath.experiments.cli import PlainLinesProgress
@@ -130,6 +132,7 @@ def test_sim_on_a_pipe_prints_a_plain_line_per_mode():
     assert "\x1b" not in p.stdout + p.stderr
 
 
+@pytest.mark.slow  # 10 s; `run` of a trajectory file keeps a default test (test_cli_runtime.py)
 def test_run_of_a_mooncake_trace_reports_its_requests(tmp_path):
     f = tmp_path / "mc.jsonl"
     f.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}) + "\n"
