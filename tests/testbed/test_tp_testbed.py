@@ -90,6 +90,9 @@ def test_tp_lanes_bench_fifo_inflates_tpot_and_the_lanes_do_not(state_dir):
             assert out["lc_class_bytes"] == 0 and out["kv_class_bytes"] >= run["payload_bytes"] / 2
     two, one = r["tpot_saturated_over_idle"]["two_classes"], r["tpot_saturated_over_idle"]["one_class"]
     assert two < 2.0 and one > 2 * two
+    assert all(run["prefills"] == 2 and run["ttft_mean_s"] > 0 for run in r["runs"].values())
+    ttft = r["ttft_saturated_over_idle"]  # a prefill's collectives are larger: FIFO slows them more
+    assert ttft["one_class"] > ttft["two_classes"]
 
 
 def test_bench_tp_lanes_bad_input_is_one_error_line():

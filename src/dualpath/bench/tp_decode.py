@@ -8,6 +8,9 @@ Then, per stdin line:
   `measure NAME STEPS`  the B sequences restart from their prompt's KV (so every measurement
                         attends over the same lengths), WARMUP_STEPS untimed, then STEPS timed
                         decode steps: one JSON line {"name", "step_s": [...], "payload_bytes"};
+  `prefill NAME N`      N timed prefills of the first prompt alone (no cached KV): the compute and
+                        collectives of a request's first token, its TTFT on an idle engine:
+                        one JSON line {"name", "prefill_s": [...], "payload_bytes"};
   `quit`                stop rank 1 and exit.
 A decode step of B sequences yields one token each: its time is the batch's TPOT.
 """
@@ -65,6 +68,16 @@ def _greedy(batch: DecodeBatch, steps: int) -> list[list[int]]:
     return [list(batch.first)] + [batch.step() for _ in range(steps)]
 
 
+def _prefills(model, prompt: tuple[int, ...], repeats: int, name: str, tp) -> dict:
+    before = tp.collectives.payload_bytes
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.prefill([(0, prompt)])
+        times.append(time.perf_counter() - t0)
+    return {"name": name, "prefill_s": times, "payload_bytes": tp.collectives.payload_bytes - before}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tp_decode")
     p.add_argument("--model", default="smollm2-135m")
@@ -96,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             if not words or words[0] == "quit":
                 break
             name, steps = words[1], int(words[2])
+            if words[0] == "prefill":
+                print(json.dumps(_prefills(model, prompts[0], steps, name, tp)), flush=True)
+                continue
             batch.restart()
             for _ in range(WARMUP_STEPS):
                 batch.step()

@@ -43,6 +43,9 @@ PROVISIONAL_CNIC_BYTES_PER_S = 1e9  # the calibration run's rate: far above what
 SNIC_BYTES_PER_S = 50e6  # unused by this bench (no storage traffic); any positive rate
 BULK_PORT = 7421
 BULK_WARMUP_S = 1.0  # the bulk flows' TCP windows open before steps are timed (bench/lanes_testbed.py: 0.5 s)
+# prefills of one 64-token prompt per load and round, timed after its decode steps under the same
+# load: the first token's compute and collectives (TTFT on an idle engine); project choice
+PREFILLS_PER_ROUND = 2
 RUN_INDEX = 246  # the testbed's address block: apart from the other benches' and tests' (248, 250, 251)
 
 _SINK = r"""
@@ -81,8 +84,9 @@ class TpDecode:
             raise RuntimeError(f"tp_decode ended (code {self.proc.wait()}) before answering")
         return json.loads(line)
 
-    def measure(self, name: str, steps: int) -> dict:
-        self.proc.stdin.write(f"measure {name} {steps}\n")
+    def measure(self, name: str, steps: int, what: str = "measure") -> dict:
+        """`what`: "measure" (decode steps) or "prefill" (`steps` prefills of one prompt)."""
+        self.proc.stdin.write(f"{what} {name} {steps}\n")
         self.proc.stdin.flush()
         return self._line()
 
@@ -160,9 +164,11 @@ def _measure(dec: TpDecode, plan, name: str, steps: int, load: str) -> dict[str,
         before = de_class_bytes(plan, de)
         r = dec.measure(name, steps)
         after = de_class_bytes(plan, de)
+        first = dec.measure(name, PREFILLS_PER_ROUND, "prefill")  # under the same load: TTFT
     finally:
         stop(bulk)
-    return {"step_s": r["step_s"], "payload_bytes": r["payload_bytes"], "kernel": _delta(after, before)}
+    return {"step_s": r["step_s"], "prefill_s": first["prefill_s"], "payload_bytes": r["payload_bytes"],
+            "kernel": _delta(after, before)}
 
 
 def _merge(parts: list[dict]) -> dict[str, Any]:
@@ -170,8 +176,9 @@ def _merge(parts: list[dict]) -> dict[str, Any]:
     steps = [t for p in parts for t in p["step_s"]]
     kernel = {side: {k: sum(p["kernel"][side][k] for p in parts) for k in parts[0]["kernel"][side]}
               for side in parts[0]["kernel"]}
-    return {**_stats(steps), "rounds": len(parts), "payload_bytes": sum(p["payload_bytes"] for p in parts),
-            "kernel": kernel}
+    first = np.asarray([t for p in parts for t in p["prefill_s"]])
+    return {**_stats(steps), "ttft_mean_s": float(first.mean()), "prefills": int(first.size), "rounds": len(parts),
+            "payload_bytes": sum(p["payload_bytes"] for p in parts), "kernel": kernel}
 
 
 def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float) -> dict[str, dict]:
@@ -242,12 +249,13 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
     return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "gso_max_bytes": gso_max_bytes,
             "same_tokens": dec.ready["same_tokens"],
             **rate, "runs": runs, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
-            "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere")}
+            "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere"),
+            "ttft_saturated_over_idle": _ratio(runs, "saturated", "idle", "ttft_mean_s")}
 
 
-def _ratio(runs: dict, load: str, base: str) -> dict[str, float]:
-    """Mean TPOT under `load` over mean TPOT under `base`, per class setup."""
-    return {c: runs[f"{load}_{c}"]["tpot_mean_s"] / runs[f"{base}_{c}"]["tpot_mean_s"] for c in ("two_classes", "one_class")}
+def _ratio(runs: dict, load: str, base: str, key: str = "tpot_mean_s") -> dict[str, float]:
+    """Mean TPOT (or `key`) under `load` over the same under `base`, per class setup."""
+    return {c: runs[f"{load}_{c}"][key] / runs[f"{base}_{c}"][key] for c in ("two_classes", "one_class")}
 
 
 def plot_tp_lanes(result: dict[str, Any], path) -> None:

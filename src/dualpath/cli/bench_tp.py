@@ -52,10 +52,11 @@ def bench_tp_lanes(
     for name, s in r["runs"].items():
         k = s["kernel"]["out"]
         out.print(f"  {name:24s} TPOT mean {s['tpot_mean_s'] * 1e3:7.2f} ms  p99 {s['tpot_p99_s'] * 1e3:7.2f} ms  "
-                  f"(DE CNIC out: 1:10 {k['lc_class_bytes'] / MB:.2f} MB, 1:20 {k['kv_class_bytes'] / MB:.2f} MB)")
+                  f"TTFT mean {s['ttft_mean_s'] * 1e3:7.1f} ms  (DE CNIC out: 1:10 {k['lc_class_bytes'] / MB:.2f} MB, 1:20 {k['kv_class_bytes'] / MB:.2f} MB)")
     for classes, x in r["tpot_saturated_over_idle"].items():
         y = r["tpot_saturated_over_kv_elsewhere"][classes]
-        out.print(f"  TPOT saturated / idle, {classes.replace('_', ' ')}: x{x:.2f}  (/ KV elsewhere: x{y:.2f})")
+        out.print(f"  TPOT saturated / idle, {classes.replace('_', ' ')}: x{x:.2f}  (/ KV elsewhere: x{y:.2f});  "
+                  f"TTFT saturated / idle: x{r['ttft_saturated_over_idle'][classes]:.2f}")
     if json_path:
         write_json(r, json_path)
         console.print(f"wrote {json_path}")
