@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -28,7 +29,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ...testbed import netns
 from ...testbed.plan import TestbedPlan, plan_testbed
@@ -78,6 +79,18 @@ def _delta(before: list[dict], after: list[dict]) -> list[dict]:
             row[k] = a[k] - b[k]
         out.append(row)
     return out
+
+
+@contextlib.contextmanager
+def work_dir() -> Iterator[tuple[Path, Path]]:
+    """A private temporary directory for a run's logs and stores, and in it the shared token file
+    every process of the run authenticates with (transport/peer_auth.py)."""
+    with tempfile.TemporaryDirectory(prefix="dp-testbed-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o700)
+        token = work / "token"
+        token.write_text(secrets.token_hex(32))
+        yield work, token
 
 
 def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[int, tuple[int, ...]],
@@ -160,11 +173,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
     host_netns = {h: f"net:[{os.stat(f'/run/netns/{h}').st_ino}]" for h in plan.hosts}  # as /proc/PID/ns/net reads
     nodes, restart, stragglers = None, None, []
     try:
-        with tempfile.TemporaryDirectory(prefix="dp-testbed-") as tmp:
-            work = Path(tmp)
-            os.chmod(work, 0o700)
-            token = work / "token"
-            token.write_text(secrets.token_hex(32))
+        with work_dir() as (work, token):
             spec = {"model": model, "agents": agents, "rounds": num_rounds, "seed": seed, "device": device,
                     "token_file": str(token)}
             runs, cpus, threads = [], cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine

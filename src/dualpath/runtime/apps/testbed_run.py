@@ -15,9 +15,6 @@ As `demo --testbed` (testbed_demo.py) with the trace in place of the demo's work
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +22,7 @@ from ...config import CNIC_PER_SNIC
 from ...parsing import parse_pd
 from ...testbed import netns
 from ...testbed.plan import plan_testbed
-from .testbed_demo import run_mode
+from .testbed_demo import run_mode, work_dir
 
 
 def single_host_trace_digest(trace: Path, model: str, pd: str, limit: int, max_len: int, time_scale: float,
@@ -63,11 +60,7 @@ def run_testbed_trace(trace: Path, model: str, pd: str, modes: list[str], limit:
     plan = plan_testbed(run_id, p, d, snic, CNIC_PER_SNIC * snic, router=True)
     netns.up(plan)
     try:
-        with tempfile.TemporaryDirectory(prefix="dp-testbed-") as tmp:
-            work = Path(tmp)
-            os.chmod(work, 0o700)
-            token = work / "token"
-            token.write_text(secrets.token_hex(32))
+        with work_dir() as (work, token):
             spec = {"model": model, "device": device, "token_file": str(token), "pd": pd,
                     "trace": {"path": str(trace.resolve()), "limit": limit, "max_len": max_len, "time_scale": time_scale}}
             runs = []
