@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from tests.cli_helpers import cli
+from cli_helpers import cli
 
 MB = 1e6
 root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
@@ -42,7 +42,7 @@ def test_a_trace_replayed_across_emulated_hosts_gives_the_single_host_tokens(tmp
         assert 1.0 <= r["kernel_over_stated"] <= (1.02 if r["what"].startswith("SNIC") else 1.25), r
 
 def test_run_on_the_testbed_needs_a_snic_rate(tmp_path):
-    from tests.cli_helpers import cli_here
+    from cli_helpers import cli_here
 
     traj = tmp_path / "t.jsonl"
     traj.write_text('{"agent_id": 0, "turns": [{"append_tokens": 10, "gen_tokens": 2}]}\n')

@@ -164,6 +164,8 @@ def run(
     device: DeviceOption = "cpu",
     testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts, the kernel capping every link "
                                           "(root; needs --snic-mb-s; CNIC 8x)")] = False,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT "
+                                               "(needs dualpath[cluster])")] = None,
 ) -> None:
     """Replay a trajectory file or a Mooncake trace against the local cluster."""
     from ..runtime.apps.run import run_trace
@@ -174,6 +176,8 @@ def run(
         raise InputError(f"file not found: {trace}")
     if limit <= 0 or max_len <= 0 or time_scale < 0:
         raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
+    if testbed and ray is not None:
+        raise InputError("run --testbed --ray is not wired: use demo --testbed --ray, or run --ray on your own cluster")
     if testbed:
         from .testbed import testbed_run
 
@@ -185,7 +189,7 @@ def run(
     with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
         progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
         result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
-                                       on_turn=progress.update, decisions=decisions))
+                                       on_turn=progress.update, decisions=decisions, ray_address=ray))
     print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
     for r in result["runs"]:
         if "decisions_file" in r:

@@ -83,3 +83,14 @@ def test_more_engines_than_a_local_ray_can_place_is_one_line_with_nothing_left()
     while _processes_marked(mark) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_marked(mark) == []
+
+
+def test_run_with_an_unreachable_ray_address_is_one_line_and_starts_nothing(tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is the optional `cluster` extra")
+    traj = tmp_path / "t.jsonl"
+    assert cli_here("trace", "gen", "--max-len", "4k", "--agents", "1", "-o", str(traj)).returncode == 0
+    address = f"127.0.0.1:{_free_port()}"
+    _one_error_line(cli_here("run", str(traj), "--model", "tiny", "--ray", address), address, "cannot reach a Ray head")
+    assert not ray.is_initialized()
+    _one_error_line(cli_here("run", str(traj), "--testbed", "--snic-mb-s", "5", "--ray", "local"), "--testbed --ray",
+                    "demo --testbed --ray")
