@@ -75,8 +75,10 @@ async def conversation(cfg: RuntimeConfig, engines) -> dict:
     return seen
 
 
-@pytest.mark.slow  # 28 s quiet; under CI's load Ray's transient ActorUnavailableError was counted as a death
 def test_a_killed_decode_actor_is_restarted_and_its_place_given_back():
+    """In the default run (CI installs the `cluster` extra): 25-30 s quiet, 106 s beside three CPU
+    hogs. Restarts are counted by deaths of a started run (RayEngines._had_started), not by every
+    failed call: under load a resubmitted run meets the restarting actor and fails at once."""
     ray = pytest.importorskip("ray", reason="Ray is the optional `cluster` extra")
     from dualpath.runtime.apps.ray_engines import ENGINE_RESTART_WAIT_S, RayEngines, restart_config
 

@@ -49,6 +49,10 @@ ENGINE_MAX_RESTARTS = 3
 # work running (Ray sees the exit at once, then a fresh worker imports Ray, torch and the model);
 # 60 s leaves room for a real model's load.
 ENGINE_RESTART_WAIT_S = 60.0
+# A run submitted to an actor Ray is still restarting fails at once: submit it again after this
+# wait, at most MAX_RESUBMITS times in a row (60 s, ENGINE_RESTART_WAIT_S), then count a death
+RESUBMIT_WAIT_S = 0.5
+MAX_RESUBMITS = 120
 WATCH_POLL_S = 0.2  # the watch thread's wait on the runs: a death is seen when Ray reports it
 
 
@@ -137,6 +141,7 @@ class RayEngines:
         self.actors: list[Any] = []  # index = engine id (prefill first, as the router numbers them)
         self.runs: list[Any] = []  # each actor's current `run`
         self.restarts: list[int] = []  # restarts Ray made per engine (at most ENGINE_MAX_RESTARTS)
+        self._resubmits: list[int] = []  # runs in a row that met the actor restarting, per engine
         self._whoami: list[Any] = []  # each actor's current `whoami` call
         self._cluster: Any = None
         self._loop: Any = None
@@ -175,6 +180,7 @@ class RayEngines:
             self.runs.append(None)
             self._whoami.append(None)
             self.restarts.append(0)
+            self._resubmits.append(0)
             self._submit(i)
 
     def _submit(self, engine: int) -> None:
@@ -232,6 +238,14 @@ class RayEngines:
             self.ray.get(ref)
             return  # the cluster's Stop
         except RayActorError as exc:
+            if not self._had_started(engine) and self._resubmits[engine] < MAX_RESUBMITS:
+                # the resubmitted run met the actor while Ray restarted it (a transient
+                # ActorUnavailableError, as a death is too): no new death, try again
+                self._resubmits[engine] += 1
+                self._stopping.wait(RESUBMIT_WAIT_S)
+                if not self._stopping.is_set():
+                    self._submit(engine)
+                return
             cause = f"its Ray actor died ({type(exc).__name__})"
             restart = self.restarts[engine] < ENGINE_MAX_RESTARTS
         except Exception as exc:  # the engine itself failed (e.g. refused a place): no restart helps
@@ -245,6 +259,17 @@ class RayEngines:
         if restart:
             self.restarts[engine] += 1
             self._submit(engine)
+
+    def _had_started(self, engine: int) -> bool:
+        """Whether the failed run's actor was alive to start it: its `whoami`, sent just before,
+        answered. A death while running is a restart to count; a call that met the actor dead
+        or restarting is not."""
+        try:
+            self.ray.get(self._whoami[engine], timeout=0.0)
+        except Exception:
+            return False
+        self._resubmits[engine] = 0
+        return True
 
     def stop(self) -> None:
         """After the cluster's Stop: collect the runs, then end the actors and free the group."""
