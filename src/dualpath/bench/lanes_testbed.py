@@ -58,7 +58,8 @@ while True:
     c.sendall(b"!")
 """
 
-_BULK = r"""
+# a saturating CS1 (KV-class) sender: 1 MiB blocks as fast as the link takes them (also bench/tp_lanes.py)
+BULK_SOURCE = r"""
 import socket, sys
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 8 << 2)
@@ -93,7 +94,7 @@ def _bursts(plan, count: int, loaded: bool) -> list[float]:
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         if loaded:
-            bulk = subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", _BULK, pe_ip, str(BULK_PORT)],
+            bulk = subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", BULK_SOURCE, pe_ip, str(BULK_PORT)],
                                     stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
             time.sleep(WARMUP_S)
         p = subprocess.run(["ip", "netns", "exec", de, exe, "-c", _BURSTS, pe_ip, str(BURST_PORT), str(BURST_BYTES),

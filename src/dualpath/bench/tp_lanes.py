@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..testbed.netns import class_bytes, down, run_command, up
+from .lanes_testbed import BULK_SOURCE
 from ..testbed.plan import _bits, plan_testbed
 from ..testbed.tp_hosts import cnic_ends, gso_commands, rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
 
@@ -58,14 +59,6 @@ while c.recv_into(buf):
     pass
 """
 
-_SOURCE = r"""
-import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 8 << 2)
-block = b"\xa5" * (1 << 20)
-while True:
-    c.sendall(block)
-"""
 
 
 class TpDecode:
@@ -110,7 +103,7 @@ def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int) -> list[subpr
                              dst_addr, str(port)], stdout=subprocess.PIPE, text=True)
     if sink.stdout.readline().strip() != "ready":
         raise RuntimeError(f"bulk sink in {dst_ns} did not start")
-    source = subprocess.Popen(["ip", "netns", "exec", src_ns, "nice", "-n", str(BULK_NICE), sys.executable, "-c", _SOURCE,
+    source = subprocess.Popen(["ip", "netns", "exec", src_ns, "nice", "-n", str(BULK_NICE), sys.executable, "-c", BULK_SOURCE,
                                dst_addr, str(port)], stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
     return [source, sink]
 
