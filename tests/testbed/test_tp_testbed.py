@@ -93,6 +93,24 @@ def test_tp_lanes_bench_fifo_inflates_tpot_and_the_lanes_do_not(state_dir):
     assert all(run["prefills"] == 2 and run["ttft_mean_s"] > 0 for run in r["runs"].values())
     ttft = r["ttft_saturated_over_idle"]  # a prefill's collectives are larger: FIFO slows them more
     assert ttft["one_class"] > ttft["two_classes"]
+    one_round = r["paired_by_round"]["one_class"]["saturated_over_idle"]  # rounds=1: the pooled ratio itself
+    assert one_round["per_round"] == [pytest.approx(one)] and one_round["median"] == pytest.approx(one)
+
+
+def test_paired_ratios_are_taken_round_by_round():
+    """TPOT under a load over its own round's base: a machine that slows down between rounds
+    (round 2 twice as slow for both) leaves each round's ratio, and so the median, unchanged."""
+    from dualpath.bench.tp_lanes import paired_ratio
+
+    base = [{"step_s": [0.10, 0.10]}, {"step_s": [0.20, 0.20]}, {"step_s": [0.10, 0.12]}]
+    loaded = [{"step_s": [0.105, 0.105]}, {"step_s": [0.21, 0.21]}, {"step_s": [0.165, 0.165]}]
+    r = paired_ratio(loaded, base)
+    assert r["per_round"] == pytest.approx([1.05, 1.05, 1.5])
+    assert r["median"] == pytest.approx(1.05)
+    assert r["ci95"][0] <= r["median"] <= r["ci95"][1] and r["ci95"][1] <= 1.5
+    assert paired_ratio(loaded, base) == r  # seeded: the same interval every time
+    pooled = sum(sum(x["step_s"]) for x in loaded) / sum(sum(x["step_s"]) for x in base)
+    assert pooled == pytest.approx(0.96 / 0.82)  # the pooled mean of the same rounds: x1.17
 
 
 def test_bench_tp_lanes_bad_input_is_one_error_line():

@@ -48,6 +48,7 @@ BULK_WARMUP_S = 1.0  # the bulk flows' TCP windows open before steps are timed (
 # prefills of one 64-token prompt per load and round, timed after its decode steps under the same
 # load: the first token's compute and collectives (TTFT on an idle engine); project choice
 PREFILLS_PER_ROUND = 2
+BOOTSTRAP_RESAMPLES = 2000  # resamples of the per-round ratios for the median's 95% interval (paired_ratio)
 RUN_INDEX = 246  # the testbed's address block: apart from the other benches' and tests' (248, 250, 251)
 
 _SINK = r"""
@@ -177,10 +178,11 @@ def _merge(parts: list[dict]) -> dict[str, Any]:
             "payload_bytes": sum(p["payload_bytes"] for p in parts), "kernel": kernel}
 
 
-def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float) -> dict[str, dict]:
+def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float) -> tuple[dict, dict]:
     """Every load with two classes, then with one; the loads interleaved over `rounds` rounds of
-    steps // rounds steps each, so that a slow spell of a shared machine spreads over all of them."""
-    runs = {}
+    steps // rounds steps each, so that a slow spell of a shared machine spreads over all of them.
+    (The runs by load and classes, the ratios paired by round by classes.)"""
+    runs, paired = {}, {}
     for classes in ("two_classes", "one_class"):
         if classes == "one_class":
             _one_class(plan, rate_bytes_per_s)
@@ -189,7 +191,21 @@ def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s:
             for load in LOADS:
                 parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load))
         runs.update({f"{load}_{classes}": _merge(parts[load]) for load in LOADS})
-    return runs
+        paired[classes] = {f"{load}_over_{base}": paired_ratio(parts[load], parts[base])
+                                     for load, base in (("saturated", "idle"), ("saturated", "kv_elsewhere"),
+                                                        ("kv_elsewhere", "idle"))}
+    return runs, paired
+
+
+def paired_ratio(loaded: list[dict], base: list[dict], resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, Any]:
+    """Mean TPOT under a load over the same round's under the base, one ratio per round (the two
+    measured minutes apart, so a slow spell of the machine hits both); their median and its 95%
+    bootstrap interval (seeded: the same rounds give the same interval)."""
+    ratios = np.asarray([np.mean(a["step_s"]) / np.mean(b["step_s"]) for a, b in zip(loaded, base)])
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(ratios, size=(resamples, ratios.size)), axis=1)
+    lo, hi = np.percentile(medians, [2.5, 97.5])
+    return {"per_round": [float(x) for x in ratios], "median": float(np.median(ratios)), "ci95": [float(lo), float(hi)]}
 
 
 def _one_class(plan, rate_bytes_per_s: float) -> None:
@@ -237,14 +253,14 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
             run_command(cmd)
         dec = TpDecode(plan, de, model, batch)
         rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
-        runs = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"])
+        runs, paired = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"])
     finally:
         if dec is not None:
             dec.close()
         down(plan.run_id)
     return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "gso_max_bytes": gso_max_bytes,
             "same_tokens": dec.ready["same_tokens"],
-            **rate, "runs": runs, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
+            **rate, "runs": runs, "paired_by_round": paired, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
             "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere"),
             "ttft_saturated_over_idle": _ratio(runs, "saturated", "idle", "ttft_mean_s")}
 

@@ -57,6 +57,10 @@ def bench_tp_lanes(
         y = r["tpot_saturated_over_kv_elsewhere"][classes]
         out.print(f"  TPOT saturated / idle, {classes.replace('_', ' ')}: x{x:.2f}  (/ KV elsewhere: x{y:.2f});  "
                   f"TTFT saturated / idle: x{r['ttft_saturated_over_idle'][classes]:.2f}")
+    for classes in ("two_classes", "one_class"):
+        for what, x in r["paired_by_round"][classes].items():
+            out.print(f"  paired by round, {classes.replace('_', ' ')}, TPOT {what.replace('_', ' ')}: median x{x['median']:.3f} "
+                      f"(95% interval {x['ci95'][0]:.3f}-{x['ci95'][1]:.3f}; rounds {', '.join(f'{v:.2f}' for v in x['per_round'])})")
     if json_path:
         write_json(r, json_path)
         console.print(f"wrote {json_path}")

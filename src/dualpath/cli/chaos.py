@@ -33,6 +33,8 @@ def chaos(
              "visible after each reopen")] = 0,
     flip_probability: Annotated[float, typer.Option(
         help="with --corruptions: probability per KV block piece sent that one bit flips (RuntimeConfig.kv_corrupt_probability)")] = 0.05,
+    testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts (root: network namespaces, tc): "
+                                          "every process in a host of its own, every rate the kernel's")] = False,
 ) -> None:
     """Kill, terminate or freeze an engine of a 2P2D cluster, or the storage service it runs against,
     while a request reads, streams layers, prefills, transfers its KV, decodes or persists; print per
@@ -40,6 +42,8 @@ def chaos(
     With --corruptions / --torn-writes: the transfer and storage integrity acceptance instead."""
     if corruptions < 0 or torn_writes < 0 or not 0.0 < flip_probability <= 1.0:
         raise InputError("--corruptions and --torn-writes must be >= 0 and --flip-probability in (0, 1]")
+    if (corruptions or torn_writes) and testbed:
+        raise InputError("--testbed runs the engine and storage faults; --corruptions and --torn-writes run on one host")
     if corruptions or torn_writes:
         return integrity_acceptance(corruptions, torn_writes, model, flip_probability, json_path)
     from ..runtime.apps.chaos import STORE_VICTIM, parse_scenarios, run_chaos
@@ -49,27 +53,41 @@ def chaos(
         raise InputError(f"--policy must be recompute or fail, got {policy!r}")
     if requests <= 0 or gen_tokens <= 0:
         raise InputError("--requests and --gen-tokens must be positive")
-    console.print(f"chaos: {len(names)} scenario(s) on a 2P2D cluster ({model}, policy {policy}), "
+    where = "across the testbed's hosts" if testbed else "on one host"
+    console.print(f"chaos: {len(names)} scenario(s) on a 2P2D cluster {where} ({model}, policy {policy}), "
                   f"each against a fault-free reference run")
-    report = asyncio.run(run_chaos(names, model, policy, requests, gen_tokens,
-                                   on_result=lambda r: console.print(f"  {r.scenario}: {r.finished}/{r.requests} finished, "
-                                                                     f"{r.errored} errored, {r.lost} lost, {r.wrong_tokens} wrong")))
-    table = Table(title=f"chaos, policy {policy}")
+    progress = lambda r: console.print(f"  {r.scenario}: {r.finished}/{r.requests} finished, {r.errored} errored, "
+                                       f"{r.lost} lost, {r.wrong_tokens} wrong")
+    if testbed:
+        from ..runtime.apps.chaos_testbed import run_chaos_testbed
+
+        report = run_chaos_testbed(names, model, policy, requests, gen_tokens, on_result=progress,
+                                   log=console.print)
+    else:
+        report = asyncio.run(run_chaos(names, model, policy, requests, gen_tokens, on_result=progress))
+    out.print(_table(report, f"chaos {where}, policy {policy}", STORE_VICTIM))
+    if "reference_equals_single_host" in report:
+        same = report["reference_equals_single_host"]
+        out.print(f"the testbed's fault-free reference {'equals' if same else 'DIFFERS FROM'} a single-host run's tokens")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1, default=lambda x: None))
+        console.print(f"wrote {json_path}")
+
+
+def _table(report: dict, title: str, store_victim: int) -> Table:
+    table = Table(title=title)
     for col in ("scenario", "requests", "finished", "errored", "lost", "wrong tokens", "recovery s", "victim",
                 "persists failed", "store calls skipped"):
         table.add_column(col, justify="right")
     for r in report["results"]:
         rec = "-" if math.isnan(r["recovery_s"]) else f"{r['recovery_s']:.2f}"
         sf = r.get("store_faults") or {}
-        victim = ("service" if r["victim"] == STORE_VICTIM else str(r["victim"])) if r["fired"] else "moment never came"
+        victim = ("service" if r["victim"] == store_victim else str(r["victim"])) if r["fired"] else "moment never came"
         table.add_row(r["scenario"], str(r["requests"]), str(r["finished"]), str(r["errored"]), str(r["lost"]),
                       str(r["wrong_tokens"]), rec, victim, str(sf.get("persist_failures", 0)),
                       str(sf.get("router_skipped_calls", 0) + sf.get("engine_skipped_calls", 0)))
-    out.print(table)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=1, default=lambda x: None))
-        console.print(f"wrote {json_path}")
+    return table
 
 
 def integrity_acceptance(corruptions: int, torn_writes: int, model: str, probability: float,

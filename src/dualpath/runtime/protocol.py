@@ -292,6 +292,16 @@ class Heartbeat:
 
 @message
 @dataclass(frozen=True, slots=True)
+class Leaving:
+    """Engine -> R, from an engine told to end (SIGTERM): fence me now and move my requests, rather
+    than after a heartbeat timeout (what an engine on another host costs without it)."""
+
+    engine: int
+    incarnation: int = 0  # which holder of the place is leaving (a stale one's is ignored)
+
+
+@message
+@dataclass(frozen=True, slots=True)
 class EngineDown:
     """R -> surviving engines: `engine` is fenced (dead or frozen, and killed); stop waiting for it."""
 

@@ -130,7 +130,7 @@ async def _greedy(router: Any, name: str, prompt: list[int], gen_tokens: int) ->
     return out
 
 
-async def _two_turns(cluster: LocalCluster, num: int, gen_tokens: int,
+async def two_turns(cluster: LocalCluster, num: int, gen_tokens: int,
                      fault: Callable[[Any, list[asyncio.Task]], Any] | None) -> tuple[list, Any]:
     router = cluster.router
     vocab = router.tokenizer.vocab_size
@@ -177,7 +177,25 @@ def _at_moment(router: Any, role: str, moment: str, baseline: set[bytes]) -> tup
     return None
 
 
-def _fault(cluster: LocalCluster, service: ServiceChild | None, scenario: str) -> Callable[[Any, list[asyncio.Task]], Any]:
+Signaller = Callable[[int, int], None]  # (victim: an engine id or STORE_VICTIM, signal number)
+
+
+def local_signaller(cluster: LocalCluster, service: ServiceChild | None) -> Signaller:
+    """Signals for a local cluster's engine processes and the storage service's child process."""
+
+    def send(victim: int, sig: int) -> None:
+        if victim == STORE_VICTIM:
+            service.send(sig)
+            return
+        try:
+            os.kill(cluster.processes[victim].pid, sig)
+        except ProcessLookupError:
+            pass  # already gone (fenced, or a kill before)
+
+    return send
+
+
+def _fault(send: Signaller, scenario: str) -> Callable[[Any, list[asyncio.Task]], Any]:
     """Wait for the scenario's moment, signal the victim (the engine holding that request, or the
     storage service); return the victim, the time, and the client tasks whose requests it held."""
     role, sig, moment = scenario.split("-")
@@ -189,10 +207,7 @@ def _fault(cluster: LocalCluster, service: ServiceChild | None, scenario: str) -
             hit = _at_moment(router, role, moment, baseline)
             if hit is not None:
                 victim, held = hit
-                if victim == STORE_VICTIM:
-                    service.send(SIGNALS[sig])
-                else:
-                    os.kill(cluster.processes[victim].pid, SIGNALS[sig])
+                send(victim, SIGNALS[sig])
                 victims = [t for i, t in enumerate(tasks) if f"c{i}t1" in held]
                 return {"victim": victim, "t_s": time.monotonic(), "tasks": victims}
             await asyncio.sleep(0.001)
@@ -201,42 +216,53 @@ def _fault(cluster: LocalCluster, service: ServiceChild | None, scenario: str) -
     return fire
 
 
-def scenario_config(cfg: RuntimeConfig, scenario: str) -> RuntimeConfig:
+def scenario_config(cfg: RuntimeConfig, scenario: str, kernel_rates: bool = False) -> RuntimeConfig:
     """The scenario's cluster: its moment's window widened (WIDENED, STORE_WIDENED); a stream
-    scenario reads every hit on the DE side, so that layers stream from a DE's buffer."""
+    scenario reads every hit on the DE side, so that layers stream from a DE's buffer.
+    `kernel_rates`: the links' rates are the kernel's (the testbed, chaos_testbed.py), so no
+    emulated rate is set here."""
     role, _, moment = scenario.split("-")
     extra = dict((STORE_WIDENED if role == "store" else WIDENED).get(moment, {}))
+    if kernel_rates:
+        extra.pop("cnic_bytes_per_s", None)
     if moment == "stream":
         extra["force_read_side"] = "decode"
     return replace(cfg, **extra)
 
 
 async def run_scenario(cfg: RuntimeConfig, scenario: str, reference: list[list[int]], gen_tokens: int) -> ChaosResult:
-    role, sig, _ = scenario.split("-")
-    service = ServiceChild() if role == "store" else None
+    service = ServiceChild() if scenario.startswith("store-") else None
     cfg = scenario_config(replace(cfg, store_dir=service.url) if service else cfg, scenario)
-    info: dict = {}
     try:
         async with LocalCluster(cfg) as cluster:
-            fault = _fault(cluster, service, scenario)
-
-            async def fire_and_time(router: Any, tasks: list[asyncio.Task]) -> dict:
-                got = await fault(router, tasks)
-                info.update(got)
-                if got["tasks"]:
-                    await asyncio.wait(got["tasks"], timeout=TERMINAL_BOUND_S)
-                    info["recovery_s"] = time.monotonic() - got["t_s"]
-                return got
-
-            outcomes, _ = await _two_turns(cluster, len(reference), gen_tokens, fire_and_time)
-            writes_pending = await _writes_ended(cluster.router)
-            if info.get("victim", -1) != -1 and SIGNALS[sig] == signal.SIGSTOP:
-                _wake(cluster, service, info["victim"])
-            await asyncio.sleep(0.6)  # the engines' last Counters (every 0.5 s) carry their skipped calls
-            store_faults = cluster.router.metrics.store_faults()
+            return await play_scenario(cluster, local_signaller(cluster, service), scenario, reference, gen_tokens)
     finally:
         if service is not None:
             service.close()
+
+
+async def play_scenario(cluster: LocalCluster, send: Signaller, scenario: str, reference: list[list[int]],
+                        gen_tokens: int) -> ChaosResult:
+    """The two turns on a started cluster, the fault at the scenario's moment; `send` signals
+    the victim (local_signaller, or the testbed's processes: chaos_testbed_driver.py)."""
+    sig = scenario.split("-")[1]
+    info: dict = {}
+    fault = _fault(send, scenario)
+
+    async def fire_and_time(router: Any, tasks: list[asyncio.Task]) -> dict:
+        got = await fault(router, tasks)
+        info.update(got)
+        if got["tasks"]:
+            await asyncio.wait(got["tasks"], timeout=TERMINAL_BOUND_S)
+            info["recovery_s"] = time.monotonic() - got["t_s"]
+        return got
+
+    outcomes, _ = await two_turns(cluster, len(reference), gen_tokens, fire_and_time)
+    writes_pending = await _writes_ended(cluster.router)
+    if info.get("victim", -1) != -1 and SIGNALS[sig] == signal.SIGSTOP:
+        send(info["victim"], signal.SIGCONT)  # a frozen victim the router has not fenced goes on
+    await asyncio.sleep(0.6)  # the engines' last Counters (every 0.5 s) carry their skipped calls
+    store_faults = cluster.router.metrics.store_faults()
     finished = [o for o in outcomes if isinstance(o, list)]
     return ChaosResult(
         scenario, len(outcomes), len(finished), sum(1 for o in outcomes if o is None),
@@ -255,35 +281,34 @@ async def _writes_ended(router: Any) -> int:
     return len(router.placement.persisting)
 
 
-def _wake(cluster: LocalCluster, service: ServiceChild | None, victim: int) -> None:
-    """SIGCONT a frozen victim: the router fences a frozen engine by killing it, and if it has not
-    yet, let it go; a frozen storage service serves again (its clients' probes find it)."""
-    if victim == STORE_VICTIM:
-        service.send(signal.SIGCONT)
-        return
-    try:
-        os.kill(cluster.processes[victim].pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
-
-
 async def run_chaos(scenarios: list[str], model: str = "tiny", policy: str = "recompute", num_requests: int = 4,
                     gen_tokens: int = 48, on_result: Callable[[ChaosResult], None] | None = None) -> dict:
     """The reference (no fault) once, then every scenario on a fresh cluster."""
     cfg = chaos_config(model, policy)
     async with LocalCluster(cfg) as cluster:
-        reference, _ = await _two_turns(cluster, num_requests, gen_tokens, None)
-    if any(not isinstance(r, list) for r in reference):
-        raise RuntimeError("the fault-free reference run did not finish every request")
+        reference = await reference_run(cluster, num_requests, gen_tokens)
     results = []
     for name in scenarios:
         res = await run_scenario(replace(cfg), name, reference, gen_tokens)
         results.append(res)
         if on_result is not None:
             on_result(res)
-    return {"config": {"model": model, "policy": policy, "num_requests": num_requests, "gen_tokens": gen_tokens,
-                       "pd": "2P2D", "heartbeat_timeout_s": cfg.engine_heartbeat_timeout_s,
-                       "terminal_bound_s": TERMINAL_BOUND_S, "store_timeout_s": cfg.store_timeout_s,
-                       "store_bound_s": STORE_CALLS_ON_PATH * cfg.store_timeout_s,
-                       "store_retry_after_s": STORE_RETRY_AFTER_S, "widened": {**WIDENED, "store": STORE_WIDENED}},
+    return {"config": report_config(cfg, {"model": model, "policy": policy, "num_requests": num_requests,
+                                          "gen_tokens": gen_tokens}, "2P2D"),
             "results": [r.to_json() for r in results]}
+
+
+async def reference_run(cluster: LocalCluster, num_requests: int, gen_tokens: int) -> list[list[int]]:
+    """The two turns without a fault: every request's tokens, which each scenario must give."""
+    reference, _ = await two_turns(cluster, num_requests, gen_tokens, None)
+    if any(not isinstance(r, list) for r in reference):
+        raise RuntimeError("the fault-free reference run did not finish every request")
+    return reference
+
+
+def report_config(cfg: RuntimeConfig, run: dict, pd: str) -> dict:
+    """The report's config: the run's parameters and the bounds the scenarios are held to."""
+    return {**{k: run[k] for k in ("model", "policy", "num_requests", "gen_tokens")}, "pd": pd,
+            "heartbeat_timeout_s": cfg.engine_heartbeat_timeout_s, "terminal_bound_s": TERMINAL_BOUND_S,
+            "store_timeout_s": cfg.store_timeout_s, "store_bound_s": STORE_CALLS_ON_PATH * cfg.store_timeout_s,
+            "store_retry_after_s": STORE_RETRY_AFTER_S, "widened": {**WIDENED, "store": STORE_WIDENED}}

@@ -40,7 +40,7 @@ ROUTER_PORT = 7100  # the router's --engines-listen port on the router host
 RUN_TIMEOUT_S = 900.0  # one mode: the demo is sized to ~70 s of basic JCT (demo.TARGET_BASIC_JCT_S) + start-up
 
 
-def _spawn(ns: str, args: list[str], log: Path, cpus: tuple[int, ...] = ()) -> subprocess.Popen:
+def spawn_in(ns: str, args: list[str], log: Path, cpus: tuple[int, ...] = ()) -> subprocess.Popen:
     pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as f:
@@ -48,7 +48,7 @@ def _spawn(ns: str, args: list[str], log: Path, cpus: tuple[int, ...] = ()) -> s
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _wait_line(log: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
+def wait_line(log: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if text in log.read_text():
@@ -59,7 +59,7 @@ def _wait_line(log: Path, text: str, proc: subprocess.Popen, timeout_s: float) -
     raise RuntimeError(f"no {text!r} from {proc.args[3]} within {timeout_s:.0f} s")
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def stop_all(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -105,10 +105,10 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
     store_dir.mkdir()
     procs: list[subprocess.Popen] = []
     try:
-        store = _spawn(plan.storage_ns, ["-m", "dualpath.cli", "store", "serve", "--dir", str(store_dir), "--listen",
+        store = spawn_in(plan.storage_ns, ["-m", "dualpath.cli", "store", "serve", "--dir", str(store_dir), "--listen",
                                          f"0.0.0.0:{STORE_PORT}", "--token-file", token], work / f"store-{name}.log")
         procs.append(store)
-        _wait_line(work / f"store-{name}.log", "listening on", store, 60)
+        wait_line(work / f"store-{name}.log", "listening on", store, 60)
         before = netns.link_counters(plan)
         router_ip = plan.cnic_addr_of[plan.router_ns]
         url = lambda host: f"tcp://{plan.storage_addr_of[host]}:{STORE_PORT}?token_file={token}"
@@ -117,11 +117,11 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
             spec["ray"] = {**ray, "addresses": node_addresses(plan, url), "threads": max(threads.values())}
         (work / f"spec-{name}.json").write_text(json.dumps(spec))
         out = work / f"result-{name}.json"
-        driver = _spawn(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{name}.json"), str(out)],
+        driver = spawn_in(plan.router_ns, ["-m", "dualpath.runtime.apps.testbed_driver", str(work / f"spec-{name}.json"), str(out)],
                         work / f"driver-{name}.log")
         procs.append(driver)
         for e, (host, role) in enumerate(zip(plan.hosts, plan.roles) if ray is None else ()):
-            procs.append(_spawn(host, ["-m", "dualpath.cli", "engine", "--router", spec["listen"], "--role", role,
+            procs.append(spawn_in(host, ["-m", "dualpath.cli", "engine", "--router", spec["listen"], "--role", role,
                                        "--token-file", token, "--listen", plan.cnic_addr_of[host], "--store", url(host),
                                        "--threads", str(threads[e])], work / f"engine{e}-{name}.log", cpus[e]))
         try:
@@ -136,7 +136,7 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
         result["links"] = _delta(before, netns.link_counters(plan))
         return result
     finally:
-        _stop(procs)
+        stop_all(procs)
 
 
 def single_host_reference(model: str, agents: int, rounds: int, seed: int, device: str) -> str:

@@ -40,6 +40,7 @@ from ..transport import LinkArbiter, ShmRegion, TokenBucket
 from ..transport.channel import Inbox, Outbox
 from ..transport.messages import message
 from ..transport.shm import SharedSegments
+from . import leave
 from .peers import PeerWrites
 from .tp import start_engine_tp, tp_payload_bytes
 
@@ -149,12 +150,18 @@ class EngineBase:
         self._lane_base = (0, 0)
         self._tp_base_bytes = 0
         self._last_report_s = self.clock.now_s()
-        self._reader = threading.Thread(target=self._read_loop, name=f"reader{spec.engine}", daemon=True)
-        self._writer = threading.Thread(target=self._write_loop, name=f"writer{spec.engine}", daemon=True)
+        self._start_threads()
+        leave.install(spec.engine, spec.incarnation, self.to_router, self._close_router_box)
+
+    def _start_threads(self) -> None:
+        """The store reader and writer, and the heartbeat (each of its own: a forward delays none)."""
+        e = self.spec.engine
+        self._reader = threading.Thread(target=self._read_loop, name=f"reader{e}", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name=f"writer{e}", daemon=True)
         self._reader.start()
         self._writer.start()
         self._beating = threading.Event()
-        self._heart = threading.Thread(target=self._beat, name=f"heartbeat{spec.engine}", daemon=True)
+        self._heart = threading.Thread(target=self._beat, name=f"heartbeat{e}", daemon=True)
         self._heart.start()
 
     def _beat(self) -> None:
@@ -206,6 +213,13 @@ class EngineBase:
 
     def to_router(self, msg: Any) -> None:
         self.send(self.spec.router_endpoint, msg)
+
+    def _close_router_box(self) -> None:
+        """Flush what was sent to the router (the outbox's linger) before the process ends."""
+        with self._out_lock:
+            box = self._outboxes.pop(self.spec.router_endpoint, None)
+        if box is not None:
+            box.close()
 
     def to_self(self, msg: Any) -> None:
         self.send(self.spec.endpoint, msg)

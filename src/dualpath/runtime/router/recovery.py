@@ -1,6 +1,8 @@
 """What the router does with the requests of an engine it has lost (dead, or frozen and fenced).
 
 Numbered path (`engine_lost`, on the router's event loop, once per engine):
+  0. How it is lost: its process exits (the cluster's exit watch, one host), it says it is leaving
+     (`Leaving`, on SIGTERM: `on_leaving`), or it misses its heartbeats (`check_heartbeats`).
   1. Fence: liveness.py marks the engine down for good and the cluster kills it; every surviving
      engine hears `EngineDown` (a PE forward waiting for that DE's layers goes on); the engine's
      queued persists stop blocking placement.
@@ -32,9 +34,16 @@ from typing import Any
 
 from ...core.snapshot import ReadSide
 from ..api import GenerationRequest, ServiceUnavailable
-from ..protocol import HEARTBEATS_PER_TIMEOUT, Cancel, EngineDown
+from ..protocol import HEARTBEATS_PER_TIMEOUT, Cancel, EngineDown, Leaving
 from .liveness import describe_down
 from .state import EngineState, RouterRequest
+
+
+def on_leaving(router: Any, msg: Leaving) -> None:
+    """An engine told to end (SIGTERM, engine/leave.py) says so: lost now, not a heartbeat timeout
+    later. A message from an earlier holder of the place (a restarted engine's) is ignored."""
+    if msg.incarnation == router.liveness.incarnation.get(msg.engine, 0):
+        engine_lost(router, msg.engine, "killed by SIGTERM")  # as the exit watch says it (liveness.exit_cause)
 
 
 def check_heartbeats(router: Any) -> None:

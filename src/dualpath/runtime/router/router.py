@@ -35,7 +35,7 @@ from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
-                        Hello, Join, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
+                        Hello, Join, Leaving, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
                         Reconfigured, Token)
 from ..transport.channel import Inbox
 from ..store.remote import read_token
@@ -44,7 +44,7 @@ from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
 from .modes import switch_mode
-from .recovery import check_heartbeats, restart_pending
+from .recovery import check_heartbeats, on_leaving, restart_pending
 from .rejoin import on_hello
 from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
 from .tokens import emit, first_token
@@ -296,6 +296,8 @@ class Router:
             return on_hello(self, msg)
         if not self.liveness.is_alive(getattr(msg, "engine", -1)):
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
+        if isinstance(msg, Leaving):
+            return on_leaving(self, msg)
         if isinstance(msg, Counters):
             self.metrics.counters(msg)
             return
