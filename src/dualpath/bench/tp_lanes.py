@@ -43,7 +43,10 @@ COLLECTIVE_SHARE = 0.25
 PROVISIONAL_CNIC_BYTES_PER_S = 1e9  # the calibration run's rate: far above what the steps need
 SNIC_BYTES_PER_S = 50e6  # unused by this bench (no storage traffic); any positive rate
 BULK_PORT = 7421
-BULK_NICE = 19  # the bulk flows' processes: the lowest priority (start_bulk)
+# The bulk flows' processes run under SCHED_IDLE (`chrt --idle 0`, sched(7)): a rank that wakes on
+# a collective's bytes preempts them at once, where a nice-19 task still holds the CPU until the
+# scheduler's wakeup granularity passes (section 19's run D, at nice 19: 1.35x idle)
+BULK_SCHED = ("chrt", "--idle", "0")
 BULK_WARMUP_S = 1.0  # the bulk flows' TCP windows open before steps are timed (bench/lanes_testbed.py: 0.5 s)
 # prefills of one 64-token prompt per load and round, timed after its decode steps under the same
 # load: the first token's compute and collectives (TTFT on an idle engine); project choice
@@ -98,13 +101,13 @@ class TpDecode:
 
 def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int) -> list[subprocess.Popen]:
     """A saturating CS1 (KV-class) flow from src_ns to a sink at dst_addr in dst_ns. Both ends run
-    at the lowest CPU priority (BULK_NICE): in the paper's node the NICs move KV by RDMA without the
+    at the lowest CPU priority (BULK_SCHED): in the paper's node the NICs move KV by RDMA without the
     host CPU, so the emulation's senders and sinks should take only what the ranks leave."""
-    sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, "nice", "-n", str(BULK_NICE), sys.executable, "-c", _SINK,
+    sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, *BULK_SCHED, sys.executable, "-c", _SINK,
                              dst_addr, str(port)], stdout=subprocess.PIPE, text=True)
     if sink.stdout.readline().strip() != "ready":
         raise RuntimeError(f"bulk sink in {dst_ns} did not start")
-    source = subprocess.Popen(["ip", "netns", "exec", src_ns, "nice", "-n", str(BULK_NICE), sys.executable, "-c", BULK_SOURCE,
+    source = subprocess.Popen(["ip", "netns", "exec", src_ns, *BULK_SCHED, sys.executable, "-c", BULK_SOURCE,
                                dst_addr, str(port)], stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
     return [source, sink]
 
