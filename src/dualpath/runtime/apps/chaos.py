@@ -1,4 +1,5 @@
-"""`dualpath chaos`: the fault matrix on a local cluster, against a fault-free reference.
+"""`dualpath chaos`: the fault matrix on a local cluster, against a fault-free reference (across
+emulated hosts with `--testbed`: chaos_testbed.py plays the same scenarios through `play_scenario`).
 
 Every scenario runs the same greedy workload on a fresh 2P2D cluster (two engines per role, so that
 policy `recompute` has a survivor to migrate to):
@@ -130,7 +131,7 @@ async def _greedy(router: Any, name: str, prompt: list[int], gen_tokens: int) ->
     return out
 
 
-async def two_turns(cluster: LocalCluster, num: int, gen_tokens: int,
+async def _two_turns(cluster: LocalCluster, num: int, gen_tokens: int,
                      fault: Callable[[Any, list[asyncio.Task]], Any] | None) -> tuple[list, Any]:
     router = cluster.router
     vocab = router.tokenizer.vocab_size
@@ -244,7 +245,7 @@ async def run_scenario(cfg: RuntimeConfig, scenario: str, reference: list[list[i
 async def play_scenario(cluster: LocalCluster, send: Signaller, scenario: str, reference: list[list[int]],
                         gen_tokens: int) -> ChaosResult:
     """The two turns on a started cluster, the fault at the scenario's moment; `send` signals
-    the victim (local_signaller, or the testbed's processes: chaos_testbed_driver.py)."""
+    the victim (local_signaller, or the testbed's processes: chaos_testbed.py)."""
     sig = scenario.split("-")[1]
     info: dict = {}
     fault = _fault(send, scenario)
@@ -257,7 +258,7 @@ async def play_scenario(cluster: LocalCluster, send: Signaller, scenario: str, r
             info["recovery_s"] = time.monotonic() - got["t_s"]
         return got
 
-    outcomes, _ = await two_turns(cluster, len(reference), gen_tokens, fire_and_time)
+    outcomes, _ = await _two_turns(cluster, len(reference), gen_tokens, fire_and_time)
     writes_pending = await _writes_ended(cluster.router)
     if info.get("victim", -1) != -1 and SIGNALS[sig] == signal.SIGSTOP:
         send(info["victim"], signal.SIGCONT)  # a frozen victim the router has not fenced goes on
@@ -300,7 +301,7 @@ async def run_chaos(scenarios: list[str], model: str = "tiny", policy: str = "re
 
 async def reference_run(cluster: LocalCluster, num_requests: int, gen_tokens: int) -> list[list[int]]:
     """The two turns without a fault: every request's tokens, which each scenario must give."""
-    reference, _ = await two_turns(cluster, num_requests, gen_tokens, None)
+    reference, _ = await _two_turns(cluster, num_requests, gen_tokens, None)
     if any(not isinstance(r, list) for r in reference):
         raise RuntimeError("the fault-free reference run did not finish every request")
     return reference
