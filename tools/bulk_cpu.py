@@ -2,7 +2,7 @@
 `python tools/bulk_cpu.py [GSO_BYTES]`. A 1P1D testbed at 33 MB/s; idle, one bulk flow, two (both
 directions of the DE's CNIC, as bench tp-lanes runs them); /proc/stat and the flows' own processes
 over 8 s, in cores."""
-import os, time, subprocess, sys
+import os, time, sys
 from dualpath.testbed.plan import plan_testbed
 from dualpath.testbed import netns
 from dualpath.bench.tp_lanes import start_bulk, stop
