@@ -133,6 +133,12 @@ class ClusterConfig:
     # traffic", the same schedule otherwise).
     cnic_kv_flood: bool = False
     ep_ignores_kv: bool = False
+    # The `local` preset's CNICs as the runtime's (issue 15): each engine has one link for both
+    # directions, serving each lane FIFO (runtime/transport/arbiter.py: LinkArbiter), and every
+    # copy is paced by the engine that makes it (a DE-path layer stream by the DE, a PD transfer
+    # by the PE, a persisted block's D2H by the DE). False: full-duplex NICs shared by processor
+    # sharing, as RDMA queue pairs share a real NIC.
+    cnic_as_runtime_arbiter: bool = False
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
     storage_read_latency_s: float = 0.0

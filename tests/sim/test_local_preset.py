@@ -153,3 +153,27 @@ def test_the_landing_zone_budget_chunks_a_basic_forward():
     roomy, _, a = _run("basic", _machine(pe_landing_bytes=64 * 2**20))
     tight, _, b = _run("basic", _machine(pe_landing_bytes=TINY.kv_bytes_per_token * 200))
     assert b.prefill_groups[0].num_forwards > a.prefill_groups[0].num_forwards
+
+
+def test_each_engine_has_one_fifo_link_that_carries_the_copies_it_makes():
+    """The runtime's arbiters (issue 15): the DE's link carries the DE path's layer streams, the
+    H2D and the persisted blocks' D2H; the PE's the PE path's loads and the PD transfer."""
+    from dualpath.core.lanes import Lane
+    from dualpath.core.snapshot import ReadSide
+
+    result, log, sim = _run("dualpath", _machine())
+    pe, de = sim.engines_by_id[0], sim.engines_by_id[1]
+    assert pe.cnic_out is pe.cnic_in and de.cnic_out is de.cnic_in and de.cnic_out.fifo
+    assert {d.side for d in log} == {"prefill", "decode"}  # both paths taken
+    de_streams = sim.reads.bytes_by_side[ReadSide.DECODE]  # one chunk each: each hit streams once
+    pe_streams = sim.reads.bytes_by_side[ReadSide.PREFILL]
+    b = result["bytes"]
+    assert b["kv_layer_streams"] == pytest.approx(de_streams + pe_streams)
+
+    def carried(link):  # served, plus what the last turn's D2H still has to move when the run ends
+        sim.net.settle(link)
+        return link.served_bytes[Lane.KV] + sum(f.left_bytes for f in link.flows[Lane.KV].values())
+
+    assert carried(de.cnic_out) == pytest.approx(de_streams + b["de_h2d"] + b["persisted"])
+    assert carried(pe.cnic_out) == pytest.approx(pe_streams + b["pd_transfer"])
+    sim.check_invariants()

@@ -8,7 +8,10 @@ Every value is what the runtime really is or measured without looking at a run o
     scheduler config (alpha, beta, quota, basic batch, lane weights), the quota's attention rate;
   - the model's KV bytes per token and attention FLOPs (core/models.py, checked against the
     runtime's loader by tests/sim/test_local_preset.py);
-  - storage reads: one reader per node, strict FIFO (the engine's reader thread).
+  - storage reads: one reader per node, strict FIFO (the engine's reader thread);
+  - each engine's CNIC: one link for both directions, FIFO per lane, every copy paced by the
+    engine that makes it (the engine's LinkArbiter, runtime/transport/arbiter.py; config.py:
+    cnic_as_runtime_arbiter), the decode engine's D2H of each persisted block included.
 Not modelled (so counted in the reported error, not tuned away): per-message and per-copy
 overheads of the runtime's processes, the DE's decode batch cap (RuntimeConfig.max_decode_batch),
 the time a persist takes before a later lookup sees it.
@@ -41,7 +44,7 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
                     dram_buffer_bytes=float(runtime.host_buffer_bytes), storage_read_bytes_per_s=None)
     cluster = ClusterConfig(model=model.name, num_prefill_nodes=runtime.num_prefill, num_decode_nodes=runtime.num_decode,
                             node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
-                            expert_parallel=False)
+                            expert_parallel=False, cnic_as_runtime_arbiter=True)
     pf, df = profile.prefill_fit, profile.decode_fit
     machine = MeasuredMachine(
         prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,

@@ -41,9 +41,13 @@ class KvIo:
         self.net.start(nbytes, Lane.KV, cnic, done, req)
         return True
 
-    def persist(self, snic_out: Link, nbytes: int) -> int:
-        """Book a persist's bytes on the SNIC's write side; the bytes booked."""
+    def persist(self, snic_out: Link, nbytes: int, d2h: Link | None = None) -> int:
+        """Book a persist's bytes on the SNIC's write side; the bytes booked. `d2h`: the link the
+        blocks' copy out of HBM crosses first (the runtime's DE arbiter, `cnic_as_runtime_arbiter`);
+        nothing waits on it, but it holds that link's KV queue as long as it takes."""
         self.net.book(snic_out, Lane.KV, nbytes)
+        if d2h is not None:
+            self.net.start(nbytes, Lane.KV, (d2h,), _ignore)
         return nbytes
 
 
@@ -59,8 +63,12 @@ class FreeKvIo(KvIo):
     def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, Link], done: Callable[[Flow], None]) -> bool:
         return False
 
-    def persist(self, snic_out: Link, nbytes: int) -> int:
+    def persist(self, snic_out: Link, nbytes: int, d2h: Link | None = None) -> int:
         return 0
+
+
+def _ignore(_flow: Flow) -> None:
+    pass
 
 
 def kv_io_for(io_free: bool, net: Network, kv_bytes_per_token: int) -> KvIo:

@@ -5,6 +5,11 @@ Sharing model (weighted processor sharing, local fair share):
   lane's share goes to the busy ones), then equally between the flows of a lane;
 - a flow crossing several links runs at the smallest share it gets on any of them.
 
+A FIFO link (`fifo=True`, the `local` preset's model of the runtime's LinkArbiter,
+runtime/transport/arbiter.py) serves each lane's flows one at a time in the order they started:
+the lane's head gets the lane's whole share, the flows behind it wait at rate 0 (with one class,
+one queue for both lanes). A flow may cross at most one FIFO link, so a head never waits on another.
+
 With one FIFO class (`LaneWeights.one_class`, the ablation of issue 16.6) every flow of the link
 gets an equal share whatever its lane. A link may carry a saturating KV flood (`kv_flood`), and
 latency-critical bursts whose timing is modelled by their sender (sim/ep_comm.py) reserve their mean
@@ -33,11 +38,16 @@ _INF = float("inf")
 
 class Link:
     __slots__ = ("name", "capacity_bytes_per_s", "weights", "flows", "served_bytes", "_flow_rate",
-                 "kv_flood", "lc_reserved_bytes_per_s", "watchers")
+                 "kv_flood", "lc_reserved_bytes_per_s", "watchers", "fifo", "_head")
 
-    def __init__(self, name: str, capacity_bytes_per_s: float, weights: LaneWeights, kv_flood: bool = False) -> None:
+    def __init__(self, name: str, capacity_bytes_per_s: float, weights: LaneWeights, kv_flood: bool = False,
+                 fifo: bool = False) -> None:
         if capacity_bytes_per_s <= 0:
             raise ValueError(f"link {name}: capacity must be positive")
+        if fifo and kv_flood:
+            raise ValueError(f"link {name}: a KV flood never ends, so a FIFO link would serve nothing behind it")
+        self.fifo = fifo
+        self._head: list[int | None] = [None, None]  # FIFO: the fid each lane serves now
         self.name = name
         self.capacity_bytes_per_s = capacity_bytes_per_s
         self.weights = weights
@@ -84,6 +94,20 @@ class Link:
             floor = cap * w_kv / (w_lc + w_kv)  # the KV class is never starved (weighted round robin)
             kv = min(kv, max(cap - self.lc_reserved_bytes_per_s, floor) / n_kv)
         self._flow_rate[0], self._flow_rate[1] = lc, kv
+        if self.fifo:
+            self._refresh_heads(n_lc, n_kv)
+
+    def _refresh_heads(self, n_lc: int, n_kv: int) -> None:
+        """FIFO: each lane's head takes what its lane's flows would share; one class, one queue."""
+        heads = [next(iter(lane_flows), None) for lane_flows in self.flows]
+        if self.weights.one_class:
+            first = min((h for h in heads if h is not None), default=None)
+            heads = [h if h == first else None for h in heads]
+            self._flow_rate[0] = self._flow_rate[1] = self.capacity_bytes_per_s
+        else:
+            self._flow_rate[0] *= max(1, n_lc)
+            self._flow_rate[1] *= max(1, n_kv)
+        self._head = heads
 
     @property
     def num_flows(self) -> int:
@@ -130,6 +154,10 @@ class Network:
             raise ValueError("a flow needs at least one link")
         if size_bytes < 0:
             raise ValueError("negative flow size")
+        if len(links) == 2 and links[0] is links[1]:  # one arbiter for both directions (FIFO links)
+            links = links[:1]
+        if sum(link.fifo for link in links) > 1:
+            raise ValueError("a flow may cross at most one FIFO link")
         self._next_fid += 1
         flow = Flow(self._next_fid, float(size_bytes), lane, links, on_done, tag)
         flow.updated_s = self.loop.now_s
@@ -201,12 +229,16 @@ class Network:
             for f in lane_flows.values():  # only events are scheduled here; the dict is not mutated
                 rate = _INF
                 for other in f.links:
-                    r = other._flow_rate[lane]
+                    r = 0.0 if other.fifo and other._head[lane] != f.fid else other._flow_rate[lane]
                     if r < rate:
                         rate = r
                 if rate == f.rate:
                     continue
                 f.rate = rate
+                if rate == 0.0:  # queued behind a FIFO head: no event until it is served
+                    f.version += 1
+                    f.eta_s = _INF
+                    continue
                 eta = now + f.left_bytes / rate
                 if eta < f.eta_s:
                     f.version += 1

@@ -134,7 +134,9 @@ class PrefillGroup:
         The remote flow is rate-limited where the streams converge, on the PE GPU's CNIC-in
         (incast); each sending DE CNIC has its bytes booked on its ledger but does not limit the
         rate. Per-pair flows would be exact but cost O(pairs^2) re-rates per forward (a PE GPU
-        hears from up to every DE GPU), and DE CNICs carry little else (one H2D per request)."""
+        hears from up to every DE GPU), and DE CNICs carry little else (one H2D per request).
+        With `cnic_as_runtime_arbiter` (the `local` preset) each DE's part is its own flow on the
+        DE's link, as the runtime's DE arbiter writes the pulled layers."""
         ctx = self.ctx
         kvbpt = ctx.kv_bytes_per_token
         per_gpu: dict[int, list] = {}
@@ -155,7 +157,11 @@ class PrefillGroup:
             if local:
                 fwd.pending += 1
                 ctx.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done, fwd)
-            if remote:
+            if remote and ctx.cfg.cluster.cnic_as_runtime_arbiter:  # each DE's arbiter writes its part
+                for src, nbytes in sources.values():
+                    fwd.pending += 1
+                    ctx.net.start(nbytes, Lane.KV, (src.cnic_out,), self._stream_done, fwd)
+            elif remote:
                 fwd.pending += 1
                 for src, nbytes in sources.values():
                     ctx.net.book(src.cnic_out, Lane.KV, nbytes)
@@ -216,7 +222,8 @@ class PrefillGroup:
             self.pd_bytes += nbytes
             fwd.pd_flows += 1
             for req, b in reqs:
-                ctx.net.book(req.de.cnic_in, Lane.KV, b)
+                if not ctx.cfg.cluster.cnic_as_runtime_arbiter:  # the runtime's DE arbiter moves none of it
+                    ctx.net.book(req.de.cnic_in, Lane.KV, b)
             ctx.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs))
 
     def _pd_done(self, flow: Flow) -> None:

@@ -63,9 +63,8 @@ class Simulator(TurnLifecycle):
         weights = cfg.scheduler.lane_weights
         self._weights = weights
         self.compute, self.pe_kv_hbm_bytes, self.de_kv_hbm_bytes = compute_for(cfg)  # the paper's or measured
-        self.storage_egress: Link | None = (
-            Link("storage_egress", cl.storage_egress_bytes_per_s, weights) if cl.storage_egress_bytes_per_s else None
-        )
+        egress = cl.storage_egress_bytes_per_s
+        self.storage_egress: Link | None = Link("storage_egress", egress, weights) if egress else None
         self._build_topology()
         self.io = kv_io_for(features.io_free, self.net, self.kv_bytes_per_token)  # the mode's network, once
         self.ctx = ctx = SimContext(self.loop, self.net, self.compute, features, cfg, self.kv_bytes_per_token,
@@ -101,8 +100,10 @@ class Simulator(TurnLifecycle):
             hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
             for g in range(ns.gpus_per_node):
                 eid = nid * ns.gpus_per_node + g
-                out, inn = (Link(f"cnic_{d}{eid}", ns.cnic_bytes_per_s, w, cl.cnic_kv_flood) for d in ("out", "in"))
-                self.links += [out, inn]
+                out, inn = ((Link(f"cnic{eid}", ns.cnic_bytes_per_s, w, fifo=True),) * 2  # one FIFO link (config.py)
+                            if cl.cnic_as_runtime_arbiter else
+                            [Link(f"cnic_{d}{eid}", ns.cnic_bytes_per_s, w, cl.cnic_kv_flood) for d in ("out", "in")])
+                self.links += dict.fromkeys((out, inn))
                 eng = Engine(eid, node, g, hbm, out, inn)
                 node.engines.append(eng)
                 self.engines_by_id[eid] = eng
@@ -245,7 +246,7 @@ class Simulator(TurnLifecycle):
         req.to(Phase.DECODING)
         de = req.de
         assert de is not None
-        self._persist(self.hits.prompt_in_cache(req), de.node)
+        self._persist(self.hits.prompt_in_cache(req), de)
         self.decode_groups[de.node.nid].join(req, de)
 
     def _release_de_buffer(self, req: SimRequest) -> None:
@@ -284,7 +285,7 @@ class Simulator(TurnLifecycle):
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens
-        self._persist(self.hits.turn_finished(req), de.node)
+        self._persist(self.hits.turn_finished(req), de)
         agent.next_turn += 1
         if agent.next_turn < len(agent.turns):
             self._start_turn(agent)
@@ -294,15 +295,14 @@ class Simulator(TurnLifecycle):
             if self.num_agents_done == len(self.agents):
                 self.loop.halt()
 
-    def _persist(self, num_tokens: int, node: Node) -> None:
-        """New full blocks (which: the hit model's) go to storage through the DE node's SNIC
-        (PAPER.md 1.4). Nothing waits on a persist (the hit model counts a block as stored when
-        its write is queued) and the write direction of a SNIC carries nothing else, so writes
-        are booked on the link's ledger rather than simulated as flows (~1% of read bytes: a
-        turn adds ~300 tokens, reads ~32K)."""
+    def _persist(self, num_tokens: int, de: Engine) -> None:
+        """New full blocks (the hit model's) go to storage through the DE node's SNIC (PAPER.md
+        1.4), booked, not simulated: nothing waits on a persist, and a SNIC's write side carries
+        nothing else (~1% of read bytes). The `local` preset's D2H copy is a flow (kv_io.py)."""
         new_bytes = num_tokens * self.kv_bytes_per_token
         if new_bytes > 0:
-            self.persisted_bytes += self.io.persist(node.snic_out, new_bytes)
+            d2h = de.cnic_out if self.cfg.cluster.cnic_as_runtime_arbiter else None
+            self.persisted_bytes += self.io.persist(de.node.snic_out, new_bytes, d2h)
 
     # --- sampling and run ----------------------------------------------------------------------
     def _sample(self, _: object) -> None:
