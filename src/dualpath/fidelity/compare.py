@@ -25,6 +25,9 @@ _METRICS: dict[str, Callable[[dict], float]] = {
     # diagnostic: the DEs' model time per decode step (runtime: the forward alone, its loop's other
     # work excluded; simulator: its modelled step); TPOT minus it is the runtime's per-step overhead
     "de_step_s": lambda r: r.get("de_step_s", math.nan),
+    # diagnostic: sequences per decode step, averaged over steps (a step-time error splits into
+    # batch composition and the time of a step of a given batch)
+    "de_batch_mean": lambda r: r.get("de_batch_mean", math.nan),
 }
 
 

@@ -123,4 +123,5 @@ def _simulate(cfg: Any, mode: str, work: list[Trajectory] | TraceWorkload) -> tu
     result["ttft_samples_s"] = [f - a for a, f in zip(rec.arrival_s, rec.first_s)]
     steps = sum(g.num_steps for g in sim.decode_groups.values())
     result["de_step_s"] = sum(g.busy_s for g in sim.decode_groups.values()) / steps if steps else float("nan")
+    result["de_batch_mean"] = sum(g.seq_steps for g in sim.decode_groups.values()) / steps if steps else float("nan")
     return result, log.decisions

@@ -253,6 +253,7 @@ class Counters:
     # calls of this engine's storage-service client answered without the service while its circuit
     # breaker was open (store/breaker.py): reads taken as misses, persists skipped; 0 for a local store
     store_skipped_calls: int = 0
+    forward_items: int = 0  # summed over forwards: the requests (PE) or running sequences (DE) in each
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

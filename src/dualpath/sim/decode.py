@@ -40,6 +40,7 @@ class DecodeGroup:
         self._seq = 0
         self.busy_s = 0.0
         self.num_steps = 0.0
+        self.seq_steps = 0.0  # running sequences summed over steps (fidelity's mean decode batch)
         self._padded = ctx.compute.decode_pads_to_longest()
         self.running_per_gpu = [0] * n
         self._compute_step_s = self._ep_extra_s = 0.0  # step_s = the two (when self.ep is not None)
@@ -53,6 +54,7 @@ class DecodeGroup:
             dt = now - self.updated_s
             self.progress_steps += dt / self.step_s
             self.num_steps += dt / self.step_s
+            self.seq_steps += dt / self.step_s * self.num_running
             self.busy_s += dt
         self.updated_s = now
 

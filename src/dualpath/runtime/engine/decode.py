@@ -205,6 +205,7 @@ class DecodeEngine(EngineBase):
         logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running])
         self.counters["busy_s"] += time.perf_counter() - t0
         self.counters["forwards"] += 1
+        self.counters["forward_items"] += len(running)
         for r, row in zip(running, logits):
             if r.generated < r.assign.min_tokens or r.assign.ignore_eos:
                 row = row.clone()

@@ -202,6 +202,7 @@ class PrefillEngine(EngineBase):
         stream.flush_saves()
         self.counters["busy_s"] += compute_s
         self.counters["forwards"] += 1
+        self.counters["forward_items"] += len(batch)
         for i, (r, n) in enumerate(batch):
             if r.assign.rid in stream.poisoned:
                 r.restart()  # its outputs came from KV that failed its checksums: recompute, never use
