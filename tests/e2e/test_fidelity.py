@@ -48,6 +48,12 @@ def test_report_structure_and_errors_come_from_the_runs(report):
         assert len(sim) == report["num_turns"] and all(len(log) == report["num_turns"] for log in real)
         assert r["decisions"]["vs_sim"][0]["same_side"] == agreement(real[0], sim).same_side
         assert not math.isnan(r["metrics"]["jct_s"]["sim"])
+        shared = r["sim_shared_cnics"]  # the ablation's errors against the same runtime means
+        assert set(shared) == set(r["metrics"]) - {"snic_utilisation"}
+        for name, alt in shared.items():
+            mean = r["metrics"][name]["runtime_mean"]
+            if mean:
+                assert alt["rel_error"] == pytest.approx(alt["sim"] / mean - 1)
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):

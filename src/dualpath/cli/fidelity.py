@@ -51,16 +51,20 @@ def fidelity(
 def print_fidelity(report: dict) -> None:
     for mode, r in report["modes"].items():
         table = Table(title=f"fidelity, {report['workload']} workload, {mode}")
-        for col in ("metric", "runtime mean", "runtime spread", "simulator", "error", "goal", "met"):
+        for col in ("metric", "runtime mean", "runtime spread", "simulator", "error", "goal", "met",
+                    "error, shared CNICs"):
             table.add_column(col, justify="right")
+        shared = r.get("sim_shared_cnics", {})
         for name, m in r["metrics"].items():
             if name == "snic_utilisation":
                 continue
             goal = m.get("goal")
+            alt = shared.get(name)
             table.add_row(name, f"{m['runtime_mean']:.4g}", f"{100 * m['runtime_spread']:.1f}%", f"{m['sim']:.4g}",
                           f"{100 * m['rel_error']:+.1f}%", "-" if goal is None else f"{100 * goal:.0f}%",
-                          "-" if goal is None else ("yes" if m["met"] else "NO"))
+                          "-" if goal is None else ("yes" if m["met"] else "NO"),
+                          "-" if alt is None else f"{100 * alt['rel_error']:+.1f}%")
         d = r["decisions"]
         table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", f"{100 * d['side_goal']:.0f}%",
-                      "yes" if d["side_met"] else "NO")
+                      "yes" if d["side_met"] else "NO", "")
         out.print(table)

@@ -64,11 +64,17 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
                               "rates": plan.rates.to_json(), "profile": None if cal.path is None else str(cal.path),
                               **_workload_size(plan.trajectories),
                               "runtime_wall_s": runtime_wall_s, "local_preset": asdict(sim_cfg.local), "modes": {}}
+    shared_cnics = replace(sim_cfg, cluster=replace(sim_cfg.cluster, cnic_as_runtime_arbiter=False))
     for mode in modes:
         sim_run, sim_log = _simulate(sim_cfg, mode, plan.trajectories)
         real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in runtime]
         logs = [[Decision(**d) for d in r.pop("decisions")] for r in real_runs]
+        shared_run, _ = _simulate(shared_cnics, mode, plan.trajectories)
         report["modes"][mode] = {"metrics": compare_mode(real_runs, sim_run),
+                                 # the ablation: the paper presets' CNICs (processor sharing, full
+                                 # duplex) in place of the runtime's arbiters (config.py)
+                                 "sim_shared_cnics": {k: {"sim": v["sim"], "rel_error": v["rel_error"]}
+                                                      for k, v in compare_mode(real_runs, shared_run).items() if "rel_error" in v},
                                  "decisions": compare_decisions(logs, sim_log),
                                  "sim_wall_s": sim_run["wall_s"],
                                  "decision_logs": {"sim": [asdict(d) for d in sim_log],
