@@ -12,9 +12,12 @@ Every value is what the runtime really is or measured without looking at a run o
   - each engine's CNIC: one link for both directions, FIFO per lane, every copy paced by the
     engine that makes it (the engine's LinkArbiter, runtime/transport/arbiter.py; config.py:
     cnic_as_runtime_arbiter), the decode engine's D2H of each persisted block included.
-Not modelled (so counted in the reported error, not tuned away): per-message and per-copy
-overheads of the runtime's processes, the DE's decode batch cap (RuntimeConfig.max_decode_batch),
-the time a persist takes before a later lookup sees it.
+Not modelled (so counted in the reported error, not tuned away; docs/experiments.md section 24):
+per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
+(RuntimeConfig.max_decode_batch), the time a persist takes before a later lookup sees it (and
+placement's `persist_wait_s` give-up), the DE loop serving messages (`LayerPull`, `PromptReady`)
+only between decode steps, and which of several simultaneous arrivals reach a PE before it forms
+its batch.
 """
 
 from __future__ import annotations
