@@ -156,7 +156,7 @@ class Network:
             raise ValueError("negative flow size")
         if len(links) == 2 and links[0] is links[1]:  # one arbiter for both directions (FIFO links)
             links = links[:1]
-        if sum(link.fifo for link in links) > 1:
+        if len(links) > 1 and sum(link.fifo for link in links) > 1:
             raise ValueError("a flow may cross at most one FIFO link")
         self._next_fid += 1
         flow = Flow(self._next_fid, float(size_bytes), lane, links, on_done, tag)
