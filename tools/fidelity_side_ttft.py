@@ -1,12 +1,13 @@
-"""Time from placement to first token, per read side, on the runtime (docs/experiments.md section 24).
+"""Per-request timings of one fidelity workload on the runtime (docs/experiments.md section 24).
 
-Runs the `agents` fidelity workload once in dualpath mode on the local runtime cluster (about 7 min
-on the 2-core machine) and stamps, in the router, when each request's assignments are sent
-(`Router._send_assignments`) and when its `FirstToken` arrives; prints the mean, median and max of
-that interval for the requests with a hit, by read side. A DE-path request waits for the decode
-engine to serve its `LayerPull`s, which its loop does only between decode steps.
+Runs the workload once in dualpath mode on the local runtime cluster (the demo: about 1 min on
+the 2-core machine; agents: about 7 min) and stamps, in the router, when each request's
+assignments are sent (`Router._send_assignments`), when its `FirstToken` arrives and when its DE
+reports `PromptLoaded` (the H2D done). It prints, for the requests with a hit, by read side:
+assignment -> first token, and first token -> PromptLoaded; and how many first tokens came
+within 5 ms of another (requests that shared a prefill forward).
 
-    python tools/fidelity_side_ttft.py [WORKLOAD]     # default: agents
+    python tools/fidelity_side_ttft.py [WORKLOAD]     # demo | agents (default) | mooncake | FILE
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from dualpath.fidelity.run import _replan
 from dualpath.fidelity.workloads import fidelity_workload
 from dualpath.runtime.apps.demo import calibrate_for, plan_demo, run_demo
 from dualpath.runtime.model import load_model
-from dualpath.runtime.protocol import FirstToken
+from dualpath.runtime.protocol import FirstToken, PromptLoaded
 from dualpath.runtime.router import router as router_module
 
+SHARED_FORWARD_S = 0.005  # first tokens this close came out of one forward (a forward takes >= 40 ms)
 STAMPS: dict[int, dict] = collections.defaultdict(dict)
 _send, _on_message = router_module.Router._send_assignments, router_module.Router._on_message
 
@@ -37,7 +39,13 @@ def _stamped_send(self, rr, prompt):
 def _stamped_message(self, msg):
     if isinstance(msg, FirstToken):
         STAMPS[msg.rid]["first"] = time.perf_counter()
+    elif isinstance(msg, PromptLoaded):
+        STAMPS[msg.rid]["loaded"] = time.perf_counter()
     return _on_message(self, msg)
+
+
+def _summary(name: str, values: list[float]) -> str:
+    return f"{name} mean {statistics.mean(values):.3f} s, median {statistics.median(values):.3f} s, max {max(values):.3f} s"
 
 
 def main(workload: str) -> None:
@@ -50,12 +58,16 @@ def main(workload: str) -> None:
     if trajs is not None:
         plan = _replan(plan, trajs, kvbpt, block)
     asyncio.run(run_demo(("dualpath",), plan=plan))
-    rows = [d for d in STAMPS.values() if "first" in d and d.get("hit")]
+    done = [d for d in STAMPS.values() if "first" in d]
+    firsts = sorted(d["first"] for d in done)
+    shared = sum(1 for a, b in zip(firsts, firsts[1:]) if b - a < SHARED_FORWARD_S)
+    print(f"{workload}, dualpath: {len(done)} requests; {shared} first tokens within {1e3 * SHARED_FORWARD_S:.0f} ms of the previous one")
     for side, name in ((0, "PE path"), (1, "DE path")):
-        waits = [d["first"] - d["assigned"] for d in rows if d["side"] == side]
-        if waits:
-            print(f"{name}: {len(waits)} requests with a hit, assignment -> first token mean {statistics.mean(waits):.2f} s, "
-                  f"median {statistics.median(waits):.2f} s, max {max(waits):.2f} s")
+        rows = [d for d in done if d["side"] == side and d.get("hit")]
+        if rows:
+            loaded = [d["loaded"] - d["first"] for d in rows if "loaded" in d]
+            print(f"{name}, {len(rows)} requests with a hit: {_summary('assignment -> first token', [d['first'] - d['assigned'] for d in rows])}; "
+                  + (_summary("first token -> PromptLoaded", loaded) if loaded else ""))
 
 
 if __name__ == "__main__":
