@@ -100,7 +100,7 @@ class Simulator(TurnLifecycle):
             hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
             for g in range(ns.gpus_per_node):
                 eid = nid * ns.gpus_per_node + g
-                out, inn = ((Link(f"cnic{eid}", ns.cnic_bytes_per_s, w, fifo=True),) * 2  # one FIFO link (config.py)
+                out, inn = ((Link(f"cnic{eid}", ns.cnic_bytes_per_s, w, cl.cnic_kv_flood, True),) * 2  # one FIFO link (config.py)
                             if cl.cnic_as_runtime_arbiter else
                             [Link(f"cnic_{d}{eid}", ns.cnic_bytes_per_s, w, cl.cnic_kv_flood) for d in ("out", "in")])
                 self.links += dict.fromkeys((out, inn))
