@@ -4,10 +4,14 @@ Runs the workload once in dualpath mode on the local runtime cluster (the demo: 
 the 2-core machine; agents: about 7 min) and stamps, in the router, when each request's
 assignments are sent (`Router._send_assignments`), when its `FirstToken` arrives and when its DE
 reports `PromptLoaded` (the H2D done). It prints, for the requests with a hit, by read side:
-assignment -> first token, and first token -> PromptLoaded; and how many first tokens came
-within 5 ms of another (requests that shared a prefill forward).
+assignment -> first token, and first token -> PromptLoaded; how many first tokens came within
+5 ms of another (requests that shared a prefill forward); and how many messages the decode
+engines served between a step's layers (engine/mid_step.py).
 
-    python tools/fidelity_side_ttft.py [WORKLOAD]     # demo | agents (default) | mooncake | FILE
+    python tools/fidelity_side_ttft.py [WORKLOAD] [--between-steps]
+        WORKLOAD: demo | agents (default) | mooncake | FILE
+        --between-steps: the decode engines serve their mail only between steps (the ablation of
+        RuntimeConfig.de_serves_mid_step)
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import collections
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 from dualpath.config import DEMO_AGENTS, RuntimeConfig
 from dualpath.fidelity.run import _replan
 from dualpath.fidelity.workloads import fidelity_workload
+from dualpath.runtime.apps import demo as demo_module
 from dualpath.runtime.apps.demo import calibrate_for, plan_demo, run_demo
 from dualpath.runtime.model import load_model
 from dualpath.runtime.protocol import FirstToken, PromptLoaded
@@ -48,8 +54,11 @@ def _summary(name: str, values: list[float]) -> str:
     return f"{name} mean {statistics.mean(values):.3f} s, median {statistics.median(values):.3f} s, max {max(values):.3f} s"
 
 
-def main(workload: str) -> None:
+def main(workload: str, mid_step: bool) -> None:
     router_module.Router._send_assignments, router_module.Router._on_message = _stamped_send, _stamped_message
+    if not mid_step:
+        config = demo_module.demo_config
+        demo_module.demo_config = lambda *a, **k: replace(config(*a, **k), de_serves_mid_step=False)
     model = "smollm2-135m"
     window = load_model(model, device="cpu").model.config.max_position_tokens
     trajs = fidelity_workload(workload, window, None, RuntimeConfig(model=model).block_tokens)
@@ -57,11 +66,12 @@ def main(workload: str) -> None:
     plan = plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None)
     if trajs is not None:
         plan = _replan(plan, trajs, kvbpt, block)
-    asyncio.run(run_demo(("dualpath",), plan=plan))
+    run = asyncio.run(run_demo(("dualpath",), plan=plan))["runs"][0]
     done = [d for d in STAMPS.values() if "first" in d]
     firsts = sorted(d["first"] for d in done)
     shared = sum(1 for a, b in zip(firsts, firsts[1:]) if b - a < SHARED_FORWARD_S)
-    print(f"{workload}, dualpath: {len(done)} requests; {shared} first tokens within {1e3 * SHARED_FORWARD_S:.0f} ms of the previous one")
+    print(f"{workload}, dualpath, DE mail {'between layers' if mid_step else 'between steps only'}: {len(done)} requests; {shared} first tokens within {1e3 * SHARED_FORWARD_S:.0f} ms of the previous one; "
+          f"JCT {run['jct_s']:.2f} s; the DEs served {run['de_served_mid_step']} messages between a step's layers")
     for side, name in ((0, "PE path"), (1, "DE path")):
         rows = [d for d in done if d["side"] == side and d.get("hit")]
         if rows:
@@ -71,4 +81,5 @@ def main(workload: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "agents")
+    args = [a for a in sys.argv[1:] if a != "--between-steps"]
+    main(args[0] if args else "agents", "--between-steps" not in sys.argv[1:])

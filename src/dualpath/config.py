@@ -139,6 +139,11 @@ class ClusterConfig:
     # by the PE, a persisted block's D2H by the DE). False: full-duplex NICs shared by processor
     # sharing, as RDMA queue pairs share a real NIC.
     cnic_as_runtime_arbiter: bool = False
+    # The `local` preset's decode engine as the runtime's (issue 15; docs/experiments.md section 25):
+    # while a step runs, a request whose prompt KV has landed starts its H2D when the step ends (the
+    # runtime's DE handles `PromptReady` between steps), and joins the batch when the step after its
+    # H2D ends (engine/mid_step.py). False: both at once (the fluid decode of the paper presets).
+    decode_waits_for_step_end: bool = False
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
     storage_read_latency_s: float = 0.0
@@ -291,6 +296,11 @@ class RuntimeConfig:
     pe_hbm_bytes: int = 256 * 2**20  # a PE's room for the batch's cached KV (the "HBM" landing zone)
     de_kv_tokens: int = 65536  # a DE's KV cache (HBM) capacity in tokens
     max_decode_batch: int = 64
+    # A decode engine serves layer pulls and finished reads and copies between its step's layers, as
+    # a real DE's NIC serves RDMA without its GPU (engine/mid_step.py). False: only between steps, so a
+    # DE-path prefill waits up to one decode step per layer (the ablation of docs/experiments.md
+    # section 25, `python tools/fidelity_side_ttft.py agents --between-steps`).
+    de_serves_mid_step: bool = True
     # Compute quota (scheduler.compute_quota_s, 300 ms, PAPER.md 3.5) kept as attention work at the
     # paper PE's rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
     # attention it chunked cold 3.8K-token prompts ~12 ways (docs/experiments.md, cold workload).

@@ -99,8 +99,8 @@ def test_a_decode_step_takes_the_longest_running_context():
     per_key_s = 1e-5
     m = _machine(decode_fixed_s=0.0, decode_per_seq_s=0.0, decode_per_key_s=per_key_s, decode_per_ctx_s=0.0)
     loop, done = EventLoop(), {}
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny")),
-                          net=None)
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None,
+                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False)))
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.input_tokens, loop.now_s))
     eng = SimpleNamespace(index=0)
     group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(engines=[eng]))
@@ -113,6 +113,37 @@ def test_a_decode_step_takes_the_longest_running_context():
     assert done[1000] == pytest.approx(10 * both_s + 10 * alone_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("waits", [True, False])
+def test_a_request_joins_a_running_batch_when_its_step_ends(waits):
+    """Steps of 0.1 s. A (10 steps) joins the idle group at 0; B (2 steps) arrives at 0.25, inside
+    A's third step: with `decode_waits_for_step_end` it joins at 0.3, as the runtime's DE starts it
+    at a step's end (engine/mid_step.py), else at once. C (2 steps) arrives at 1.23, when the
+    group is idle again: it joins at once and its first step starts then."""
+    import dualpath.sim.decode as decode_mod
+    from dualpath.sim.events import EventLoop
+
+    if not decode_mod.__file__.endswith(".py"):
+        pytest.skip("the compiled build is imported; its classes take no stand-ins")
+    step_s = 0.1
+    m = _machine(decode_fixed_s=step_s, decode_per_seq_s=0.0, decode_per_key_s=0.0, decode_per_ctx_s=0.0)
+    loop, done = EventLoop(), {}
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None,
+                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=waits)))
+    life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.name, loop.now_s))
+    eng = SimpleNamespace(index=0)
+    group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(engines=[eng]))
+    reqs = {name: SimpleNamespace(name=name, input_tokens=10, gen_tokens=gen, t_second=-1.0)
+            for name, gen in (("A", 11), ("B", 3), ("C", 3))}
+    for name, at_s in (("A", 0.0), ("B", 0.25), ("C", 1.23)):
+        loop.call_at(at_s, lambda r: group.join(r, eng), reqs[name])
+    loop.run()
+    b_join_s = 0.3 if waits else 0.25
+    assert done["A"] == pytest.approx(1.0)
+    assert reqs["B"].t_second == pytest.approx(b_join_s + step_s)
+    assert done["B"] == pytest.approx(b_join_s + 2 * step_s)
+    assert done["C"] == pytest.approx(1.23 + 2 * step_s)  # an idle group: no wait, a fresh step
+
+
 def test_preset_carries_the_runtime_config():
     rt = RuntimeConfig(model="tiny", snic_bytes_per_s=5e6, pe_hbm_bytes=2**20, de_kv_tokens=4096, host_buffer_bytes=2**24)
     cfg = local_sim_config(rt, _profile(_machine()), TINY.kv_bytes_per_token, "test")
@@ -120,6 +151,7 @@ def test_preset_carries_the_runtime_config():
     assert (node.gpus_per_node, node.snic_read_bytes_per_s, node.cnic_bytes_per_s) == (1, 5e6, 8 * 5e6)
     assert cfg.local.pe_landing_bytes == 2**20 and cfg.local.de_kv_tokens == 4096
     assert cfg.scheduler.basic_tokens_per_forward == rt.scheduler.basic_tokens_per_forward
+    assert cfg.cluster.cnic_as_runtime_arbiter and cfg.cluster.decode_waits_for_step_end
     with pytest.raises(InputError, match="emulated SNIC"):
         local_sim_config(RuntimeConfig(model="tiny"), _profile(_machine()), TINY.kv_bytes_per_token, "test")
     with pytest.raises(InputError, match="KV bytes per token"):

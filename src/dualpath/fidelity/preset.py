@@ -11,13 +11,15 @@ Every value is what the runtime really is or measured without looking at a run o
   - storage reads: one reader per node, strict FIFO (the engine's reader thread);
   - each engine's CNIC: one link for both directions, FIFO per lane, every copy paced by the
     engine that makes it (the engine's LinkArbiter, runtime/transport/arbiter.py; config.py:
-    cnic_as_runtime_arbiter), the decode engine's D2H of each persisted block included.
-Not modelled (so counted in the reported error, not tuned away; docs/experiments.md section 24):
-per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
+    cnic_as_runtime_arbiter), the decode engine's D2H of each persisted block included;
+  - the decode engine's step boundaries: a request's H2D starts, and it joins the batch, when the
+    running step ends (config.py: decode_waits_for_step_end; the runtime's DE serves only layer
+    pulls and finished reads and copies between a step's layers, engine/mid_step.py).
+Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24,
+25): per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
 (RuntimeConfig.max_decode_batch), the time a persist takes before a later lookup sees it (and
-placement's `persist_wait_s` give-up), the DE loop serving messages (`LayerPull`, `PromptReady`)
-only between decode steps, and which of several simultaneous arrivals reach a PE before it forms
-its batch.
+placement's `persist_wait_s` give-up), and which of several simultaneous arrivals reach a PE
+before it forms its batch.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
                     dram_buffer_bytes=float(runtime.host_buffer_bytes), storage_read_bytes_per_s=None)
     cluster = ClusterConfig(model=model.name, num_prefill_nodes=runtime.num_prefill, num_decode_nodes=runtime.num_decode,
                             node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
-                            expert_parallel=False, cnic_as_runtime_arbiter=True)
+                            expert_parallel=False, cnic_as_runtime_arbiter=True,
+                            decode_waits_for_step_end=True)
     pf, df = profile.prefill_fit, profile.decode_fit
     machine = MeasuredMachine(
         prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,

@@ -254,6 +254,7 @@ class Counters:
     # breaker was open (store/breaker.py): reads taken as misses, persists skipped; 0 for a local store
     store_skipped_calls: int = 0
     forward_items: int = 0  # summed over forwards: the requests (PE) or running sequences (DE) in each
+    served_mid_step: int = 0  # DE: messages (layer pulls, finished reads and copies) served between a step's layers
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

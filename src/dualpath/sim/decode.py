@@ -4,7 +4,10 @@ Numbered path of one request on the DE side (PAPER.md 1.3 steps 8-9 / 6-7, 1.4):
   1. `kv_landed` (simulator): the full prompt KV is in the DE buffer; it is copied into the DE's HBM
      (loopback on the DE's CNIC, KV lane), then the buffer space is freed.
   2. `join`: the request enters the running batch; it needs gen_tokens - 1 steps (the first token
-     came from prefill).
+     came from prefill). With `decode_waits_for_step_end` (the `local` preset, as the runtime's DE)
+     the H2D of step 1 starts, and the join happens, when the running step ends (`after_step`):
+     the step's phase is the fractional part of `progress_steps`, which restarts when a request
+     joins an idle group.
   3. Progress is fluid between membership changes: with step time t fixed while the batch is
      unchanged, the group advances 1/t steps per second; each join or leave re-derives t from the
      batch (per GPU: attention compute- or memory-bound; shared: weights or linear FLOPs).
@@ -15,6 +18,9 @@ Numbered path of one request on the DE side (PAPER.md 1.3 steps 8-9 / 6-7, 1.4):
 from __future__ import annotations
 
 import heapq
+import math
+from typing import Any, Callable
+
 from .ep_comm import ep_comm_for
 from .events import PRIO_COMPLETE
 from .lifecycle import SimContext, TurnLifecycle
@@ -42,6 +48,7 @@ class DecodeGroup:
         self.num_steps = 0.0
         self.seq_steps = 0.0  # running sequences summed over steps (fidelity's mean decode batch)
         self._padded = ctx.compute.decode_pads_to_longest()
+        self._waits_for_step_end = ctx.cfg.cluster.decode_waits_for_step_end
         self.running_per_gpu = [0] * n
         self._compute_step_s = self._ep_extra_s = 0.0  # step_s = the two (when self.ep is not None)
         self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=False)  # None: no EP bytes on the CNICs
@@ -111,8 +118,24 @@ class DecodeGroup:
         wait = max(0.0, (self._heap[0][0] - self.progress_steps) * self.step_s)
         self.ctx.loop.call_at(self.ctx.loop.now_s + wait, self._on_event, self.version, PRIO_COMPLETE)
 
-    def join(self, req: SimRequest, eng: Engine) -> None:
+    def after_step(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """`fn(arg)` when the running step ends; at once when no step runs or the group does not
+        wait for step ends (the paper presets' fluid decode)."""
         self._advance()
+        if not self._waits_for_step_end or not self.num_running or self.step_s <= 0:
+            fn(arg)
+            return
+        left_steps = math.ceil(self.progress_steps) - self.progress_steps
+        self.ctx.loop.call_at(self.ctx.loop.now_s + left_steps * self.step_s, fn, arg)
+
+    def join(self, req: SimRequest, eng: Engine) -> None:
+        self.after_step(self._join_now, (req, eng))
+
+    def _join_now(self, req_eng: tuple[SimRequest, Engine]) -> None:
+        req, eng = req_eng
+        self._advance()
+        if not self.num_running:  # an idle group's first step starts now
+            self.progress_steps = float(math.ceil(self.progress_steps))
         steps = req.gen_tokens - 1
         ctx = req.input_tokens + req.gen_tokens / 2  # mean context over the decode (fluid model)
         attn, kvb = self.ctx.compute.decode_request_cost(ctx)

@@ -7,8 +7,8 @@ Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details
   3. `StorageReads` (reads.py): hit KV storage -> SNIC -> host buffer of the read side.
   4. `prefill_ready` -> `PrefillGroup` (prefill.py): layerwise prefill with quota batching;
      `prefill_computed` emits the first token.
-  5. `kv_landed`: the prompt KV is whole in the DE buffer -> H2D into DE HBM ->
-     `DecodeGroup.join` (decode.py).
+  5. `kv_landed`: the prompt KV is whole in the DE buffer -> H2D into DE HBM -> `DecodeGroup.join`
+     (decode.py; `after_step`: both when the DE's step ends, with `decode_waits_for_step_end`).
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
      agent's next turn (tool and think time are zero, PAPER.md 4.2).
 The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and 6.
@@ -26,8 +26,7 @@ import numpy as np
 from ..config import Features, SimConfig
 from ..core.lanes import Lane
 from ..core.phase import Phase
-from ..core.policy import PrefillThresholds
-from ..core.policy import RecomputeRule
+from ..core.policy import PrefillThresholds, RecomputeRule
 from ..core.scheduler import derive_thresholds
 from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
@@ -230,22 +229,22 @@ class Simulator(TurnLifecycle):
             req.t_second = req.t_first
             self._finish(req)
             return
-        de = req.de
-        assert de is not None
+        self.decode_groups[req.chosen_de.node.nid].after_step(self._to_hbm, req)  # the DE's loop sees it
+
+    def _to_hbm(self, req: SimRequest) -> None:
+        expect, de = req.input_tokens * self.kv_bytes_per_token, req.chosen_de
         if self.io.to_decode_hbm(req, expect, (de.cnic_out, de.cnic_in), self._h2d_done):
             self.h2d_bytes += expect
         else:  # a free network: the KV is in HBM now
             self._join(req)
 
     def _h2d_done(self, flow: Flow) -> None:
-        req = flow.tag
-        self._release_de_buffer(req)
-        self._join(req)
+        self._release_de_buffer(flow.tag)
+        self._join(flow.tag)
 
     def _join(self, req: SimRequest) -> None:
         req.to(Phase.DECODING)
-        de = req.de
-        assert de is not None
+        de = req.chosen_de
         self._persist(self.hits.prompt_in_cache(req), de)
         self.decode_groups[de.node.nid].join(req, de)
 

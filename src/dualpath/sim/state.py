@@ -68,6 +68,13 @@ class SimRequest:
     def de_len_tokens(self) -> int:
         return self.input_tokens + self.gen_tokens
 
+    @property
+    def chosen_de(self) -> Engine:
+        """The DE the dispatch chose (from the scheduling pass on)."""
+        if self.de is None:
+            raise AssertionError(f"{self.rid}: no DE chosen yet")
+        return self.de
+
 
 class Engine:
     """One GPU: a PE or a DE. CNIC links are this GPU's paired NIC, one per direction:

@@ -126,3 +126,22 @@ def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks
             assert cache.num_tokens(s) == count
             got = cache.read(s, 1).kv[:, 0, 0, 0]
             assert torch.equal(got, torch.arange(count, dtype=torch.float32) + 1000 * s)  # no block aliasing
+
+
+def test_after_layer_hook_runs_between_layers_and_changes_nothing(tiny):
+    """The decode engine serves its mail between a step's layers (engine/mid_step.py): the hook runs
+    once per layer, in order, and the logits and cache are the same as without it."""
+    model = tiny.model
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    caches, logits = [], []
+    for hook in (None, "record"):
+        cache = PagedKVCache(model.config, num_blocks=8, block_tokens=4, dtype=model.dtype)
+        res = model.prefill([(0, prompt)])
+        cache.load_prompt(0, [kv[0] for kv in res.new_kv])
+        seen: list[int] = []
+        logits.append(model.decode_step(cache, [0], [7], seen.append if hook else None))
+        caches.append(cache)
+        if hook:
+            assert seen == list(range(model.config.num_layers))
+    assert torch.equal(logits[0], logits[1])
+    assert torch.equal(caches[0].kv, caches[1].kv)

@@ -162,6 +162,7 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     forwards = sum(c.forwards for c in de)
     result["de_step_s"] = sum(c.busy_s for c in de) / forwards if forwards else float("nan")
     result["de_batch_mean"] = sum(c.forward_items for c in de) / forwards if forwards else float("nan")
+    result["de_served_mid_step"] = sum(c.served_mid_step for c in de)  # engine/mid_step.py
     if record_decisions:
         result["decisions"] = [asdict(d) for d in router.metrics.decisions.decisions]
         result["ttft_samples_s"] = [r.first_s - r.arrival_s for r in records]

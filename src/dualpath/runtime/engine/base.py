@@ -136,7 +136,7 @@ class EngineBase:
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
         self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
-                         "read_latency_s": 0.0, "forward_items": 0,
+                         "read_latency_s": 0.0, "forward_items": 0, "served_mid_step": 0,
                          **{k: 0 for k in INTEGRITY_COUNTERS}}
         p = cfg.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
@@ -350,7 +350,8 @@ class EngineBase:
                                 read_latency_s=float(self.counters["read_latency_s"]),
                                 remote_write_bytes=self.peers.sent_bytes(),
                                 store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values()),
-                                forward_items=int(self.counters["forward_items"])))
+                                forward_items=int(self.counters["forward_items"]),
+                                served_mid_step=int(self.counters["served_mid_step"])))
 
     def close(self) -> None:
         self._stop = True

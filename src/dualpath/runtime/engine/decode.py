@@ -28,6 +28,7 @@ from ...core.blocks import ROOT_DIGEST, block_digest
 from ...core.snapshot import ReadSide
 from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
+from .mid_step import StepInterleave
 from ..model import PagedKVCache, layer_kv_to_bytes
 from ..transport.integrity import bad_pieces
 from ..transport.transfer import SpanCopy
@@ -66,6 +67,7 @@ class DecodeEngine(EngineBase):
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
         self.reqs: dict[int, DecodeRequest] = {}
         self.eos = set(self.mcfg.eos_token_ids)
+        self.interleave = StepInterleave(lambda: self.inbox.recv(0), self._serve_mid_step, self.handle)
 
     def run(self) -> None:
         # HBM in whole blocks: the router reserves prompt + max_tokens rounded up to blocks
@@ -118,6 +120,16 @@ class DecodeEngine(EngineBase):
             self.reconfigure(msg)
         elif isinstance(msg, Stop):
             self._stop = True
+
+    def _serve_mid_step(self, msg) -> bool:
+        """What a decode step serves between its layers (engine/mid_step.py), for a live request:
+        - a layer pull: the DE path's stream must not wait for the step;
+        - its finished read: HitReady starts the PE's pulls;
+        - a finished copy: after the H2D the request joins the next step, not the one after.
+        None runs the model (a `PromptReady` may recompute) or touches the step's sequences: the
+        step's batch holds its own block indices, and a copy touches only its request's blocks."""
+        r = self.reqs.get(msg.rid) if isinstance(msg, (LayerPull, ReadFinished, CopyDone)) else None
+        return r is not None and not r.cancelled
 
     def _cancel(self, r: DecodeRequest) -> None:
         """End a cancelled request now unless a read or copy still touches it (then when it ends)."""
@@ -201,8 +213,11 @@ class DecodeEngine(EngineBase):
     # --- 4. decode ------------------------------------------------------------------------------
     def _step(self) -> None:
         running = [r for r in self.reqs.values() if r.running][: self.cfg.max_decode_batch]
+        # only a request that has not joined the batch yet can be pulled from or read for
+        waiting = len(running) < len(self.reqs) and self.cfg.de_serves_mid_step
         t0 = time.perf_counter()
-        logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running])
+        logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],
+                                        self.interleave.poll if waiting else None)
         self.counters["busy_s"] += time.perf_counter() - t0
         self.counters["forwards"] += 1
         self.counters["forward_items"] += len(running)
@@ -220,6 +235,7 @@ class DecodeEngine(EngineBase):
             self.to_router(Token(r.assign.rid, tok, idx, done, reason))
             if done:
                 self._finish(r)
+        self.counters["served_mid_step"] += self.interleave.drain()
 
     def _done(self, r: DecodeRequest, last: int) -> bool:
         if r.generated >= r.assign.max_tokens:

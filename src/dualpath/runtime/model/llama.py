@@ -315,9 +315,11 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def decode_step(
-        self, cache: PagedKVCache, seq_ids: Sequence[int], last_token_ids: Sequence[int] | torch.Tensor
+        self, cache: PagedKVCache, seq_ids: Sequence[int], last_token_ids: Sequence[int] | torch.Tensor,
+        after_layer: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
-        """One token for each of B sequences: appends its K,V to `cache`, returns logits [B, V] (float32)."""
+        """One token for each of B sequences: appends its K,V to `cache`, returns logits [B, V] (float32).
+        `after_layer(l)` runs once layer l is done (the engine serves its mail there, engine/mid_step.py)."""
         ids = self._token_tensor(last_token_ids)  # [B]
         if ids.shape != (len(seq_ids),):
             raise ValueError(f"need one last token per sequence: {len(seq_ids)} sequences, ids {tuple(ids.shape)}")
@@ -336,4 +338,6 @@ class Llama(nn.Module):
                 q.view(b, g, h // g, d), kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask
             )  # [B, G, R, D]
             x = block.finish(x, attn.reshape(b, h * d))
+            if after_layer is not None:
+                after_layer(layer)
         return self._logits(x)
