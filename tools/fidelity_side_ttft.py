@@ -54,18 +54,23 @@ def _summary(name: str, values: list[float]) -> str:
     return f"{name} mean {statistics.mean(values):.3f} s, median {statistics.median(values):.3f} s, max {max(values):.3f} s"
 
 
-def main(workload: str, mid_step: bool) -> None:
-    router_module.Router._send_assignments, router_module.Router._on_message = _stamped_send, _stamped_message
-    if not mid_step:
-        config = demo_module.demo_config
-        demo_module.demo_config = lambda *a, **k: replace(config(*a, **k), de_serves_mid_step=False)
-    model = "smollm2-135m"
+def fidelity_plan(workload: str, model: str = "smollm2-135m"):
+    """The workload planned as `dualpath fidelity` plans it: (plan, calibration, KV bytes per token)."""
     window = load_model(model, device="cpu").model.config.max_position_tokens
     trajs = fidelity_workload(workload, window, None, RuntimeConfig(model=model).block_tokens)
     cal, kvbpt, block = calibrate_for(model, "cpu")
     plan = plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None)
     if trajs is not None:
         plan = _replan(plan, trajs, kvbpt, block)
+    return plan, cal, kvbpt
+
+
+def main(workload: str, mid_step: bool) -> None:
+    router_module.Router._send_assignments, router_module.Router._on_message = _stamped_send, _stamped_message
+    if not mid_step:
+        config = demo_module.demo_config
+        demo_module.demo_config = lambda *a, **k: replace(config(*a, **k), de_serves_mid_step=False)
+    plan, _cal, _kvbpt = fidelity_plan(workload)
     run = asyncio.run(run_demo(("dualpath",), plan=plan))["runs"][0]
     done = [d for d in STAMPS.values() if "first" in d]
     firsts = sorted(d["first"] for d in done)

@@ -14,25 +14,18 @@ import json
 import sys
 from dataclasses import replace
 
-from dualpath.config import DEMO_AGENTS, RuntimeConfig
 from dualpath.fidelity.compare import _METRICS
 from dualpath.fidelity.preset import local_sim_config
-from dualpath.fidelity.run import _replan, _simulate
-from dualpath.fidelity.workloads import fidelity_workload
-from dualpath.runtime.apps.demo import calibrate_for, demo_config, plan_demo
-from dualpath.runtime.model import load_model
+from dualpath.fidelity.run import _simulate
+from dualpath.runtime.apps.demo import demo_config
+from fidelity_side_ttft import fidelity_plan  # tools/: the same planning
 
 METRICS = ("jct_s", "ttft_p50_s", "ttst_mean_s", "tpot_mean_s", "de_step_s")
 
 
 def main(workload: str, report_path: str) -> None:
     model = "smollm2-135m"
-    window = load_model(model, device="cpu").model.config.max_position_tokens
-    trajs = fidelity_workload(workload, window, None, RuntimeConfig(model=model).block_tokens)
-    cal, kvbpt, block = calibrate_for(model, "cpu")
-    plan = plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None)
-    if trajs is not None:
-        plan = _replan(plan, trajs, kvbpt, block)
+    plan, cal, kvbpt = fidelity_plan(workload, model)
     with open(report_path) as f:
         report = json.load(f)
     print(f"profile speed now / cached: {cal.speed_now_over_cached:.3f}")

@@ -12,30 +12,13 @@ import pytest
 from dualpath.config import RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
-from dualpath.runtime.model import load_model
 from persist_wait import wait_chain_stored
+from test_kv_paths import reference_conversation
 
 TURNS = [list(range(5, 205)), list(range(20, 60)), list(range(100, 170))]
 GEN = 8
 BUSY_PROMPT = tuple(range(30, 60))
 BUSY_MAX_TOKENS = 4000  # ignores EOS: steps until cancelled, far past the conversation's end
-
-
-def _reference() -> list[list[int]]:
-    m = load_model("tiny").model
-    context: list[int] = []
-    outs = []
-    for append in TURNS:
-        ids, out = context + append, []
-        for _ in range(GEN):
-            t = int(m.forward(ids)[-1].argmax())
-            out.append(t)
-            ids = ids + [t]
-            if t in m.config.eos_token_ids:
-                break
-        outs.append(out)
-        context = context + append + out
-    return outs
 
 
 async def _busy(c: LocalCluster, started: asyncio.Event) -> int:
@@ -80,7 +63,7 @@ def test_pulls_served_between_layers_give_the_reference_tokens(mid_step):
     cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
                         pe_hbm_bytes=32 * 2**20, de_kv_tokens=8192, de_serves_mid_step=mid_step)
     outs, cached, still_busy, served = asyncio.run(_conversation_beside_a_busy_decode(cfg))
-    assert outs == _reference()
+    assert outs == reference_conversation("tiny", TURNS, GEN)
     assert cached[0] == 0 and all(h > 0 for h in cached[1:])  # later turns loaded a hit on the DE path
     assert still_busy  # the decode engine was stepping through every turn
     if mid_step:

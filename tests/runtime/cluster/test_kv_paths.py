@@ -20,15 +20,15 @@ TURNS = [list(range(5, 205)), list(range(20, 60)), list(range(100, 170)), list(r
 GEN = 12
 
 
-def reference_conversation(model_name: str) -> list[list[int]]:
+def reference_conversation(model_name: str, turns: list[list[int]] = TURNS, gen: int = GEN) -> list[list[int]]:
     """Greedy tokens by full recompute (no cache at all), turn by turn."""
     m = load_model(model_name).model
     context: list[int] = []
     outs = []
-    for append in TURNS:
+    for append in turns:
         ids = context + append
         out = []
-        for _ in range(GEN):
+        for _ in range(gen):
             t = int(m.forward(ids)[-1].argmax())
             out.append(t)
             ids = ids + [t]
