@@ -152,3 +152,31 @@ def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
     path.write_text(path.read_text() + '{"request": "x"}\n')
     with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:3"):
         read_jsonl(path)
+
+
+def test_the_simulator_runs_at_the_speed_the_runs_measured_from_their_forwards(report):
+    """in_run_speed: the runs' model time over the start profile's prediction for the same
+    forwards (fidelity/speed.py), recomputed from the report; the start-speed ablation's errors
+    come from the same runtime means."""
+    m = report["local_preset"]  # the profile at the speed checked before the runs
+    fits = {"prefill": (m["prefill_fixed_s"], m["prefill_per_token_s"], 0.0, m["prefill_per_key_s"]),
+            "decode": (m["decode_fixed_s"], m["decode_per_seq_s"], m["decode_per_ctx_s"], m["decode_per_key_s"])}
+    for mode, r in report["modes"].items():
+        times = r["runtime_model_time"]
+        assert len(times) == 2
+        for role, (fixed, per_item, per_ctx, per_key) in fits.items():
+            busy = sum(t[role]["busy_s"] for t in times)
+            pred = sum(fixed * t[role]["forwards"] + per_item * t[role]["fit_terms"][0]
+                       + per_ctx * t[role]["fit_terms"][1] + per_key * t[role]["fit_terms"][2] for t in times)
+            assert busy > 0 and pred > 0
+            assert r["in_run_speed"][role] == pytest.approx(busy / pred)
+        for t in times:  # decode: sequences per step as de_batch_mean counts them; keys = sequences x longest
+            d = t["decode"]
+            items, ctx, keys = d["fit_terms"]
+            assert 0 < ctx <= keys <= items * ctx
+        batch = r["metrics"]["de_batch_mean"]["runtime_runs"]
+        assert [t["decode"]["fit_terms"][0] / t["decode"]["forwards"] for t in times] == pytest.approx(batch)
+        for name, alt in r["sim_start_speed"].items():
+            mean = r["metrics"][name]["runtime_mean"]
+            if mean:
+                assert alt["rel_error"] == pytest.approx(alt["sim"] / mean - 1)

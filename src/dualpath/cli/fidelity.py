@@ -52,19 +52,24 @@ def print_fidelity(report: dict) -> None:
     for mode, r in report["modes"].items():
         table = Table(title=f"fidelity, {report['workload']} workload, {mode}")
         for col in ("metric", "runtime mean", "runtime spread", "simulator", "error", "goal", "met",
-                    "error, shared CNICs"):
+                    "error, shared CNICs", "error, start speed"):
             table.add_column(col, justify="right")
-        shared = r.get("sim_shared_cnics", {})
+        shared, start = r.get("sim_shared_cnics", {}), r.get("sim_start_speed", {})
         for name, m in r["metrics"].items():
             if name == "snic_utilisation":
                 continue
             goal = m.get("goal")
-            alt = shared.get(name)
+            alt, at_start = shared.get(name), start.get(name)
             table.add_row(name, f"{m['runtime_mean']:.4g}", f"{100 * m['runtime_spread']:.1f}%", f"{m['sim']:.4g}",
                           f"{100 * m['rel_error']:+.1f}%", "-" if goal is None else f"{100 * goal:.0f}%",
                           "-" if goal is None else ("yes" if m["met"] else "NO"),
-                          "-" if alt is None else f"{100 * alt['rel_error']:+.1f}%")
+                          "-" if alt is None else f"{100 * alt['rel_error']:+.1f}%",
+                          "-" if at_start is None else f"{100 * at_start['rel_error']:+.1f}%")
         d = r["decisions"]
         table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", f"{100 * d['side_goal']:.0f}%",
-                      "yes" if d["side_met"] else "NO", "")
+                      "yes" if d["side_met"] else "NO", "", "")
         out.print(table)
+        speed = r.get("in_run_speed")
+        if speed:
+            out.print(f"{mode}: model time during the runs over the profile's (checked at start): "
+                      f"prefill {speed['prefill']:.3f}, decode {speed['decode']:.3f} (fidelity/speed.py)")

@@ -9,7 +9,9 @@ Numbered path:
      the scheduler's decisions recorded (runtime/apps/demo.py: run_demo).
   3. The simulator: the same work arriving as the replay sends it (trajectories at t = 0, a trace
      at its scaled timestamps), one run per mode on the `local` preset, its decisions recorded
-     (sim/dispatch.py).
+     (sim/dispatch.py). Its step times are the profile's at the machine's speed during that mode's
+     runtime runs, measured from their own forwards (speed.py); the speed checked before the runs
+     is the `sim_start_speed` ablation.
   4. compare.py: per mode and metric, the runtime's mean and spread, the simulator's value, the
      relative error against the goal; the decisions' agreement request by request.
 """
@@ -28,6 +30,7 @@ from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
 from .compare import compare_decisions, compare_mode
 from .preset import local_sim_config
+from .speed import at_speed, in_run_speed
 from .workloads import fidelity_workload, trace_turn_costs
 
 # A trace slice's arrivals span the time basic mode needs for it (the rates'
@@ -58,30 +61,44 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     runtime = [await run_demo(tuple(modes), model=model, device=device, plan=plan, record_decisions=True,
                               on_turn=on_turn, seed=i) for i in range(repeat)]
     runtime_wall_s = time.perf_counter() - t0
-    sim_cfg = local_sim_config(demo_config(modes[0], plan.rates, model), cal.profile, kvbpt,
-                               source=f"profile {cal.path} (dualpath calibrate)")
+    source = f"profile {cal.path} (dualpath calibrate)"
+    start_cfg = local_sim_config(demo_config(modes[0], plan.rates, model), cal.profile, kvbpt, source=source)
     report: dict[str, Any] = {"workload": workload, "model": model, "device": device, "repeat": repeat,
                               "rates": plan.rates.to_json(), "profile": None if cal.path is None else str(cal.path),
+                              "speed_now_over_cached": cal.speed_now_over_cached,
                               **_workload_size(plan.trajectories),
-                              "runtime_wall_s": runtime_wall_s, "local_preset": asdict(sim_cfg.local), "modes": {}}
-    shared_cnics = replace(sim_cfg, cluster=replace(sim_cfg.cluster, cnic_as_runtime_arbiter=False))
+                              "runtime_wall_s": runtime_wall_s, "local_preset": asdict(start_cfg.local), "modes": {}}
     for mode in modes:
-        sim_run, sim_log = _simulate(sim_cfg, mode, plan.trajectories)
         real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in runtime]
-        logs = [[Decision(**d) for d in r.pop("decisions")] for r in real_runs]
-        shared_run, _ = _simulate(shared_cnics, mode, plan.trajectories)
-        report["modes"][mode] = {"metrics": compare_mode(real_runs, sim_run),
-                                 # the ablation: the paper presets' CNICs (processor sharing, full
-                                 # duplex) in place of the runtime's arbiters (config.py)
-                                 "sim_shared_cnics": {k: {"sim": v["sim"], "rel_error": v["rel_error"]}
-                                                      for k, v in compare_mode(real_runs, shared_run).items() if "rel_error" in v},
-                                 "decisions": compare_decisions(logs, sim_log),
-                                 "sim_wall_s": sim_run["wall_s"],
-                                 "decision_logs": {"sim": [asdict(d) for d in sim_log],
-                                                   "runtime": [[asdict(d) for d in log] for log in logs]},
-                                 "ttft_samples": {"sim": sim_run.get("ttft_samples_s", []),
-                                                  "runtime": [r.get("ttft_samples_s", []) for r in real_runs]}}
+        speed = in_run_speed(cal.profile, real_runs)  # speed.py: the machine during this mode's runs
+        runtime_cfg = demo_config(mode, plan.rates, model)
+        sim_cfg = local_sim_config(runtime_cfg, at_speed(cal.profile, speed), kvbpt,
+                                   source=f"{source}, at the runs' own speed {speed}")
+        at_start = local_sim_config(runtime_cfg, cal.profile, kvbpt, source=source)
+        report["modes"][mode] = _mode_report(mode, real_runs, sim_cfg, at_start, plan.trajectories)
+        report["modes"][mode].update(in_run_speed=speed, runtime_model_time=[r["model_time"] for r in real_runs])
     return report
+
+
+def _mode_report(mode: str, real_runs: list[dict], sim_cfg: Any, start_cfg: Any,
+                 work: list[Trajectory] | TraceWorkload) -> dict[str, Any]:
+    """One mode: the simulator at the runs' own compute speed against the runtime, with two
+    ablations (errors only): the profile at the speed checked before the runs, and the paper
+    presets' CNICs (processor sharing, full duplex) in place of the runtime's arbiters (config.py)."""
+    sim_run, sim_log = _simulate(sim_cfg, mode, work)
+    logs = [[Decision(**d) for d in r.pop("decisions")] for r in real_runs]
+    shared_cnics = replace(sim_cfg, cluster=replace(sim_cfg.cluster, cnic_as_runtime_arbiter=False))
+    ablations = {"sim_shared_cnics": shared_cnics, "sim_start_speed": start_cfg}
+    out: dict[str, Any] = {"metrics": compare_mode(real_runs, sim_run)}
+    for name, cfg in ablations.items():
+        run, _ = _simulate(cfg, mode, work)
+        out[name] = {k: {"sim": v["sim"], "rel_error": v["rel_error"]}
+                     for k, v in compare_mode(real_runs, run).items() if "rel_error" in v}
+    out.update({"decisions": compare_decisions(logs, sim_log), "sim_wall_s": sim_run["wall_s"],
+                "decision_logs": {"sim": [asdict(d) for d in sim_log], "runtime": [[asdict(d) for d in log] for log in logs]},
+                "ttft_samples": {"sim": sim_run.get("ttft_samples_s", []),
+                                 "runtime": [r.get("ttft_samples_s", []) for r in real_runs]}})
+    return out
 
 
 def _replan(plan: Any, trajs: list[Trajectory] | TraceWorkload, kvbpt: int, block: int) -> Any:

@@ -255,6 +255,11 @@ class Counters:
     store_skipped_calls: int = 0
     forward_items: int = 0  # summed over forwards: the requests (PE) or running sequences (DE) in each
     served_mid_step: int = 0  # DE: messages (layer pulls, finished reads and copies) served between a step's layers
+    # summed over forwards, the terms of the compute profile's fit (runtime/apps/calibrate.py)
+    # besides its fixed one (`forwards`): prefill (new tokens, 0, causal keys), decode (sequences,
+    # longest context, sequences x longest context). `busy_s` over the profile's prediction from
+    # them is the engine's compute speed during the run (fidelity/speed.py)
+    fit_terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

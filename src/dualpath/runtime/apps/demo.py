@@ -159,6 +159,11 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     # the decode engines' model time per decode step (their loop's own work excluded): `fidelity`
     # sets it beside the simulator's step time to split a TPOT error into model and loop
     de = [c for e, c in counters.items() if e in router.engines and router.engines[e].role == EngineRole.DECODE]
+    pe = [c for e, c in counters.items() if e in router.engines and router.engines[e].role == EngineRole.PREFILL]
+    # per role, the model time and the profile fit's terms of every forward (fidelity/speed.py)
+    result["model_time"] = {role: {"busy_s": sum(c.busy_s for c in cs), "forwards": sum(c.forwards for c in cs),
+                                   "fit_terms": [sum(c.fit_terms[i] for c in cs) for i in range(3)]}
+                            for role, cs in (("prefill", pe), ("decode", de))}
     forwards = sum(c.forwards for c in de)
     result["de_step_s"] = sum(c.busy_s for c in de) / forwards if forwards else float("nan")
     result["de_batch_mean"] = sum(c.forward_items for c in de) / forwards if forwards else float("nan")

@@ -137,6 +137,7 @@ class EngineBase:
         self._out_lock = threading.Lock()
         self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
                          "read_latency_s": 0.0, "forward_items": 0, "served_mid_step": 0,
+                         "fit_items": 0.0, "fit_ctx": 0.0, "fit_keys": 0.0,  # protocol.py: Counters.fit_terms
                          **{k: 0 for k in INTEGRITY_COUNTERS}}
         p = cfg.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
@@ -339,7 +340,7 @@ class EngineBase:
             self.report_counters()
 
     def report_counters(self) -> None:
-        st = self.arbiter.stats()
+        st, c = self.arbiter.stats(), self.counters
         self.to_router(Counters(self.spec.engine, int(self.counters["storage_read_bytes"]),
                                 int(self.counters["storage_write_bytes"]), float(self.counters["read_busy_s"]),
                                 int(st.sent_bytes[Lane.KV] - self._lane_base[Lane.KV]),
@@ -351,7 +352,8 @@ class EngineBase:
                                 remote_write_bytes=self.peers.sent_bytes(),
                                 store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values()),
                                 forward_items=int(self.counters["forward_items"]),
-                                served_mid_step=int(self.counters["served_mid_step"])))
+                                served_mid_step=int(self.counters["served_mid_step"]),
+                                fit_terms=(float(c["fit_items"]), float(c["fit_ctx"]), float(c["fit_keys"]))))
 
     def close(self) -> None:
         self._stop = True

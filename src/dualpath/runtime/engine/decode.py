@@ -215,12 +215,16 @@ class DecodeEngine(EngineBase):
         running = [r for r in self.reqs.values() if r.running][: self.cfg.max_decode_batch]
         # only a request that has not joined the batch yet can be pulled from or read for
         waiting = len(running) < len(self.reqs) and self.cfg.de_serves_mid_step
-        t0 = time.perf_counter()
+        longest = max((self.cache.num_tokens(r.assign.rid) for r in running), default=0)
+        t0, served0 = time.perf_counter(), self.interleave.serve_s
         logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],
                                         self.interleave.poll if waiting else None)
-        self.counters["busy_s"] += time.perf_counter() - t0
+        self.counters["busy_s"] += time.perf_counter() - t0 - (self.interleave.serve_s - served0)  # model time alone
         self.counters["forwards"] += 1
         self.counters["forward_items"] += len(running)
+        self.counters["fit_items"] += len(running)  # the profile fit's terms (protocol.py: Counters.fit_terms)
+        self.counters["fit_ctx"] += longest
+        self.counters["fit_keys"] += len(running) * longest
         for r, row in zip(running, logits):
             if r.generated < r.assign.min_tokens or r.assign.ignore_eos:
                 row = row.clone()

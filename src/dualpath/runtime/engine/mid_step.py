@@ -15,6 +15,7 @@ arrival order, for `drain` after the step. Two orders are kept:
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 
@@ -28,13 +29,16 @@ class StepInterleave:
         self._waiting_rids: set[int] = set()
         self._barrier = False
         self._served = 0  # messages handled between layers in this step
+        self.serve_s = 0.0  # seconds spent handling them, all steps (the DE's model time excludes it)
 
     def poll(self, _layer: int = -1) -> None:
         """Between two layers of a step: serve what may be served now, keep the rest."""
         while (msg := self._recv()) is not None:
             rid = getattr(msg, "rid", None)
             if not self._barrier and rid is not None and rid not in self._waiting_rids and self._serve_now(msg):
+                t0 = time.perf_counter()
                 self._handle(msg)
+                self.serve_s += time.perf_counter() - t0
                 self._served += 1
                 continue
             self._waiting.append(msg)

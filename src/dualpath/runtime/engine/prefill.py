@@ -25,7 +25,7 @@ from collections import deque
 
 import torch
 
-from ...core.measured import PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS
+from ...core.measured import PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS, causal_keys
 from ...core.policy import Budget, form_prefill_batch, prefill_budgets
 from ...core.snapshot import BatchCandidate
 from ...core.request import RequestId
@@ -203,6 +203,8 @@ class PrefillEngine(EngineBase):
         self.counters["busy_s"] += compute_s
         self.counters["forwards"] += 1
         self.counters["forward_items"] += len(batch)
+        self.counters["fit_items"] += sum(n for _, n in batch)
+        self.counters["fit_keys"] += sum(causal_keys(n, r.cached) for r, n in batch)
         for i, (r, n) in enumerate(batch):
             if r.assign.rid in stream.poisoned:
                 r.restart()  # its outputs came from KV that failed its checksums: recompute, never use
