@@ -144,6 +144,14 @@ class ClusterConfig:
     # runtime's DE handles `PromptReady` between steps), and joins the batch when the step after its
     # H2D ends (engine/mid_step.py). False: both at once (the fluid decode of the paper presets).
     decode_waits_for_step_end: bool = False
+    # The `local` preset's persists as the runtime's (issue 15; sim/persists.py): a DE's blocks
+    # reach storage one at a time through its node's SNIC write bucket (the runtime's writer
+    # thread, EngineBase._write_loop), and placement waits for a hit block still being written, at
+    # most `persist_wait_s` (RuntimeConfig.persist_wait_s; router.py: Router._try_place); and a
+    # turn's last token has no KV until the next turn (sim/hits.py: last_token_next_turn). False:
+    # a queued block counts as written at once (the paper presets: a write is ~1% of the SNIC).
+    persist_waits_for_snic_write: bool = False
+    persist_wait_s: float = 10.0  # RuntimeConfig.persist_wait_s's default; used with the flag above
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
     storage_read_latency_s: float = 0.0

@@ -29,7 +29,8 @@ NO_SOURCE = "(no source written)"
 # Per-experiment settings rather than calibration: each experiment's section states them.
 _SETTINGS = {"cluster.model", "cluster.gpu", "cluster.num_prefill_nodes", "cluster.num_decode_nodes",
              "cluster.cnic_kv_flood", "cluster.ep_ignores_kv", "scheduler.lane_weights.one_class",
-             "cluster.cnic_as_runtime_arbiter", "cluster.decode_waits_for_step_end"}  # the `local` preset's, not the paper presets'
+             "cluster.cnic_as_runtime_arbiter", "cluster.decode_waits_for_step_end",
+             "cluster.persist_waits_for_snic_write", "cluster.persist_wait_s"}  # the `local` preset's, not the paper presets'
 _FIELD_RE = re.compile(r"^(\w+)\s*:")
 _FITTED_RE = re.compile(r"^fitted \((?P<figure>[^;)]+)(?:; hardware-only: (?P<hw>[^)]*))?\):\s*")
 _CHOICE_RE = re.compile(r"^choice:\s*")

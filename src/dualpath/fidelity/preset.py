@@ -14,12 +14,15 @@ Every value is what the runtime really is or measured without looking at a run o
     cnic_as_runtime_arbiter), the decode engine's D2H of each persisted block included;
   - the decode engine's step boundaries: a request's H2D starts, and it joins the batch, when the
     running step ends (config.py: decode_waits_for_step_end; the runtime's DE serves only layer
-    pulls and finished reads and copies between a step's layers, engine/mid_step.py).
-Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24,
-25): per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
-(RuntimeConfig.max_decode_batch), the time a persist takes before a later lookup sees it (and
-placement's `persist_wait_s` give-up), and which of several simultaneous arrivals reach a PE
-before it forms its batch.
+    pulls and finished reads and copies between a step's layers, engine/mid_step.py);
+  - persists: each DE node writes its blocks one at a time through the SNIC's write bucket, and
+    placement waits for a hit block still being written, at most `persist_wait_s` (config.py:
+    persist_waits_for_snic_write; sim/persists.py).
+Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24-26):
+per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
+(RuntimeConfig.max_decode_batch), the store's own write time, generated blocks persisted as they
+fill (the simulator queues them when the turn ends), and which of several simultaneous arrivals
+reach a PE before it forms its batch.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
     cluster = ClusterConfig(model=model.name, num_prefill_nodes=runtime.num_prefill, num_decode_nodes=runtime.num_decode,
                             node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
                             expert_parallel=False, cnic_as_runtime_arbiter=True,
-                            decode_waits_for_step_end=True)
+                            decode_waits_for_step_end=True, persist_waits_for_snic_write=True,
+                            persist_wait_s=runtime.persist_wait_s)
     pf, df = profile.prefill_fit, profile.decode_fit
     machine = MeasuredMachine(
         prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,

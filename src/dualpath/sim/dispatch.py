@@ -6,9 +6,9 @@
      request (HBM frees);
   2. answers the pass's questions from the modelled cluster (`SimView`);
   3. applies the pass in its order: a PE assignment takes len(r) on the engine; a DE assignment
-     takes the final length and HBM and queues the read of the hit (resolved during the pass) on
-     the chosen side (or, with nothing to read or a free network, makes the request
-     prefill-ready at once).
+     takes the final length and HBM and hands the request to placement (persists.py:
+     `PlacementGate`), which queues the read of the hit (resolved during the pass) on the chosen
+     side (or, with nothing to read or a free network, makes the request prefill-ready at once).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..metrics.decisions import DecisionLog
 from .events import PRIO_SCHEDULE
 from .kv_io import KvIo
 from .lifecycle import SimContext, TurnLifecycle
+from .persists import PlacementGate
 from .reads import StorageReads
 from .state import Engine, Node, SimRequest
 
@@ -59,11 +60,12 @@ class SimView(ClusterView):
 
 class Dispatch:
     def __init__(self, ctx: SimContext, life: TurnLifecycle, reads: StorageReads, nodes: Sequence[Node],
-                 engines: dict[int, Engine], thresholds: PrefillThresholds,
+                 engines: dict[int, Engine], thresholds: PrefillThresholds, gate: PlacementGate,
                  recompute: RecomputeRule | None = None) -> None:
         self.ctx = ctx
         self.life = life
         self.reads = reads
+        self.gate = gate
         self.engines = engines
         f = ctx.features
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
@@ -127,11 +129,8 @@ class Dispatch:
                                       d.read_tokens)
             if d.recompute:  # the store is slower than computing the hit again
                 self.life.recompute_hit(req)
-            if d.read_tokens == 0:  # nothing to read, a free network, or recomputed
-                self.life.prefill_ready(req)
-            else:
-                assert req.pe is not None
-                self.reads.enqueue(req, req.pe.node if d.side is ReadSide.PREFILL else eng.node)
+            assert req.pe is not None
+            self.gate.admit(req, req.pe.node if d.side is ReadSide.PREFILL else eng.node, d.recompute)
 
     @property
     def num_passes(self) -> int:

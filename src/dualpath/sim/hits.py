@@ -1,12 +1,25 @@
 """How much of a prompt is already stored: the hit model, chosen once per run by the workload.
 
-The simulator asks it three things, at a turn's hooks (simulator.py), and books the persist
-tokens it returns on the DE node's SNIC (`Simulator._persist`):
-  1. `hit_tokens(req)`      the DE is chosen (`Simulator.resolve_hit`): the usable hit, in tokens;
-  2. `prompt_in_cache(req)` the prompt KV is in the DE's HBM (`Simulator._join`): tokens that
-                            start persisting now;
-  3. `turn_finished(req)`   the turn's last token (`Simulator._finish`): tokens that start
-                            persisting now.
+A hit model tracks blocks by key: queued for persist (in flight) or written (stored), as the
+runtime's router does (`runtime/router/placement.py`: `persisting`, the store's index). The
+simulator asks it, at a turn's hooks (simulator.py, persists.py):
+  1. `hit_tokens(req)`        the DE is chosen: the usable hit, counting in-flight blocks as
+                              stored (`Placement.lookup`: placement waits for them);
+  2. `stored_hit_tokens(req)`, `blocked_by_persist(req)`  at placement (persists.py:
+                              `PlacementGate`, as `Router._try_place`);
+  3. `prompt_in_cache(req)`   the prompt KV is in the DE's HBM (`Simulator._join`): the keys of
+                              the blocks that start persisting now;
+  4. `turn_finished(req)`     the turn's last token (`Simulator._finish`): the same, for the
+                              blocks the generation filled;
+  5. `written(key)`           a block's write ended (persists.py: `PersistWrites`).
+A key is an int; `UNNAMED_BLOCK` is a block that is written but never looked up.
+
+The blocks a DE persists are the runtime's (`runtime/engine/decode.py:_persist_full_blocks`):
+at the copy, the prompt's full blocks beyond the hit; then each block whose every position has
+KV, so a turn's last full block counts only up to its last token but one (that token's KV is
+computed by the next turn; the `local` preset's rule, the paper presets count the whole context,
+PAPER.md A.4). The simulator queues a turn's generated blocks when it finishes; the
+runtime queues each as it fills (not modelled: they take the same writer, earlier).
 
 `hit_model_for` picks the model from the workload: agent trajectories get `TrajectoryHits`, a
 Mooncake trace (`TraceRequest`s, one-turn agents) gets `StoreHits`.
@@ -21,6 +34,9 @@ from ..core.request import TurnSpec, usable_hit_tokens
 from ..errors import InputError
 from ..workloads.mooncake import MooncakeRecord, Rechunker
 from .state import SimRequest
+
+UNNAMED_BLOCK = -1  # a block that is written (it costs SNIC time) but never looked up
+_AGENT_KEY_STRIDE = 1 << 24  # TrajectoryHits keys: agent * stride + block index (2^24 blocks an agent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,39 +53,96 @@ class TraceRequest:
 
 
 class HitModel:
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.persisting: dict[int, int] = {}  # key -> writes queued and not yet ended
+
+    def _queue(self, keys: list[int]) -> list[int]:
+        for k in keys:
+            if k != UNNAMED_BLOCK:
+                self.persisting[k] = self.persisting.get(k, 0) + 1
+        return keys
+
+    def written(self, key: int) -> None:
+        if key == UNNAMED_BLOCK:
+            return
+        left = self.persisting.pop(key) - 1
+        if left:
+            self.persisting[key] = left
+        self._stored(key)
+
+    def _stored(self, key: int) -> None:
+        raise NotImplementedError
+
+    def _prefix_blocks(self, req: SimRequest, in_flight: bool) -> tuple[int, int]:
+        """(blocks of the prompt's stored prefix, the key after it or UNNAMED_BLOCK)."""
+        raise NotImplementedError
+
+    def _usable(self, blocks: int, req: SimRequest) -> int:
+        return usable_hit_tokens(blocks * self.block_tokens, req.input_tokens, self.block_tokens)
+
     def hit_tokens(self, req: SimRequest) -> int:
+        return self._usable(self._prefix_blocks(req, True)[0], req)
+
+    def stored_hit_tokens(self, req: SimRequest) -> int:
+        return self._usable(self._prefix_blocks(req, False)[0], req)
+
+    def blocked_by_persist(self, req: SimRequest) -> bool:
+        """The block after the stored prefix is in flight, within the usable part of the prompt."""
+        blocks, nxt = self._prefix_blocks(req, False)
+        usable = (req.input_tokens - 1) // self.block_tokens
+        return blocks < usable and nxt in self.persisting
+
+    def prompt_in_cache(self, req: SimRequest) -> list[int]:
         raise NotImplementedError
 
-    def prompt_in_cache(self, req: SimRequest) -> int:
-        raise NotImplementedError
-
-    def turn_finished(self, req: SimRequest) -> int:
+    def turn_finished(self, req: SimRequest) -> list[int]:
         raise NotImplementedError
 
 
 class TrajectoryHits(HitModel):
-    """The hit is every full block of the agent's earlier turns, as the paper's client computes it
-    (PAPER.md 1.5, A.4: hits within a trajectory, nothing evicted, agents share nothing). A turn's
-    new full blocks (context + generation) persist when it finishes; the few ms by which the last
-    block's write may trail the next turn's lookup are not modelled as a miss."""
+    """Hits within a trajectory, as the paper's client computes them (PAPER.md 1.5, A.4): a turn
+    hits every block of the agent's earlier turns that is queued or written; nothing is evicted;
+    agents share nothing. Keys: agent * 2^24 + block index. `last_token_next_turn`: the runtime's
+    rule, a turn's last token has no KV until the next turn computes it, so the block it ends is
+    written then (the `local` preset); False, the paper's client: the whole earlier context."""
 
-    def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
+    def __init__(self, block_tokens: int, last_token_next_turn: bool = False) -> None:
+        super().__init__(block_tokens)
+        self.last_token_next_turn = last_token_next_turn
+        self._written: dict[int, set[int]] = {}  # agent -> written block indices past its prefix
+        self._written_prefix: dict[int, int] = {}  # agent -> blocks 0.. all written
 
-    def hit_tokens(self, req: SimRequest) -> int:
-        return usable_hit_tokens(req.agent.context_tokens, req.input_tokens, self.block_tokens)
+    def _stored(self, key: int) -> None:
+        aid, index = divmod(key, _AGENT_KEY_STRIDE)
+        done = self._written.setdefault(aid, set())
+        done.add(index)
+        n = self._written_prefix.get(aid, 0)
+        while n in done:
+            done.discard(n)
+            n += 1
+        self._written_prefix[aid] = n
 
-    def prompt_in_cache(self, req: SimRequest) -> int:
-        return 0
-
-    def turn_finished(self, req: SimRequest) -> int:
-        """Call after `agent.context_tokens` counts this turn's generation."""
+    def _prefix_blocks(self, req: SimRequest, in_flight: bool) -> tuple[int, int]:
         agent = req.agent
+        queued = agent.persisted_tokens // self.block_tokens
+        n = queued if in_flight else self._written_prefix.get(agent.aid, 0)
+        return n, (agent.aid * _AGENT_KEY_STRIDE + n if n < queued else UNNAMED_BLOCK)
+
+    def _persist(self, req: SimRequest, first: int, last: int) -> list[int]:
+        agent = req.agent
+        agent.persisted_tokens = max(agent.persisted_tokens, last * self.block_tokens)
+        return self._queue([agent.aid * _AGENT_KEY_STRIDE + i for i in range(first, last)])
+
+    def prompt_in_cache(self, req: SimRequest) -> list[int]:
+        """The prompt's full blocks beyond the hit (blocks a short hit left out are written again)."""
         b = self.block_tokens
-        durable = agent.context_tokens // b * b
-        new_tokens = durable - agent.persisted_tokens
-        agent.persisted_tokens = max(agent.persisted_tokens, durable)
-        return new_tokens
+        return self._persist(req, req.hit_tokens // b, req.input_tokens // b)
+
+    def turn_finished(self, req: SimRequest) -> list[int]:
+        b = self.block_tokens
+        last_kv = req.input_tokens + req.gen_tokens - (1 if self.last_token_next_turn else 0)
+        return self._persist(req, req.input_tokens // b, last_kv // b)
 
 
 class StoreHits(HitModel):
@@ -79,63 +152,52 @@ class StoreHits(HitModel):
       only, by one `Rechunker` per run in request order. They stand for the runtime's chained
       block digests of the replayed prompt (`replay_mooncake` gives every 512-token id fixed
       tokens; `core.blocks.chain_digests` chains the blocks).
-    - Hit: the longest stored prefix of the prompt's full blocks, then `usable_hit_tokens`
-      (`runtime/router/placement.py:Placement.lookup` and `hit_tokens`).
-    - Visible: a prompt's full blocks count as stored from the instant the DE has copied the prompt
-      KV into its cache. That is when the runtime's DE announces their persist
-      (`runtime/engine/decode.py:DecodeEngine._copy_done` -> `_persist_full_blocks`, `PersistQueued`),
-      and from then on a lookup whose next block is among them waits for the write
-      (`runtime/router/router.py:Router._wait_for_persist`, `Placement.blocked_by_persist`). The
-      write's own few ms and the router's `persist_wait_s` give-up are not modelled. A one-token
-      turn skips the simulated H2D copy (`Simulator.kv_landed`): its blocks become visible when
-      it finishes, that same instant.
-    - Persist tokens, as `_persist_full_blocks` writes them: at the copy, every prompt full block
-      beyond the hit (an already stored one is written again); at the finish, the generated
-      blocks that filled, (input + gen - 1) // b - input // b (the last token's KV is never
-      computed). Generated blocks are never looked up: a trace prompt's tokens come from its
-      block ids, never from a model's output.
+    - Hit: the longest prefix of the prompt's full blocks that is stored or in flight, then
+      `usable_hit_tokens` (`Placement.lookup` and `hit_tokens`).
+    - Generated blocks are written (`UNNAMED_BLOCK`) but never looked up: a trace prompt's
+      tokens come from its block ids, never from a model's output.
+    - A one-token turn skips the simulated H2D copy (`Simulator.kv_landed`): its prompt blocks
+      are queued when it finishes, that same instant.
     - Nothing is evicted (the runtime's store is unbounded unless `store_capacity_bytes` is set).
     """
 
     def __init__(self, requests: Sequence[TraceRequest], block_tokens: int) -> None:
+        super().__init__(block_tokens)
         rechunker = Rechunker(block_tokens, requests[0].record.block_tokens if requests else 512)  # one id space per run
-        self.block_tokens = block_tokens
         self.blocks: list[tuple[int, ...]] = [rechunker.rechunk(r.record) for r in requests]  # by agent id
         self.stored: set[int] = set()
-        self._in_cache: set[int] = set()  # agents (one turn each) whose prompt blocks are visible
+        self._in_cache: set[int] = set()  # agents (one turn each) whose prompt blocks are queued
 
-    def stored_prefix_blocks(self, agent: int) -> int:
-        blocks = self.blocks[agent]
+    def _stored(self, key: int) -> None:
+        self.stored.add(key)
+
+    def _prefix_blocks(self, req: SimRequest, in_flight: bool) -> tuple[int, int]:
+        blocks = self.blocks[req.rid.agent]
         n = 0
-        while n < len(blocks) and blocks[n] in self.stored:
+        while n < len(blocks) and (blocks[n] in self.stored or (in_flight and blocks[n] in self.persisting)):
             n += 1
-        return n
+        return n, (blocks[n] if n < len(blocks) else UNNAMED_BLOCK)
 
-    def hit_tokens(self, req: SimRequest) -> int:
-        b = self.block_tokens
-        return usable_hit_tokens(self.stored_prefix_blocks(req.rid.agent) * b, req.input_tokens, b)
-
-    def prompt_in_cache(self, req: SimRequest) -> int:
+    def prompt_in_cache(self, req: SimRequest) -> list[int]:
         aid = req.rid.agent
-        blocks = self.blocks[aid]
-        self.stored.update(blocks)
         self._in_cache.add(aid)
-        return (len(blocks) - req.hit_tokens // self.block_tokens) * self.block_tokens
+        return self._queue(list(self.blocks[aid][req.hit_tokens // self.block_tokens:]))
 
-    def turn_finished(self, req: SimRequest) -> int:
+    def turn_finished(self, req: SimRequest) -> list[int]:
         aid = req.rid.agent
-        prompt = 0 if aid in self._in_cache else self.prompt_in_cache(req)
+        prompt = [] if aid in self._in_cache else self.prompt_in_cache(req)
         self._in_cache.discard(aid)
         b = self.block_tokens
         generated = (req.input_tokens + req.gen_tokens - 1) // b - req.input_tokens // b
-        return prompt + generated * b
+        return prompt + [UNNAMED_BLOCK] * generated
 
 
-def hit_model_for(workload: Sequence[Any], block_tokens: int) -> HitModel:
-    """`StoreHits` for a Mooncake trace (every item a `TraceRequest`), else `TrajectoryHits`."""
+def hit_model_for(workload: Sequence[Any], block_tokens: int, runtime_rule: bool = False) -> HitModel:
+    """`StoreHits` for a Mooncake trace (every item a `TraceRequest`), else `TrajectoryHits`
+    (`runtime_rule`: the runtime's last-token rule, `TrajectoryHits.last_token_next_turn`)."""
     num_trace = sum(1 for w in workload if isinstance(w, TraceRequest))
     if num_trace == 0:
-        return TrajectoryHits(block_tokens)
+        return TrajectoryHits(block_tokens, runtime_rule)
     if num_trace != len(workload):
         raise InputError("a workload is either agent trajectories or one Mooncake trace, not a mix")
     return StoreHits(workload, block_tokens)

@@ -10,7 +10,7 @@ the same way (prefill.py: `pipeline_for`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from ..core.lanes import Lane
 from .links import Flow, Link, Network
@@ -41,13 +41,15 @@ class KvIo:
         self.net.start(nbytes, Lane.KV, cnic, done, req)
         return True
 
-    def persist(self, snic_out: Link, nbytes: int, d2h: Link | None = None) -> int:
+    def persist(self, snic_out: Link, nbytes: float, d2h: Link | None = None,
+                done: Callable[[Flow], None] | None = None, tag: Any = None) -> float:
         """Book a persist's bytes on the SNIC's write side; the bytes booked. `d2h`: the link the
-        blocks' copy out of HBM crosses first (the runtime's DE arbiter, `cnic_as_runtime_arbiter`);
-        nothing waits on it, but it holds that link's KV queue as long as it takes."""
+        blocks' copy out of HBM crosses first (the runtime's DE arbiter, `cnic_as_runtime_arbiter`),
+        a flow that holds that link's KV queue as long as it takes; `done(flow)` (with `tag`)
+        follows it. The write's own time is persists.py's."""
         self.net.book(snic_out, Lane.KV, nbytes)
         if d2h is not None:
-            self.net.start(nbytes, Lane.KV, (d2h,), _ignore)
+            self.net.start(nbytes, Lane.KV, (d2h,), _ignore if done is None else done, tag)
         return nbytes
 
 
@@ -63,8 +65,9 @@ class FreeKvIo(KvIo):
     def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, Link], done: Callable[[Flow], None]) -> bool:
         return False
 
-    def persist(self, snic_out: Link, nbytes: int, d2h: Link | None = None) -> int:
-        return 0
+    def persist(self, snic_out: Link, nbytes: float, d2h: Link | None = None,
+                done: Callable[[Flow], None] | None = None, tag: Any = None) -> float:
+        return 0.0
 
 
 def _ignore(_flow: Flow) -> None:

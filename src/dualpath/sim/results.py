@@ -14,6 +14,7 @@ from ..config import Features, SimConfig
 from ..metrics import TurnRecorder, distribution, snic_balance, turn_latencies
 from .dispatch import Dispatch
 from .events import EventLoop
+from .persists import PersistWrites
 from .reads import StorageReads
 
 
@@ -32,7 +33,7 @@ class FinishedRun(Protocol):
     reads: StorageReads
     driver: Dispatch
     profile: dict
-    persisted_bytes: float
+    writes: PersistWrites
     h2d_bytes: float
     num_recomputed: int  # hits computed again instead of read (read or recompute)
     snic_samples: list  # per sample: cumulative SNIC-in KV bytes per node
@@ -67,13 +68,20 @@ def _byte_totals(sim: FinishedRun, cnics: list) -> dict[str, float]:
     return {
         "storage_to_prefill": sim.reads.bytes_by_side[ReadSide.PREFILL],
         "storage_via_decode": sim.reads.bytes_by_side[ReadSide.DECODE],
-        "persisted": sim.persisted_bytes,
+        "persisted": sim.writes.persisted_bytes,
         "kv_layer_streams": sum(g.stream_bytes for g in sim.prefill_groups.values()),
         "pd_transfer": sum(g.pd_bytes for g in sim.prefill_groups.values()),
         "de_h2d": sim.h2d_bytes,
         "cnic_lane_kv": sum(l.served_bytes[Lane.KV] for l in cnics) / 2,
         "cnic_lane_latency_critical": sum(l.served_bytes[Lane.LATENCY_CRITICAL] for l in cnics) / 2,
     }
+
+
+def _persists(sim: FinishedRun) -> dict[str, int]:
+    """Blocks written through the SNIC write buckets; requests placement held for one (persists.py)."""
+    gate = sim.driver.gate
+    return {"blocks_written": sim.writes.num_written, "requests_waited": gate.num_waited,
+            "requests_gave_up": gate.num_gave_up}
 
 
 def _nic_utilisation(snic_read_util: list[float], snic_out: list, cnics: list, duration_s: float) -> dict[str, Any]:
@@ -128,6 +136,7 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
         },
         "scheduler": {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions,
                       **({"recomputed_hits": sim.num_recomputed} if sim.cfg.scheduler.recompute_when_faster else {})},
+        **({"persists": _persists(sim)} if cfg.cluster.persist_waits_for_snic_write else {}),
         "policy_wall_s": sim.driver.policy_cpu_s,
         "prefill_attention_max_over_avg": _attention_balance(sim),
         "prefill_forwards": sum(g.num_forwards for g in sim.prefill_groups.values()),

@@ -11,7 +11,8 @@ Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details
      (decode.py; `after_step`: both when the DE's step ends, with `decode_waits_for_step_end`).
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
      agent's next turn (tool and think time are zero, PAPER.md 4.2).
-The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and 6.
+The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and
+6; persists.py writes them and, between 2 and 3, holds placement while a hit block is written.
 
 Determinism: no wall clock, no global counters, no unseeded randomness; ties follow events.py.
 """
@@ -38,6 +39,7 @@ from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
 from .hits import hit_model_for
 from .links import Flow, Link, Network
 from .kv_io import kv_io_for
+from .persists import PersistWrites, PlacementGate
 from .lifecycle import SimContext, TurnLifecycle
 from .prefill import PrefillGroup
 from .reads import StorageReads
@@ -72,13 +74,15 @@ class Simulator(TurnLifecycle):
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
         self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
-        self.hits = hit_model_for(trajectories, self.block_tokens)  # the workload's hit model, once
+        self.hits = hit_model_for(trajectories, self.block_tokens, cl.persist_waits_for_snic_write)  # the workload's, once
         self._validate_fit()
         self.inflight: dict = {}
         self.num_recomputed, thresholds = 0, self._profile_thresholds()  # hits computed again, not read
-        self.driver = Dispatch(ctx, self, self.reads, self.nodes, self.engines_by_id, thresholds, self._recompute_rule())
+        self.gate = PlacementGate(ctx, self.hits, self, self.reads)  # placement waits for persists (persists.py)
+        self.writes = PersistWrites(ctx, self.hits, self.gate.pump)
+        self.driver = Dispatch(ctx, self, self.reads, self.nodes, self.engines_by_id, thresholds, self.gate,
+                               self._recompute_rule())
         self.recorder = TurnRecorder()
-        self.persisted_bytes = 0.0
         self.num_agents_done = 0
         self._kick_pending: set[int] = set()
         self.snic_samples: list[list[float]] = []
@@ -169,15 +173,11 @@ class Simulator(TurnLifecycle):
     def resolve_hit(self, req: SimRequest) -> None:
         """The hit model's answer (hits.py): trajectories, the agent's earlier context as the paper's
         client computes it; a Mooncake trace, the longest stored prefix of the prompt's blocks."""
-        hit = self.hits.hit_tokens(req)
-        req.hit_tokens = hit
-        req.cached_tokens = hit
-        req.remaining_tokens = req.input_tokens - hit
+        req.set_hit(self.hits.hit_tokens(req))
 
     def recompute_hit(self, req: SimRequest) -> None:
         """The scheduler chose to compute the hit again (core/policy/recompute.py): a miss."""
-        req.hit_tokens = req.cached_tokens = 0
-        req.remaining_tokens = req.input_tokens
+        req.set_hit(0)
         self.num_recomputed += 1
 
     # --- 4. prefill --------------------------------------------------------------------------
@@ -245,7 +245,7 @@ class Simulator(TurnLifecycle):
     def _join(self, req: SimRequest) -> None:
         req.to(Phase.DECODING)
         de = req.chosen_de
-        self._persist(self.hits.prompt_in_cache(req), de)
+        self.writes.submit(self.hits.prompt_in_cache(req), de)
         self.decode_groups[de.node.nid].join(req, de)
 
     def _release_de_buffer(self, req: SimRequest) -> None:
@@ -284,7 +284,7 @@ class Simulator(TurnLifecycle):
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens
-        self._persist(self.hits.turn_finished(req), de)
+        self.writes.submit(self.hits.turn_finished(req), de)
         agent.next_turn += 1
         if agent.next_turn < len(agent.turns):
             self._start_turn(agent)
@@ -293,15 +293,6 @@ class Simulator(TurnLifecycle):
             self.num_agents_done += 1
             if self.num_agents_done == len(self.agents):
                 self.loop.halt()
-
-    def _persist(self, num_tokens: int, de: Engine) -> None:
-        """New full blocks (the hit model's) go to storage through the DE node's SNIC (PAPER.md
-        1.4), booked, not simulated: nothing waits on a persist, and a SNIC's write side carries
-        nothing else (~1% of read bytes). The `local` preset's D2H copy is a flow (kv_io.py)."""
-        new_bytes = num_tokens * self.kv_bytes_per_token
-        if new_bytes > 0:
-            d2h = de.cnic_out if self.cfg.cluster.cnic_as_runtime_arbiter else None
-            self.persisted_bytes += self.io.persist(de.node.snic_out, new_bytes, d2h)
 
     # --- sampling and run ----------------------------------------------------------------------
     def _sample(self, _: object) -> None:
@@ -370,6 +361,8 @@ class Simulator(TurnLifecycle):
             if req.phase is Phase.READING:
                 node = req.pe.node if req.side is ReadSide.PREFILL else req.de.node
                 readq[node.nid] += req.hit_tokens
+        for req, node in self.gate.waiting():  # charged at the decision (persists.py)
+            readq[node.nid] += req.hit_tokens
         for n in self.nodes:
             used = n.buffer_total_bytes - n.buffer_free_bytes
             if abs(used - pe_buf[n.nid] - de_buf[n.nid]) > tol or n.buffer_free_bytes < -tol:

@@ -61,6 +61,11 @@ class SimRequest:
         self.t_pe = self.t_de = self.t_read_start = self.t_read_end = -1.0
         self.t_prefill_start = self.t_first = self.t_second = self.t_finish = -1.0
 
+    def set_hit(self, tokens: int) -> None:
+        """The usable hit (tokens) is fixed: at the DE's choice, or again at placement (persists.py)."""
+        self.hit_tokens = self.cached_tokens = tokens
+        self.remaining_tokens = self.input_tokens - tokens
+
     def to(self, phase: Phase) -> None:
         self.phase = check_transition(self.phase, phase)
 

@@ -1,0 +1,157 @@
+"""Persists that take time, and placement that waits for them, as the runtime does (issue 15).
+
+Two parts, both switched on by `ClusterConfig.persist_waits_for_snic_write` (the `local` preset;
+off, a queued block counts as written at once and nothing waits, the paper presets' model):
+
+`PersistWrites`: the blocks a DE queues (hits.py names them) go to storage through its node's
+SNIC, as `runtime/engine/decode.py:_persist_full_blocks` and `EngineBase._write_loop` send them:
+  1. the D2H copy out of HBM, a flow on the DE's CNIC arbiter (with `cnic_as_runtime_arbiter`);
+  2. one writer per DE node takes the blocks in order, each through the SNIC's write bucket
+     (`EngineBase.snic_write`: `TokenBucket(snic_bytes_per_s, burst = one full block)`): the
+     first block of an idle writer goes at once, each later one when its bytes are paid for;
+  3. `written`: the block counts as stored (`Persisted` -> `Placement.persisted`), and the
+     placement gate looks again. The store's own write time (a local file, ~ms) is not modelled.
+
+`PlacementGate`: `Router._place` / `_try_place`. Requests the pass assigned wait in one FIFO; the
+head whose next prompt block is still being written (`HitModel.blocked_by_persist`) holds the
+queue until the write ends or `persist_wait_s` passes, then goes on with what is stored. The hit
+is what is stored at placement (`Placement.hit_tokens`, larger or smaller than the decision's);
+a recomputed hit does not wait. The request's read tokens stay charged to its read side while it
+waits, as the router charges the decision's. The router's buffer allocation at this point is
+modelled where the sim reserves buffers (reads.py, prefill.py), not here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from .events import PRIO_SCHEDULE
+from .hits import HitModel
+from .lifecycle import SimContext, TurnLifecycle
+from .links import Flow
+from .reads import StorageReads
+from .state import Engine, Node, SimRequest
+
+
+class _Writer:
+    __slots__ = ("level_bytes", "stamp_s", "free_at_s")
+
+    def __init__(self, burst_bytes: float) -> None:
+        self.level_bytes = burst_bytes  # the runtime's bucket starts full
+        self.stamp_s = 0.0
+        self.free_at_s = 0.0  # when the writer thread takes its next block
+
+
+class PersistWrites:
+    def __init__(self, ctx: SimContext, hits: HitModel, on_written: Callable[[], None]) -> None:
+        cl = ctx.cfg.cluster
+        self.ctx = ctx
+        self.hits = hits
+        self.on_written = on_written
+        self.timed = cl.persist_waits_for_snic_write and not ctx.features.io_free
+        self.block_bytes = float(cl.block_tokens * ctx.kv_bytes_per_token)
+        self.rate_bytes_per_s = cl.node.snic_bytes_per_s
+        self._writers: dict[int, _Writer] = {}  # by DE node id
+        self.persisted_bytes = 0.0
+        self.num_written = 0  # blocks whose write ended (timed only)
+
+    def submit(self, keys: list[int], de: Engine) -> None:
+        if not keys:
+            return
+        ctx = self.ctx
+        d2h = de.cnic_out if ctx.cfg.cluster.cnic_as_runtime_arbiter else None
+        nbytes = len(keys) * self.block_bytes
+        waits = self.timed and d2h is not None
+        self.persisted_bytes += ctx.io.persist(de.node.snic_out, nbytes, d2h, self._copied if waits else None,
+                                               (keys, de.node))
+        if not self.timed:
+            for k in keys:
+                self.hits.written(k)
+        elif not waits:
+            self._write(keys, de.node)
+
+    def _copied(self, flow: Flow) -> None:
+        keys, node = flow.tag
+        self._write(keys, node)
+
+    def _write(self, keys: list[int], node: Node) -> None:
+        loop = self.ctx.loop
+        w = self._writers.get(node.nid)
+        if w is None:
+            w = self._writers[node.nid] = _Writer(self.block_bytes)
+        rate = self.rate_bytes_per_s
+        for k in keys:
+            start = max(loop.now_s, w.free_at_s)
+            level = min(self.block_bytes, w.level_bytes + rate * (start - w.stamp_s)) - self.block_bytes
+            w.level_bytes, w.stamp_s = level, start
+            w.free_at_s = start + (-level / rate if level < 0 else 0.0)
+            loop.call_at(w.free_at_s, self._written, k)
+
+    def _written(self, key: int) -> None:
+        self.num_written += 1
+        self.hits.written(key)
+        self.on_written()
+
+
+class _Placing:
+    __slots__ = ("req", "node", "recompute", "since_s")
+
+    def __init__(self, req: SimRequest, node: Node, recompute: bool) -> None:
+        self.req = req
+        self.node = node  # the read side's node
+        self.recompute = recompute
+        self.since_s = -1.0  # when it began to wait for a persist
+
+
+class PlacementGate:
+    def __init__(self, ctx: SimContext, hits: HitModel, life: TurnLifecycle, reads: StorageReads) -> None:
+        cl = ctx.cfg.cluster
+        self.ctx = ctx
+        self.hits = hits
+        self.life = life
+        self.reads = reads
+        self.waits = cl.persist_waits_for_snic_write and not ctx.features.io_free
+        self.wait_s = cl.persist_wait_s
+        self._fifo: deque[_Placing] = deque()
+        self.num_waited = 0  # requests that waited for a persist
+        self.num_gave_up = 0  # of those, requests that went on after persist_wait_s
+
+    def admit(self, req: SimRequest, read_node: Node, recompute: bool) -> None:
+        if not self.waits:
+            self._place(req, read_node)
+            return
+        read_node.read_queue_tokens += req.hit_tokens
+        self._fifo.append(_Placing(req, read_node, recompute))
+        self.pump()
+
+    def pump(self) -> None:
+        loop = self.ctx.loop
+        while self._fifo:
+            p = self._fifo[0]
+            if not p.recompute and self.hits.blocked_by_persist(p.req):
+                if p.since_s < 0:
+                    p.since_s = loop.now_s
+                    self.num_waited += 1
+                    loop.call_at(loop.now_s + self.wait_s, self._timeout, None, PRIO_SCHEDULE)
+                if loop.now_s < p.since_s + self.wait_s:
+                    return
+                self.num_gave_up += 1
+            self._fifo.popleft()
+            p.node.read_queue_tokens -= p.req.hit_tokens
+            if not p.recompute:
+                p.req.set_hit(self.hits.stored_hit_tokens(p.req))
+            self._place(p.req, p.node)
+
+    def _timeout(self, _: object) -> None:
+        self.pump()
+
+    def _place(self, req: SimRequest, read_node: Node) -> None:
+        if self.ctx.io.tokens_to_read(req) == 0:  # nothing to read, a free network, or recomputed
+            self.life.prefill_ready(req)
+        else:
+            self.reads.enqueue(req, read_node)
+
+    def waiting(self) -> list[tuple[SimRequest, Node]]:
+        """(request, read-side node) of each request waiting here, its hit charged to the node."""
+        return [(p.req, p.node) for p in self._fifo]
