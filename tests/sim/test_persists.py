@@ -12,7 +12,7 @@ import pytest
 from dualpath.config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
 from dualpath.sim.events import EventLoop
 from dualpath.sim.hits import StoreHits, TraceRequest, TrajectoryHits
-from dualpath.sim.persists import PersistWrites, PlacementGate
+from dualpath.sim.persists import PersistWrites, PlacementGate, filled_at_s
 from dualpath.sim.simulator import Simulator
 from dualpath.sim.state import Agent, SimRequest
 from dualpath.core.request import TurnSpec
@@ -26,7 +26,7 @@ RATE = 20.0  # SNIC bytes/s: a block's write takes 2 s once the bucket is empty
 def _ctx(timed=True, wait_s=10.0):
     cluster = SimpleNamespace(persist_waits_for_snic_write=timed, persist_wait_s=wait_s, block_tokens=BT,
                               cnic_as_runtime_arbiter=False, node=SimpleNamespace(snic_bytes_per_s=RATE))
-    io = SimpleNamespace(persist=lambda snic_out, nbytes, d2h, done, tag: nbytes, tokens_to_read=lambda req: req.hit_tokens)
+    io = SimpleNamespace(persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
     return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster), features=SimpleNamespace(io_free=False),
                            kv_bytes_per_token=KVB, io=io)
 
@@ -60,6 +60,43 @@ def test_untimed_writes_end_at_once():
     log = _Log(ctx.loop)
     PersistWrites(ctx, log, lambda: None).submit([1, 2], _de())
     assert log.got == [(0.0, 1), (0.0, 2)]  # inside submit: no event
+
+
+def _finished(input_tokens, gen, t_first, t_second, t_finish):
+    r = SimRequest(Agent(0, (TurnSpec(input_tokens, gen),), 0.0), 0, input_tokens, gen, 0, 0.0)
+    r.t_first, r.t_second, r.t_finish = t_first, t_second, t_finish
+    return r
+
+
+def test_a_generated_block_fills_when_the_step_after_its_last_token_ends():
+    # 6 prompt tokens, 11 generated (positions 6..16), blocks of 4: block 1 (positions 4..7) is
+    # full once token 1 (position 7) has KV, computed by the step that emits token 2; block 2
+    # (8..11) by token 6's step, block 3 (12..15) by token 10's (the last, at t_finish); position 16
+    # is the last token, no KV. Tokens 1..10 evenly from t_second = 1.0 to t_finish = 10.0.
+    assert filled_at_s(_finished(6, 11, 0.5, 1.0, 10.0), BT) == [2.0, 6.0, 10.0]
+    assert filled_at_s(_finished(6, 1, 0.5, 0.5, 0.5), BT) == []  # one token: its KV is never computed
+    assert filled_at_s(_finished(7, 2, 0.5, 0.7, 0.7), BT) == [0.7]  # position 7 is the prefill's token
+
+
+def test_generated_blocks_are_written_from_when_they_filled():
+    ctx = _ctx()
+    log = _Log(ctx.loop)
+    writes = PersistWrites(ctx, log, lambda: None)
+    req = _finished(6, 11, 0.5, 1.0, 10.0)  # filled at 2, 6, 10 (above)
+    ctx.loop.call_at(10.0, lambda _: writes.submit_generated([21, 22, 23], _de(), req))
+    ctx.loop.run()
+    # the first two were written during the decode (known at the turn's end), the third now
+    assert log.got == [(10.0, 21), (10.0, 22), (10.0, 23)]
+    w = writes._writers[7]
+    assert w.free_at_s == 10.0 and writes.persisted_bytes == 3 * BT * KVB
+    # a writer busy until 11 takes the blocks in order after its earlier work
+    ctx2 = _ctx()
+    log2 = _Log(ctx2.loop)
+    writes2 = PersistWrites(ctx2, log2, lambda: None)
+    ctx2.loop.call_at(5.0, lambda _: writes2.submit([1, 2, 3, 4], _de()))  # 5, 7, 9, 11
+    ctx2.loop.call_at(10.0, lambda _: writes2.submit_generated([21, 22, 23], _de(), req))
+    ctx2.loop.run()
+    assert log2.got == [(5.0, 1), (7.0, 2), (9.0, 3), (11.0, 4), (13.0, 21), (15.0, 22), (17.0, 23)]
 
 
 def _trace_req(aid, blocks, input_tokens, gen=3):

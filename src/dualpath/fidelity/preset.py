@@ -17,12 +17,13 @@ Every value is what the runtime really is or measured without looking at a run o
     pulls and finished reads and copies between a step's layers, engine/mid_step.py);
   - persists: each DE node writes its blocks one at a time through the SNIC's write bucket, and
     placement waits for a hit block still being written, at most `persist_wait_s` (config.py:
-    persist_waits_for_snic_write; sim/persists.py).
+    persist_waits_for_snic_write; sim/persists.py); a turn's generated blocks are written as they
+    filled during its decode (`PersistWrites.submit_generated`).
 Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24-26):
 per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
-(RuntimeConfig.max_decode_batch), the store's own write time, generated blocks persisted as they
-fill (the simulator queues them when the turn ends), and which of several simultaneous arrivals
-reach a PE before it forms its batch.
+(RuntimeConfig.max_decode_batch), the store's own write time, the D2H copy of a generated block
+when it fills (booked at the turn's end), and which of several simultaneous arrivals reach a PE
+before it forms its batch.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ The blocks a DE persists are the runtime's (`runtime/engine/decode.py:_persist_f
 at the copy, the prompt's full blocks beyond the hit; then each block whose every position has
 KV, so a turn's last full block counts only up to its last token but one (that token's KV is
 computed by the next turn; the `local` preset's rule, the paper presets count the whole context,
-PAPER.md A.4). The simulator queues a turn's generated blocks when it finishes; the
-runtime queues each as it fills (not modelled: they take the same writer, earlier).
+PAPER.md A.4). The runtime queues each generated block as it fills; the simulator names them
+when the turn finishes and persists.py writes them from the times they filled.
 
 `hit_model_for` picks the model from the workload: agent trajectories get `TrajectoryHits`, a
 Mooncake trace (`TraceRequest`s, one-turn agents) gets `StoreHits`.

@@ -11,6 +11,11 @@ SNIC, as `runtime/engine/decode.py:_persist_full_blocks` and `EngineBase._write_
      first block of an idle writer goes at once, each later one when its bytes are paid for;
   3. `written`: the block counts as stored (`Persisted` -> `Placement.persisted`), and the
      placement gate looks again. The store's own write time (a local file, ~ms) is not modelled.
+A turn's generated blocks are queued as each fills, as the runtime's DE does after every step
+(`submit_generated`, at the turn's end): block k is ready when the step that computes the KV of its
+last position ends, at that token's time on the line from the second token to the last
+(`filled_at_s`); the writer takes it then or when it is free, so the write may have ended before
+the turn's end. Their D2H flow is booked at the turn's end and nothing waits on it.
 
 `PlacementGate`: `Router._place` / `_try_place`. Requests the pass assigned wait in one FIFO; the
 head whose next prompt block is still being written (`HitModel.blocked_by_persist`) holds the
@@ -71,27 +76,54 @@ class PersistWrites:
         elif not waits:
             self._write(keys, de.node)
 
+    def submit_generated(self, keys: list[int], de: Engine, req: SimRequest) -> None:
+        """The turn's blocks at its end: the generated ones (the last `len(filled)`) as they filled."""
+        filled = filled_at_s(req, self.ctx.cfg.cluster.block_tokens)
+        num_prompt = len(keys) - len(filled)
+        if not self.timed or not filled:
+            self.submit(keys, de)
+            return
+        assert num_prompt >= 0, (len(keys), len(filled))
+        self.submit(keys[:num_prompt], de)  # a one-token turn's prompt blocks (StoreHits)
+        gen = keys[num_prompt:]
+        d2h = de.cnic_out if self.ctx.cfg.cluster.cnic_as_runtime_arbiter else None
+        self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, d2h)
+        self._write(gen, de.node, filled)
+
     def _copied(self, flow: Flow) -> None:
         keys, node = flow.tag
         self._write(keys, node)
 
-    def _write(self, keys: list[int], node: Node) -> None:
+    def _write(self, keys: list[int], node: Node, ready_s: list[float] | None = None) -> None:
         loop = self.ctx.loop
         w = self._writers.get(node.nid)
         if w is None:
             w = self._writers[node.nid] = _Writer(self.block_bytes)
         rate = self.rate_bytes_per_s
-        for k in keys:
-            start = max(loop.now_s, w.free_at_s)
+        for i, k in enumerate(keys):
+            start = max(loop.now_s if ready_s is None else ready_s[i], w.free_at_s)
             level = min(self.block_bytes, w.level_bytes + rate * (start - w.stamp_s)) - self.block_bytes
             w.level_bytes, w.stamp_s = level, start
             w.free_at_s = start + (-level / rate if level < 0 else 0.0)
-            loop.call_at(w.free_at_s, self._written, k)
+            loop.call_at(max(loop.now_s, w.free_at_s), self._written, k)
 
     def _written(self, key: int) -> None:
         self.num_written += 1
         self.hits.written(key)
         self.on_written()
+
+
+def filled_at_s(req: SimRequest, block_tokens: int) -> list[float]:
+    """When each generated block of a finished turn had KV at every position (the runtime's rule:
+    a token's KV is computed by the step that emits the next one, so the last token's is not).
+    Generated token j (0: the prefill's, at t_first) is emitted at t_second + (j - 1) / (gen - 2)
+    of the way to t_finish: a line, where the sim's decode rate changes with its batch."""
+    b, n_in, gen = block_tokens, req.input_tokens, req.gen_tokens
+    out = []
+    for k in range(n_in // b + 1, (n_in + gen - 1) // b + 1):  # blocks [n_in // b, (n_in + gen - 1) // b)
+        j = k * b - n_in  # the token whose step computes the KV of the block's last position (k * b - 1)
+        out.append(req.t_finish if gen <= 2 else req.t_second + (j - 1) / (gen - 2) * (req.t_finish - req.t_second))
+    return out
 
 
 class _Placing:

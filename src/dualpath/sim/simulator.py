@@ -284,7 +284,7 @@ class Simulator(TurnLifecycle):
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens
-        self.writes.submit(self.hits.turn_finished(req), de)
+        self.writes.submit_generated(self.hits.turn_finished(req), de, req)
         agent.next_turn += 1
         if agent.next_turn < len(agent.turns):
             self._start_turn(agent)
