@@ -47,6 +47,12 @@ def test_report_structure_and_errors_come_from_the_runs(report):
         real = [[Decision(**d) for d in log] for log in logs["runtime"]]
         assert len(sim) == report["num_turns"] and all(len(log) == report["num_turns"] for log in real)
         assert r["decisions"]["vs_sim"][0]["same_side"] == agreement(real[0], sim).same_side
+        placed = r["placed_hits"]  # per request, both worlds: the hit placement fixed
+        names = {d.request for d in sim}
+        assert set(placed["sim"]) == names and all(set(p) == names for p in placed["runtime"])
+        assert r["metrics"]["placed_hit_tokens"]["sim"] == sum(placed["sim"].values())
+        assert r["metrics"]["placed_hit_tokens"]["runtime_runs"] == [sum(p.values()) for p in placed["runtime"]]
+        assert any(placed["sim"].values()) and any(placed["runtime"][0].values())  # later turns hit
         assert not math.isnan(r["metrics"]["jct_s"]["sim"])
         shared = r["sim_shared_cnics"]  # the ablation's errors against the same runtime means
         assert set(shared) == set(r["metrics"]) - {"snic_utilisation"}

@@ -28,6 +28,8 @@ _METRICS: dict[str, Callable[[dict], float]] = {
     # diagnostic: sequences per decode step, averaged over steps (a step-time error splits into
     # batch composition and the time of a step of a given batch)
     "de_batch_mean": lambda r: r.get("de_batch_mean", math.nan),
+    # diagnostic: hit tokens fixed at placement, summed (the bytes read follow them, not the decisions')
+    "placed_hit_tokens": lambda r: float(r.get("cached_tokens", math.nan)),
 }
 
 

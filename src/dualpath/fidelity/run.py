@@ -97,7 +97,10 @@ def _mode_report(mode: str, real_runs: list[dict], sim_cfg: Any, start_cfg: Any,
     out.update({"decisions": compare_decisions(logs, sim_log), "sim_wall_s": sim_run["wall_s"],
                 "decision_logs": {"sim": [asdict(d) for d in sim_log], "runtime": [[asdict(d) for d in log] for log in logs]},
                 "ttft_samples": {"sim": sim_run.get("ttft_samples_s", []),
-                                 "runtime": [r.get("ttft_samples_s", []) for r in real_runs]}})
+                                 "runtime": [r.get("ttft_samples_s", []) for r in real_runs]},
+                # per request, the hit tokens placement fixed (the decision's may be fewer or more)
+                "placed_hits": {"sim": sim_run.get("placed_hits", {}),
+                                "runtime": [r.pop("placed_hits", {}) for r in real_runs]}})
     return out
 
 
@@ -144,6 +147,7 @@ def _simulate(cfg: Any, mode: str, work: list[Trajectory] | TraceWorkload) -> tu
     result = sim.run()
     rec = sim.recorder
     result["ttft_samples_s"] = [f - a for a, f in zip(rec.arrival_s, rec.first_s)]
+    result["placed_hits"] = {f"a{a}t{t}": h for a, t, h in zip(rec.agent, rec.turn, rec.hit_tokens)}
     steps = sum(g.num_steps for g in sim.decode_groups.values())
     result["de_step_s"] = sum(g.busy_s for g in sim.decode_groups.values()) / steps if steps else float("nan")
     result["de_batch_mean"] = sum(g.seq_steps for g in sim.decode_groups.values()) / steps if steps else float("nan")

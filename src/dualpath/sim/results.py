@@ -144,6 +144,7 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
         "num_agents_finished": len(done),
         "horizon_s": sim.cfg.workload.horizon_s,
         "num_turns": len(rec),
+        "cached_tokens": int(sum(rec.hit_tokens)),  # the hits placement fixed (the runtime replay's key)
         "num_events": sim.loop.num_events,
         "sim_duration_s": duration,
         "wall_s": wall_s,

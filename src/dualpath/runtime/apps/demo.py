@@ -171,6 +171,7 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     if record_decisions:
         result["decisions"] = [asdict(d) for d in router.metrics.decisions.decisions]
         result["ttft_samples_s"] = [r.first_s - r.arrival_s for r in records]
+        result["placed_hits"] = {f"a{r.agent}t{r.turn}": r.cached_tokens for r in records}
     return result
 
 
