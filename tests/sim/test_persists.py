@@ -26,8 +26,8 @@ RATE = 20.0  # SNIC bytes/s: a block's write takes 2 s once the bucket is empty
 def _ctx(timed=True, wait_s=10.0):
     cluster = SimpleNamespace(persist_waits_for_snic_write=timed, persist_wait_s=wait_s, block_tokens=BT,
                               cnic_as_runtime_arbiter=False, node=SimpleNamespace(snic_bytes_per_s=RATE))
-    io = SimpleNamespace(persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
-    return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster), features=SimpleNamespace(io_free=False),
+    io = SimpleNamespace(persists_take_time=lambda: True, persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
+    return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster),
                            kv_bytes_per_token=KVB, io=io)
 
 

@@ -41,6 +41,10 @@ class KvIo:
         self.net.start(nbytes, Lane.KV, cnic, done, req)
         return True
 
+    def persists_take_time(self) -> bool:
+        """Whether a persist's write may take time (persists.py); the oracle's are free."""
+        return True
+
     def persist(self, snic_out: Link, nbytes: float, d2h: Link | None = None,
                 done: Callable[[Flow], None] | None = None, tag: Any = None) -> float:
         """Book a persist's bytes on the SNIC's write side; the bytes booked. `d2h`: the link the
@@ -63,6 +67,9 @@ class FreeKvIo(KvIo):
         return 0
 
     def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, Link], done: Callable[[Flow], None]) -> bool:
+        return False
+
+    def persists_take_time(self) -> bool:
         return False
 
     def persist(self, snic_out: Link, nbytes: float, d2h: Link | None = None,

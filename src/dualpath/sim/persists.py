@@ -54,7 +54,7 @@ class PersistWrites:
         self.ctx = ctx
         self.hits = hits
         self.on_written = on_written
-        self.timed = cl.persist_waits_for_snic_write and not ctx.features.io_free
+        self.timed = cl.persist_waits_for_snic_write and ctx.io.persists_take_time()
         self.block_bytes = float(cl.block_tokens * ctx.kv_bytes_per_token)
         self.rate_bytes_per_s = cl.node.snic_bytes_per_s
         self._writers: dict[int, _Writer] = {}  # by DE node id
@@ -143,7 +143,7 @@ class PlacementGate:
         self.hits = hits
         self.life = life
         self.reads = reads
-        self.waits = cl.persist_waits_for_snic_write and not ctx.features.io_free
+        self.waits = cl.persist_waits_for_snic_write and ctx.io.persists_take_time()
         self.wait_s = cl.persist_wait_s
         self._fifo: deque[_Placing] = deque()
         self.num_waited = 0  # requests that waited for a persist
