@@ -34,7 +34,7 @@ from typing import Callable
 from .events import PRIO_SCHEDULE
 from .hits import HitModel
 from .lifecycle import SimContext, TurnLifecycle
-from .links import Flow
+from .links import Flow, Link
 from .reads import StorageReads
 from .state import Engine, Node, SimRequest
 
@@ -65,7 +65,7 @@ class PersistWrites:
         if not keys:
             return
         ctx = self.ctx
-        d2h = de.cnic_out if ctx.cfg.cluster.cnic_as_runtime_arbiter else None
+        d2h = self._d2h_link(de)
         nbytes = len(keys) * self.block_bytes
         waits = self.timed and d2h is not None
         self.persisted_bytes += ctx.io.persist(de.node.snic_out, nbytes, d2h, self._copied if waits else None,
@@ -86,9 +86,12 @@ class PersistWrites:
         assert num_prompt >= 0, (len(keys), len(filled))
         self.submit(keys[:num_prompt], de)  # a one-token turn's prompt blocks (StoreHits)
         gen = keys[num_prompt:]
-        d2h = de.cnic_out if self.ctx.cfg.cluster.cnic_as_runtime_arbiter else None
-        self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, d2h)
+        self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, self._d2h_link(de))
         self._write(gen, de.node, filled)
+
+    def _d2h_link(self, de: Engine) -> Link | None:
+        """The link a block's copy out of HBM crosses: the DE's CNIC arbiter, in the `local` preset."""
+        return de.cnic_out if self.ctx.cfg.cluster.cnic_as_runtime_arbiter else None
 
     def _copied(self, flow: Flow) -> None:
         keys, node = flow.tag
