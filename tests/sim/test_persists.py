@@ -23,10 +23,12 @@ KVB = 10  # KV bytes per token: a block is 40 bytes
 RATE = 20.0  # SNIC bytes/s: a block's write takes 2 s once the bucket is empty
 
 
-def _ctx(timed=True, wait_s=10.0):
+def _ctx(timed=True, wait_s=10.0, buffers=False):
     cluster = SimpleNamespace(persist_waits_for_snic_write=timed, persist_wait_s=wait_s, block_tokens=BT,
-                              cnic_as_runtime_arbiter=False, node=SimpleNamespace(snic_bytes_per_s=RATE))
-    io = SimpleNamespace(persists_take_time=lambda: True, persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
+                              cnic_as_runtime_arbiter=False, node=SimpleNamespace(snic_bytes_per_s=RATE),
+                              buffers_at_placement=buffers)
+    io = SimpleNamespace(persists_take_time=lambda: True, reserves_buffers=lambda: True,
+                         persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
     return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster),
                            kv_bytes_per_token=KVB, io=io)
 
@@ -201,6 +203,48 @@ def test_untimed_placement_is_immediate():
     gate, placed = _gate(ctx, {0: (99.0, 4, 8)})
     gate.admit(_req(0, 0), node, False)
     assert placed == [(0.0, 0, 0, "ready")] and node.read_queue_tokens == 0
+
+
+def _placed_on(nodes, aid, hit, side):
+    """A request of 10 prompt tokens (3 slots of BT = 4) assigned to PE node nodes[0] and DE node nodes[1]."""
+    r = _req(aid, hit)
+    r.input_tokens = 10
+    r.pe, r.de = SimpleNamespace(node=nodes[0]), SimpleNamespace(node=nodes[1])
+    r.side = side
+    return r
+
+
+def test_placement_takes_the_prompts_buffer_slots_all_or_nothing_and_waits_for_room():
+    from dualpath.core.snapshot import ReadSide
+    from dualpath.sim.state import Node
+
+    ctx = _ctx(timed=False, buffers=True)
+    slot = BT * KVB  # 40 bytes: a 10-token prompt takes 3 slots, 120 bytes
+    pe_node, de_node = Node(0, True, None, None, 5 * slot), Node(1, False, None, None, 4 * slot)
+    gate, placed = _gate(ctx, {0: (0.0, 0, 0), 1: (0.0, 0, 0), 2: (0.0, 0, 0)})
+    a = _placed_on((pe_node, de_node), 0, 0, ReadSide.PREFILL)
+    gate.admit(a, de_node, False)
+    assert placed == [(0.0, 0, 0, "ready")] and (a.de_buffer_bytes, a.pe_buffer_bytes) == (3 * slot, 3 * slot)
+    assert de_node.buffer_free_bytes == slot and pe_node.buffer_free_bytes == 2 * slot
+    b = _placed_on((pe_node, de_node), 1, 0, ReadSide.DECODE)  # DE path: the DE buffer only
+    c = _placed_on((pe_node, de_node), 2, 0, ReadSide.PREFILL)
+    gate.admit(b, de_node, False)
+    gate.admit(c, pe_node, False)  # FIFO: behind b, though its own room would not help it either
+    assert len(placed) == 1 and id(gate) in de_node.waiters and gate.num_buffer_waits == 1
+    de_node.buffer_free_bytes += 3 * slot  # a's prompt KV is in HBM (Simulator.release_buffer pumps)
+    a.de_buffer_bytes = 0.0
+    gate.pump()
+    # b takes the DE buffer's 3 free slots; c finds 1 and waits on the DE node
+    assert [p[1] for p in placed] == [0, 1] and b.de_buffer_bytes == 3 * slot and b.pe_buffer_bytes == 0.0
+    assert de_node.buffer_free_bytes == slot and pe_node.buffer_free_bytes == 2 * slot
+    de_node.buffer_free_bytes += 3 * slot  # b's prompt is in HBM: c's DE slots fit, its PE slots do not
+    gate.pump()
+    assert [p[1] for p in placed] == [0, 1] and de_node.buffer_free_bytes == 4 * slot  # nothing held by c
+    assert id(gate) in pe_node.waiters and c.de_buffer_bytes == 0.0 == c.pe_buffer_bytes
+    pe_node.buffer_free_bytes += 3 * slot  # a's prefill ends (PrefillDone)
+    gate.pump()
+    assert [p[1] for p in placed] == [0, 1, 2] and (c.de_buffer_bytes, c.pe_buffer_bytes) == (3 * slot, 3 * slot)
+    assert gate.num_buffer_waits == 2  # b and c, each counted once however often it looked
 
 
 MC = 512

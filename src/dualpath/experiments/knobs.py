@@ -30,7 +30,7 @@ NO_SOURCE = "(no source written)"
 _SETTINGS = {"cluster.model", "cluster.gpu", "cluster.num_prefill_nodes", "cluster.num_decode_nodes",
              "cluster.cnic_kv_flood", "cluster.ep_ignores_kv", "scheduler.lane_weights.one_class",
              "cluster.cnic_as_runtime_arbiter", "cluster.decode_waits_for_step_end",
-             "cluster.persist_waits_for_snic_write", "cluster.persist_wait_s"}  # the `local` preset's, not the paper presets'
+             "cluster.persist_waits_for_snic_write", "cluster.persist_wait_s", "cluster.buffers_at_placement"}  # the `local` preset's, not the paper presets'
 _FIELD_RE = re.compile(r"^(\w+)\s*:")
 _FITTED_RE = re.compile(r"^fitted \((?P<figure>[^;)]+)(?:; hardware-only: (?P<hw>[^)]*))?\):\s*")
 _CHOICE_RE = re.compile(r"^choice:\s*")

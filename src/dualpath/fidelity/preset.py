@@ -18,7 +18,10 @@ Every value is what the runtime really is or measured without looking at a run o
   - persists: each DE node writes its blocks one at a time through the SNIC's write bucket, and
     placement waits for a hit block still being written, at most `persist_wait_s` (config.py:
     persist_waits_for_snic_write; sim/persists.py); a turn's generated blocks are written as they
-    filled during its decode (`PersistWrites.submit_generated`).
+    filled during its decode (`PersistWrites.submit_generated`);
+  - host buffers: placement takes the prompt's slots in the DE buffer (and the PE buffer on the PE
+    path) or holds its FIFO, as the router's `Placement.allocate_regions` (config.py:
+    buffers_at_placement; sim/persists.py: PlacementGate).
 Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24-26):
 per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
 (RuntimeConfig.max_decode_batch), the store's own write time, the D2H copy of a generated block
@@ -55,7 +58,7 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
                             node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
                             expert_parallel=False, cnic_as_runtime_arbiter=True,
                             decode_waits_for_step_end=True, persist_waits_for_snic_write=True,
-                            persist_wait_s=runtime.persist_wait_s)
+                            persist_wait_s=runtime.persist_wait_s, buffers_at_placement=True)
     pf, df = profile.prefill_fit, profile.decode_fit
     machine = MeasuredMachine(
         prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,

@@ -45,6 +45,10 @@ class KvIo:
         """Whether a persist's write may take time (persists.py); the oracle's are free."""
         return True
 
+    def reserves_buffers(self) -> bool:
+        """Whether requests take host-buffer room (reads.py, prefill.py, persists.py); the oracle's are unbounded."""
+        return True
+
     def persist(self, snic_out: Link, nbytes: float, d2h: Link | None = None,
                 done: Callable[[Flow], None] | None = None, tag: Any = None) -> float:
         """Book a persist's bytes on the SNIC's write side; the bytes booked. `d2h`: the link the
@@ -70,6 +74,9 @@ class FreeKvIo(KvIo):
         return False
 
     def persists_take_time(self) -> bool:
+        return False
+
+    def reserves_buffers(self) -> bool:
         return False
 
     def persist(self, snic_out: Link, nbytes: float, d2h: Link | None = None,

@@ -22,8 +22,12 @@ head whose next prompt block is still being written (`HitModel.blocked_by_persis
 queue until the write ends or `persist_wait_s` passes, then goes on with what is stored. The hit
 is what is stored at placement (`Placement.hit_tokens`, larger or smaller than the decision's);
 a recomputed hit does not wait. The request's read tokens stay charged to its read side while it
-waits, as the router charges the decision's. The router's buffer allocation at this point is
-modelled where the sim reserves buffers (reads.py, prefill.py), not here.
+waits, as the router charges the decision's. With `ClusterConfig.buffers_at_placement` (the
+`local` preset) the head then takes its host-buffer room as `Placement.allocate_regions` does: one
+Full Block slot per prompt block in the DE node's buffer, and on the PE read path as many in the PE
+node's, all or nothing; lacking room it holds the queue until a release there (`Simulator.
+release_buffer` pumps the gate). Without it, reads.py and prefill.py reserve when they first use
+a buffer (the paper presets).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
+from ..core.snapshot import ReadSide
 from .events import PRIO_SCHEDULE
 from .hits import HitModel
 from .lifecycle import SimContext, TurnLifecycle
@@ -130,13 +135,15 @@ def filled_at_s(req: SimRequest, block_tokens: int) -> list[float]:
 
 
 class _Placing:
-    __slots__ = ("req", "node", "recompute", "since_s")
+    __slots__ = ("req", "node", "recompute", "since_s", "gave_up", "buffer_waited")
 
     def __init__(self, req: SimRequest, node: Node, recompute: bool) -> None:
         self.req = req
         self.node = node  # the read side's node
         self.recompute = recompute
         self.since_s = -1.0  # when it began to wait for a persist
+        self.gave_up = False  # it waited persist_wait_s and goes on with what is stored
+        self.buffer_waited = False  # it found a buffer without room for its prompt
 
 
 class PlacementGate:
@@ -148,12 +155,16 @@ class PlacementGate:
         self.reads = reads
         self.waits = cl.persist_waits_for_snic_write and ctx.io.persists_take_time()
         self.wait_s = cl.persist_wait_s
+        self.holds_buffers = cl.buffers_at_placement and ctx.io.reserves_buffers()
+        self.block_tokens = cl.block_tokens
+        self.slot_bytes = float(cl.block_tokens * ctx.kv_bytes_per_token)  # one Full Block (HostBuffer slot)
         self._fifo: deque[_Placing] = deque()
         self.num_waited = 0  # requests that waited for a persist
         self.num_gave_up = 0  # of those, requests that went on after persist_wait_s
+        self.num_buffer_waits = 0  # requests placement held for buffer room
 
     def admit(self, req: SimRequest, read_node: Node, recompute: bool) -> None:
-        if not self.waits:
+        if not self.waits and not self.holds_buffers:
             self._place(req, read_node)
             return
         read_node.read_queue_tokens += req.hit_tokens
@@ -164,14 +175,21 @@ class PlacementGate:
         loop = self.ctx.loop
         while self._fifo:
             p = self._fifo[0]
-            if not p.recompute and self.hits.blocked_by_persist(p.req):
+            if self.waits and not p.recompute and self.hits.blocked_by_persist(p.req):
                 if p.since_s < 0:
                     p.since_s = loop.now_s
                     self.num_waited += 1
                     loop.call_at(loop.now_s + self.wait_s, self._timeout, None, PRIO_SCHEDULE)
                 if loop.now_s < p.since_s + self.wait_s:
                     return
-                self.num_gave_up += 1
+                if not p.gave_up:
+                    p.gave_up = True
+                    self.num_gave_up += 1
+            if self.holds_buffers and not self._take_buffers(p.req):
+                if not p.buffer_waited:
+                    p.buffer_waited = True
+                    self.num_buffer_waits += 1
+                return
             self._fifo.popleft()
             p.node.read_queue_tokens -= p.req.hit_tokens
             if not p.recompute:
@@ -180,6 +198,24 @@ class PlacementGate:
 
     def _timeout(self, _: object) -> None:
         self.pump()
+
+    def _take_buffers(self, req: SimRequest) -> bool:
+        """The prompt's slots in the DE node's buffer and, on the PE path, the PE node's; or none
+        and the gate waits on the buffer that lacked room."""
+        assert req.pe is not None and req.de is not None
+        nbytes = -(-req.input_tokens // self.block_tokens) * self.slot_bytes
+        de_node, pe_node = req.de.node, req.pe.node
+        if not de_node.reserve(nbytes):
+            de_node.waiters[id(self)] = self
+            return False
+        if req.side is ReadSide.PREFILL:
+            if not pe_node.reserve(nbytes):
+                de_node.buffer_free_bytes += nbytes  # all or nothing (nobody waits on what was never held)
+                pe_node.waiters[id(self)] = self
+                return False
+            req.pe_buffer_bytes = nbytes
+        req.de_buffer_bytes = nbytes
+        return True
 
     def _place(self, req: SimRequest, read_node: Node) -> None:
         if self.ctx.io.tokens_to_read(req) == 0:  # nothing to read, a free network, or recomputed

@@ -175,7 +175,10 @@ class PrefillGroup:
 
     def _free_loaded_host_copies(self, fwd: Forward) -> None:
         """Not layerwise: once a request's whole hit KV is in HBM, its PE-buffer copy is no longer
-        needed, unless a later chunk will load it again."""
+        needed, unless a later chunk will load it again. Not when placement took it
+        (`buffers_at_placement`): the router frees the PE's regions at PrefillDone."""
+        if self.ctx.cfg.cluster.buffers_at_placement:
+            return
         for eng, req, ntok in fwd.entries:
             if req.pe_buffer_bytes and ntok == req.remaining_tokens:
                 self.life.release_buffer(eng.node, req.pe_buffer_bytes)

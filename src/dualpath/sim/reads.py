@@ -5,8 +5,9 @@ Numbered path of one read:
      (tokens, the policy's read_q) grows by its hit.
   2. `pump`: the head starts when fewer than `reads_in_flight_per_node` reads run and its buffer
      reservation succeeds (PE side: the hit in the PE buffer; DE side: the whole prompt in the DE
-     buffer, since the miss KV will join it there). A head that cannot reserve waits, and registers
-     itself on the full node so that a release there pumps this queue again.
+     buffer, since the miss KV will join it there), unless placement took it (persists.py). A head
+     that cannot reserve waits, and registers itself on the full node so that a release there
+     pumps this queue again.
   3. After the store's latency (ClusterConfig.storage_read_latency_s, 0 by default), the flow
      crosses [storage egress (if finite), SNIC in] on the KV lane.
   4. `_done`: the read queue shrinks, the request is PREFILL_READY in its PE's batch queue.
@@ -61,6 +62,8 @@ class StorageReads:
         ctx = self.ctx
         pe, de = req.pe, req.de
         assert pe is not None and de is not None
+        if req.pe_buffer_bytes if req.side is ReadSide.PREFILL else req.de_buffer_bytes:
+            return True  # placement took it (ClusterConfig.buffers_at_placement)
         if req.side is ReadSide.PREFILL:
             node, nbytes = pe.node, req.hit_tokens * ctx.kv_bytes_per_token
         else:

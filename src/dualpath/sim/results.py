@@ -78,10 +78,11 @@ def _byte_totals(sim: FinishedRun, cnics: list) -> dict[str, float]:
 
 
 def _persists(sim: FinishedRun) -> dict[str, int]:
-    """Blocks written through the SNIC write buckets; requests placement held for one (persists.py)."""
+    """Blocks written through the SNIC write buckets; requests placement held for one, or for
+    buffer room (persists.py)."""
     gate = sim.driver.gate
     return {"blocks_written": sim.writes.num_written, "requests_waited": gate.num_waited,
-            "requests_gave_up": gate.num_gave_up}
+            "requests_gave_up": gate.num_gave_up, "requests_waited_for_buffers": gate.num_buffer_waits}
 
 
 def _nic_utilisation(snic_read_util: list[float], snic_out: list, cnics: list, duration_s: float) -> dict[str, Any]:

@@ -262,6 +262,8 @@ class Simulator(TurnLifecycle):
             for w in waiters:
                 if isinstance(w, Node):
                     self.reads.pump(w)
+                elif w is self.gate:  # placement's head waits for room (buffers_at_placement)
+                    self.gate.pump()
                 else:
                     self.kick_prefill(w.node.nid)
 

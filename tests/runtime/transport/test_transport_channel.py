@@ -32,6 +32,26 @@ def test_inbox_outbox_keep_order_and_time_out(tmp_path):
         assert inbox.recv(timeout_s=0.01) is None
 
 
+def test_send_many_arrives_together_in_order_and_a_bad_part_is_dropped_alone(tmp_path):
+    import zmq
+
+    ep = ipc_endpoint(tmp_path, "inbox")
+    with Inbox(ep) as inbox, Outbox(ep) as outbox:
+        outbox.send(KvReady(0, 0, "s", 0, 1))
+        outbox.send_many([KvReady(i, i, "s", i, 1) for i in (1, 2, 3)])
+        outbox.send_many([])  # nothing is sent
+        assert inbox.recv(5.0).request_id == 0
+        assert inbox.recv(5.0).request_id == 1
+        # the rest of the frame is here with its first: no wait, even with a zero timeout
+        assert [inbox.recv(0).request_id, inbox.recv(0).request_id] == [2, 3]
+        assert inbox.recv(0.01) is None
+        raw = zmq.Context.instance().socket(zmq.PUSH)
+        raw.connect(ep)
+        raw.send_multipart([encode(KvReady(4, 4, "s", 4, 1)), b"not a message", encode(KvReady(5, 5, "s", 5, 1))])
+        assert [inbox.recv(5.0).request_id, inbox.recv(0).request_id] == [4, 5] and inbox.bad_frames == 1
+        raw.close(linger=0)
+
+
 def test_ipc_path_length_is_checked(tmp_path):
     with pytest.raises(ValueError):
         ipc_endpoint(tmp_path / ("x" * 120), "a")

@@ -80,26 +80,38 @@ async def _one_request(router: Any, clock: Clock, name: str, prompt: list[int], 
     return out
 
 
+async def _send_in_order(arrivals_s: Sequence[float], clock: Clock, launch: Callable[[int], Any]) -> None:
+    """Start `launch(i)` at each arrival (seconds from now) in (arrival, i) order and wait for all:
+    requests that arrive together are sent in workload order (as the simulator admits them), not in
+    whichever order their timers happen to fire."""
+    start = clock.now_s()
+    tasks = []
+    for i in sorted(range(len(arrivals_s)), key=lambda k: (arrivals_s[k], k)):
+        delay_s = start + arrivals_s[i] - clock.now_s()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        tasks.append(asyncio.create_task(launch(i)))
+    await asyncio.gather(*tasks)
+
+
 async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals_s: Sequence[float], vocab_size: int,
                               clock: Clock, seed: int = 0, on_turn: Callable[[int], None] | None = None,
                               cold: bool = False) -> list[TurnRecord]:
     """`cold`: every turn is a fresh prompt (nothing earlier is resent, so nothing hits the store)."""
     lo, hi = _ordinary_ids(vocab_size)
     records: list[TurnRecord] = []
-    start = clock.now_s()
 
-    async def agent(k: int, traj: Any, arrival: float) -> None:
+    async def agent(k: int) -> None:
         rng = np.random.default_rng((seed, k))
-        await asyncio.sleep(max(0.0, start + arrival - clock.now_s()))
         context: list[int] = []
-        for i, t in enumerate(traj.turns):
+        for i, t in enumerate(trajectories[k].turns):
             prompt = context + rng.integers(lo, hi, size=t.append_tokens).tolist()
             out = await _one_request(router, clock, f"a{k}t{i}", prompt, t.gen_tokens, k, i, records)
             context = [] if cold else prompt + out
             if on_turn is not None:
                 on_turn(len(records))
 
-    await asyncio.gather(*(agent(k, t, a) for k, (t, a) in enumerate(zip(trajectories, arrivals_s))))
+    await _send_in_order(arrivals_s, clock, agent)
     return records
 
 
@@ -116,17 +128,16 @@ async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: in
         return cache[bid]
 
     records: list[TurnRecord] = []
-    start = clock.now_s()
     t_first = min(r.timestamp_s for r in records_in) if records_in else 0.0
 
-    async def one(i: int, rec: Any) -> None:
-        await asyncio.sleep(max(0.0, start + (rec.timestamp_s - t_first) * time_scale - clock.now_s()))
+    async def one(i: int) -> None:
+        rec = records_in[i]
         prompt = [t for bid in rec.block_ids for t in block(bid, rec.block_tokens)][: rec.input_tokens]
         await _one_request(router, clock, f"a{i}t0", prompt, max(1, rec.output_tokens), i, 0, records)
         if on_turn is not None:
             on_turn(len(records))
 
-    await asyncio.gather(*(one(i, r) for i, r in enumerate(records_in)))
+    await _send_in_order([(r.timestamp_s - t_first) * time_scale for r in records_in], clock, one)
     return records
 
 

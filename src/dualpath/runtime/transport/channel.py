@@ -3,6 +3,7 @@
 Each process binds one `Inbox` (PULL) at an endpoint in a shared temporary directory and keeps an
 `Outbox` (PUSH) per peer it talks to. Messages are the registered dataclasses of `messages`.
 PUSH/PULL keeps per-sender order; there is no reply socket: a request names its `reply_to` inbox.
+`Outbox.send_many` sends several messages as one multipart frame, so they arrive together.
 
 Between hosts the same sockets take tcp:// endpoints. They are then marked for the latency-critical
 lane (control messages are small and on the critical path: IP_TOS from tcp.py) and, given a shared
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +66,21 @@ class Inbox:
             raise
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT) if endpoint.startswith("tcp://") else endpoint
         self.bad_frames = 0
+        self._arrived: deque[Any] = deque()  # the rest of a `send_many`, delivered with its first
 
     def recv(self, timeout_s: float | None = None) -> Any | None:
         """The next message, or None if none arrives within `timeout_s` (None = wait forever).
         Frames that are not a registered message are dropped (counted in `bad_frames`)."""
-        while True:
+        while not self._arrived:
             if timeout_s is not None and not self._sock.poll(max(0, round(timeout_s * 1000))):
                 return None
-            data = self._sock.recv(copy=True)
-            try:
-                return decode(data)
-            except Exception as exc:  # msgpack's errors, a wrong field count, an unknown tag: a bad frame
-                self.bad_frames += 1
-                log.warning("%s: dropped a malformed frame of %d bytes (%s)", self.endpoint, len(data), exc)
+            for data in self._sock.recv_multipart(copy=True):
+                try:
+                    self._arrived.append(decode(data))
+                except Exception as exc:  # msgpack's errors, a wrong field count, an unknown tag: a bad frame
+                    self.bad_frames += 1
+                    log.warning("%s: dropped a malformed frame of %d bytes (%s)", self.endpoint, len(data), exc)
+        return self._arrived.popleft()
 
     def close(self) -> None:
         self._sock.close()
@@ -107,6 +111,15 @@ class Outbox:
         data = encode(msg)
         with self._lock:
             self._sock.send(data)
+
+    def send_many(self, msgs: list[Any]) -> None:
+        """Messages that arrive together, in order (one multipart frame: the receiver's `recv`
+        has them all once it has the first), e.g. one scheduling pass's assignments to an engine."""
+        if not msgs:
+            return
+        parts = [encode(m) for m in msgs]
+        with self._lock:
+            self._sock.send_multipart(parts)
 
     def close(self) -> None:
         with self._lock:
