@@ -152,12 +152,9 @@ class ClusterConfig:
     # a queued block counts as written at once (the paper presets: a write is ~1% of the SNIC).
     persist_waits_for_snic_write: bool = False
     persist_wait_s: float = 10.0  # RuntimeConfig.persist_wait_s's default; used with the flag above
-    # The `local` preset's host buffers as the runtime's router holds them (issue 15;
-    # runtime/router/placement.py: allocate_regions): at placement, the FIFO head takes one slot
-    # (a Full Block) per prompt block in its DE node's buffer, and on the PE read path as many in
-    # its PE node's buffer, all or nothing, or holds the queue until a release; the DE's are freed
-    # when the prompt KV is in HBM (PromptLoaded), the PE's when its prefill ends (PrefillDone).
-    # False: each buffer is reserved when it is first used (a read, a first forward), PAPER.md 1.3.
+    # The `local` preset's host buffers as the router holds them (issue 15; sim/persists.py;
+    # Placement.allocate_regions): placement takes a Full Block slot per prompt block in the DE's
+    # buffer (PE path: the PE's too) or holds its FIFO. False: reserved at first use, PAPER.md 1.3.
     buffers_at_placement: bool = False
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.

@@ -6,7 +6,7 @@ import zlib
 import pytest
 
 from dualpath.bench.transport import KvPull, KvReady, ShmKvReceiver, holder_process_main
-from dualpath.runtime.transport.channel import Inbox, Outbox, ipc_endpoint
+from dualpath.runtime.transport.channel import Inbox, Outbox, SendsTogether, ipc_endpoint
 from dualpath.runtime.transport.messages import Stop, decode, encode
 from dualpath.runtime.transport.shm import HostBuffer
 
@@ -50,6 +50,21 @@ def test_send_many_arrives_together_in_order_and_a_bad_part_is_dropped_alone(tmp
         raw.send_multipart([encode(KvReady(4, 4, "s", 4, 1)), b"not a message", encode(KvReady(5, 5, "s", 5, 1))])
         assert [inbox.recv(5.0).request_id, inbox.recv(0).request_id] == [4, 5] and inbox.bad_frames == 1
         raw.close(linger=0)
+
+
+def test_sends_together_hold_each_outboxs_messages_until_the_block_ends(tmp_path):
+    a_ep, b_ep = ipc_endpoint(tmp_path, "a"), ipc_endpoint(tmp_path, "b")
+    with Inbox(a_ep) as a, Inbox(b_ep) as b, Outbox(a_ep) as to_a, Outbox(b_ep) as to_b:
+        sends = SendsTogether()
+        sends.send(to_a, KvReady(0, 0, "s", 0, 1))  # outside the block: at once
+        assert a.recv(5.0).request_id == 0
+        with sends.together():
+            for i in (1, 2):
+                sends.send(to_a, KvReady(i, i, "s", i, 1))
+                sends.send(to_b, KvReady(10 + i, i, "s", i, 1))
+            assert a.recv(0.05) is None and b.recv(0.05) is None  # held
+        assert [a.recv(5.0).request_id, a.recv(0).request_id] == [1, 2]
+        assert [b.recv(5.0).request_id, b.recv(0).request_id] == [11, 12]
 
 
 def test_ipc_path_length_is_checked(tmp_path):

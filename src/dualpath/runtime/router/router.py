@@ -37,7 +37,7 @@ from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
                         Hello, Join, Leaving, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
                         Reconfigured, Token)
-from ..transport.channel import Inbox
+from ..transport.channel import Inbox, SendsTogether
 from ..store.remote import read_token
 from ..transport.shm import SlotLedger
 from .liveness import Liveness, describe_down, engine_health
@@ -75,7 +75,7 @@ class Router:
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pass_pending = False
-        self._held_sends: dict[Any, list[Any]] | None = None  # during _place: assignments per outbox
+        self.sends = SendsTogether()  # a placement loop's assignments leave together per engine
         self.metrics = RouterMetrics(clock, lambda: self.store)
         self.token = None if config.peer_token_file is None else read_token(config.peer_token_file)
         self.inbox = Inbox(endpoint, token=self.token)
@@ -252,28 +252,15 @@ class Router:
 
     # --- 3. placement and assignment ----------------------------------------------------------------
     def _place(self) -> None:
-        """Place the FIFO's heads; their assignments go out together per engine at the end
-        (`Outbox.send_many`), so an idle PE batches every request this pass placed on it, as
-        the simulator's PE sees them (not whichever reached it before it woke)."""
-        held: dict[Any, list[Any]] = {}
-        self._held_sends = held
-        try:
+        """Place the FIFO's heads; their assignments leave together per engine at the end
+        (`SendsTogether`), so an idle PE batches every request this pass placed on it, as the
+        simulator's PE sees them (not whichever reached it before it woke)."""
+        with self.sends.together():
             while self.placing:
                 rr = self.placing[0]
                 if not self._try_place(rr):
                     return  # FIFO: wait for buffer room
                 self.placing.popleft()
-        finally:
-            self._held_sends = None
-            for box, msgs in held.items():
-                box.send_many(msgs)
-
-    def _post(self, box: Any, msg: Any) -> None:
-        held = self._held_sends
-        if held is None:
-            box.send(msg)
-        else:
-            held.setdefault(box, []).append(msg)
 
     def _try_place(self, rr: RouterRequest) -> bool:
         prompt = list(rr.req.prompt_ids)
@@ -298,9 +285,9 @@ class Router:
         seed = p.seed if p.seed is not None else rr.rid
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
-        self._post(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
+        self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
                                        p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature, p.top_p, seed))
-        self._post(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
+        self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
                                         [r.offset_bytes for r in rr.pe_regions],
                                         p.temperature, p.top_p, seed, p.min_tokens > 0 or p.ignore_eos,

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import zmq
 
@@ -130,3 +131,28 @@ class Outbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SendsTogether:
+    """`send` goes out at once, except inside `together()`: then each outbox's messages are held
+    and leave as one `send_many` at its end (the router's placement loop: a pass's assignments)."""
+
+    def __init__(self) -> None:
+        self._held: dict[Outbox, list[Any]] | None = None
+
+    def send(self, box: Outbox, msg: Any) -> None:
+        if self._held is None:
+            box.send(msg)
+        else:
+            self._held.setdefault(box, []).append(msg)
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        held: dict[Outbox, list[Any]] = {}
+        self._held = held
+        try:
+            yield
+        finally:
+            self._held = None
+            for box, msgs in held.items():
+                box.send_many(msgs)
