@@ -7,7 +7,7 @@ Runs one fidelity workload once in one mode on the local runtime cluster, stampi
 it fixed), its `PromptLoaded` and `FirstToken`. Then the simulator's `local` preset at that run's
 own speed (fidelity/speed.py), stamping the same points (`PersistWrites.submit`,
 `submit_generated`, `_written`; `PlacementGate._place`; `Simulator._join`). Prints, per request,
-decided / placed / prompt in the DE / first token and the placed hit, in both worlds; and the
+decided / placed / first token / PD transfer done (`PrefillDone`) / prompt in the DE and the placed hit, in both worlds; and the
 writer of each world: blocks queued and written, and the blocks still waiting to be written at
 each request's placement.
 
@@ -28,7 +28,7 @@ from dualpath.fidelity.preset import local_sim_config
 from dualpath.fidelity.run import _simulate
 from dualpath.fidelity.speed import at_speed, in_run_speed
 from dualpath.runtime.apps.demo import demo_config, run_demo
-from dualpath.runtime.protocol import FirstToken, Persisted, PersistQueued, PromptLoaded
+from dualpath.runtime.protocol import FirstToken, Persisted, PersistQueued, PrefillDone, PromptLoaded
 from dualpath.runtime.router import router as router_module
 from dualpath.sim import persists as persists_module
 from dualpath.sim import simulator as simulator_module
@@ -56,8 +56,8 @@ def _patch_runtime() -> None:
             WRITES["runtime"].append((now, len(msg.digests)))
         elif isinstance(msg, Persisted):
             WRITES["runtime"].append((now, -1))
-        elif isinstance(msg, (FirstToken, PromptLoaded)) and msg.rid in self.requests:
-            key = "first" if isinstance(msg, FirstToken) else "loaded"
+        elif isinstance(msg, (FirstToken, PromptLoaded, PrefillDone)) and msg.rid in self.requests:
+            key = {FirstToken: "first", PromptLoaded: "loaded", PrefillDone: "pd_done"}[type(msg)]
             STAMPS["runtime"][self.requests[msg.rid].req.request_id].setdefault(key, now)
         return on_message(self, msg)
 
@@ -67,6 +67,13 @@ def _patch_runtime() -> None:
 def _patch_sim() -> None:
     W, G, S = persists_module.PersistWrites, persists_module.PlacementGate, simulator_module.Simulator
     submit, submit_generated, written, place, join = W.submit, W.submit_generated, W._written, G._place, S._join
+    landed = S.kv_landed
+
+    def stamped_landed(self, req):
+        STAMPS["sim"][name(req)].setdefault("pd_done", self.loop.now_s)
+        return landed(self, req)
+
+    S.kv_landed = stamped_landed
 
     def name(req) -> str:
         return f"a{req.rid.agent}t{req.rid.turn}"
@@ -152,16 +159,18 @@ def main(workload: str, mode: str, save: str | None = None, saved: str | None = 
         STAMPS["sim"][f"a{a}t{t}"]["first"] = first
     sizes = {f"a{i}t0": r.input_tokens for i, r in enumerate(plan.trajectories.records)} if hasattr(plan.trajectories, "records") else {}
     print(f"{workload}, {mode}: runtime JCT {run['jct_s']:.2f} s, sim {sim_run['jct_s']:.2f} s; in-run speed {speed}")
+    print("runtime model time and CNIC link time lost (cnic_stalled_s):", run["model_time"])
     print(_writer_line("runtime"))
     print(_writer_line("sim"))
-    print("request (prompt tokens) | decided t (hit) rt / sim | placed t (hit) rt / sim | backlog at placement rt / sim | first token rt / sim | prompt in DE rt / sim")
+    print("request (prompt tokens) | decided t (hit) rt / sim | placed t (hit) rt / sim | backlog at placement rt / sim | first token rt / sim | PD done rt / sim | prompt in DE rt / sim")
     for req in sorted(decided, key=lambda r: decided[r]["t_s"]):
         r, s = STAMPS["runtime"][req], STAMPS["sim"][req]
         d, sd = decided[req], sim_decided.get(req)
         print(f"{req:6} ({sizes.get(req, -1):5}) | {d['t_s']:6.2f} ({d['hit_tokens']:4}) / {sd.t_s if sd else float('nan'):6.2f} ({sd.hit_tokens if sd else -1:4})"
               f" | {r.get('placed', float('nan')):6.2f} ({r.get('hit', -1):4}) / {s.get('placed', float('nan')):6.2f} ({s.get('hit', -1):4})"
               f" | {_backlog('runtime', r.get('placed', 0.0)):4} / {_backlog('sim', s.get('placed', 0.0)):4}"
-              f" | {r.get('first', float('nan')):6.2f} / {s.get('first', float('nan')):6.2f} | {r.get('loaded', float('nan')):6.2f} / {s.get('loaded', float('nan')):6.2f}")
+              f" | {r.get('first', float('nan')):6.2f} / {s.get('first', float('nan')):6.2f}"
+              f" | {r.get('pd_done', float('nan')):6.2f} / {s.get('pd_done', float('nan')):6.2f} | {r.get('loaded', float('nan')):6.2f} / {s.get('loaded', float('nan')):6.2f}")
 
 
 if __name__ == "__main__":

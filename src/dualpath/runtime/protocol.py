@@ -260,6 +260,9 @@ class Counters:
     # longest context, sequences x longest context). `busy_s` over the profile's prediction from
     # them is the engine's compute speed during the run (fidelity/speed.py)
     fit_terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # link time this engine's CNIC arbiter lost because its thread fell behind the link's schedule
+    # (the host could not copy at the emulated rate then, e.g. its cores were computing; arbiter.py)
+    cnic_stalled_s: float = 0.0
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

@@ -5,7 +5,8 @@ off, a queued block counts as written at once and nothing waits, the paper prese
 
 `PersistWrites`: the blocks a DE queues (hits.py names them) go to storage through its node's
 SNIC, as `runtime/engine/decode.py:_persist_full_blocks` and `EngineBase._write_loop` send them:
-  1. the D2H copy out of HBM, a flow on the DE's CNIC arbiter (with `cnic_as_runtime_arbiter`);
+  1. the D2H copy out of HBM, one flow per block on the DE's CNIC arbiter (with
+     `cnic_as_runtime_arbiter`), as the DE copies each block on its own;
   2. one writer per DE node takes the blocks in order, each through the SNIC's write bucket
      (`EngineBase.snic_write`: `TokenBucket(snic_bytes_per_s, burst = one full block)`): the
      first block of an idle writer goes at once, each later one when its bytes are paid for;
@@ -71,14 +72,15 @@ class PersistWrites:
             return
         ctx = self.ctx
         d2h = self._d2h_link(de)
-        nbytes = len(keys) * self.block_bytes
-        waits = self.timed and d2h is not None
-        self.persisted_bytes += ctx.io.persist(de.node.snic_out, nbytes, d2h, self._copied if waits else None,
-                                               (keys, de.node))
+        if self.timed and d2h is not None:  # one D2H copy per block, each block written after its own
+            for k in keys:
+                self.persisted_bytes += ctx.io.persist(de.node.snic_out, self.block_bytes, d2h, self._copied, ([k], de.node))
+            return
+        self.persisted_bytes += ctx.io.persist(de.node.snic_out, len(keys) * self.block_bytes, d2h)
         if not self.timed:
             for k in keys:
                 self.hits.written(k)
-        elif not waits:
+        else:
             self._write(keys, de.node)
 
     def submit_generated(self, keys: list[int], de: Engine, req: SimRequest) -> None:

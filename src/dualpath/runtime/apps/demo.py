@@ -161,8 +161,10 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     de = [c for e, c in counters.items() if e in router.engines and router.engines[e].role == EngineRole.DECODE]
     pe = [c for e, c in counters.items() if e in router.engines and router.engines[e].role == EngineRole.PREFILL]
     # per role, the model time and the profile fit's terms of every forward (fidelity/speed.py)
+    # and the CNIC link time the role's arbiters lost while the host could not copy at their rate
     result["model_time"] = {role: {"busy_s": sum(c.busy_s for c in cs), "forwards": sum(c.forwards for c in cs),
-                                   "fit_terms": [sum(c.fit_terms[i] for c in cs) for i in range(3)]}
+                                   "fit_terms": [sum(c.fit_terms[i] for c in cs) for i in range(3)],
+                                   "cnic_stalled_s": sum(c.cnic_stalled_s for c in cs)}
                             for role, cs in (("prefill", pe), ("decode", de))}
     forwards = sum(c.forwards for c in de)
     result["de_step_s"] = sum(c.busy_s for c in de) / forwards if forwards else float("nan")

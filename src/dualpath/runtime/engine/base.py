@@ -149,6 +149,7 @@ class EngineBase:
         self._ended: set[int] = set()
         self._ended_order: collections.deque[int] = collections.deque()
         self._lane_base = (0, 0)
+        self._stalled_base_s = 0.0
         self._tp_base_bytes = 0
         self._last_report_s = self.clock.now_s()
         self._start_threads()
@@ -186,7 +187,7 @@ class EngineBase:
         self.store = self._open_store(msg.store_root)
         for k in self.counters:  # counters are per mode
             self.counters[k] = 0
-        self._lane_base = self.arbiter.stats().sent_bytes
+        self._lane_base, self._stalled_base_s = self.arbiter.stats().sent_bytes, self.arbiter.stats().stalled_s
         self._tp_base_bytes = tp_payload_bytes(self.tp)
         self.on_reconfigured()
         self.to_router(Reconfigured(self.spec.engine, msg.mode))
@@ -232,6 +233,11 @@ class EngineBase:
             if msg is not None:
                 self.handle(msg)
             self.maybe_report_counters()
+
+    def serve_queued(self) -> None:
+        """Handle the messages already here, waiting for none (a PE between two layers)."""
+        while not self._stop and (msg := self.inbox.recv(0)) is not None:
+            self.handle(msg)
 
     def handle(self, msg: Any) -> None:  # overridden
         raise NotImplementedError
@@ -353,7 +359,8 @@ class EngineBase:
                                 store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values()),
                                 forward_items=int(self.counters["forward_items"]),
                                 served_mid_step=int(self.counters["served_mid_step"]),
-                                fit_terms=(float(c["fit_items"]), float(c["fit_ctx"]), float(c["fit_keys"]))))
+                                fit_terms=(float(c["fit_items"]), float(c["fit_ctx"]), float(c["fit_keys"])),
+                                cnic_stalled_s=float(st.stalled_s - self._stalled_base_s)))
 
     def close(self) -> None:
         self._stop = True

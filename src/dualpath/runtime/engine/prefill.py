@@ -15,7 +15,9 @@ Numbered path of one request through a PE (protocol.py has the whole picture):
      Every load and PD copy carries a checksum per block piece (transport/integrity.py): a load that
      fails is loaded again, then (out of tries) the request restarts and recomputes its prompt.
   4. After the last layer, the first token is sampled and sent to the router. Once every byte of
-     the prompt has reached the DE: `PromptReady` to the DE and `PrefillDone` to the router.
+     the prompt has reached the DE: `PromptReady` to the DE and `PrefillDone` to the router. The
+     engine serves its mail between layers (`serve_queued`), so a request whose copies end
+     during the next forward is announced then, not after that forward.
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ class PrefillEngine(EngineBase):
             new = self.model.prefill_layer(state, l, cached_kv)
             compute_s += time.perf_counter() - t0
             stream.save_kv_layer(l, new)
+            self.serve_queued()  # e.g. the last forward's PD copies done: its requests' DEs start now
         t0 = time.perf_counter()
         logits = self.model.finish_prefill(state)
         compute_s += time.perf_counter() - t0
