@@ -106,6 +106,9 @@ class _Outbox:
     def send(self, msg) -> None:
         self.sent.append(msg)
 
+    def send_many(self, msgs) -> None:
+        self.sent.extend(msgs)
+
     def close(self) -> None:
         pass
 

@@ -21,6 +21,9 @@ class Box:
     def send(self, msg) -> None:
         self.sent.append(msg)
 
+    def send_many(self, msgs) -> None:
+        self.sent.extend(msgs)
+
     def close(self) -> None:
         pass
 
