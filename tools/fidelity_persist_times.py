@@ -11,9 +11,10 @@ decided / placed / first token / PD transfer done (`PrefillDone`) / prompt in th
 writer of each world: blocks queued and written, and the blocks still waiting to be written at
 each request's placement.
 
-    python tools/fidelity_persist_times.py [WORKLOAD] [MODE] [--save=F | --runtime-from=F]
+    python tools/fidelity_persist_times.py [WORKLOAD] [MODE] [--save=F | --runtime-from=F] [--reads]
         default: mooncake basic; --save: keep the runtime's stamps in F; --runtime-from: read them
-        from F and run only the simulator
+        from F and run only the simulator; --reads: instead of the table, each request with a hit:
+        its read side, placement and read end in both worlds
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from dualpath.fidelity.preset import local_sim_config
 from dualpath.fidelity.run import _simulate
 from dualpath.fidelity.speed import at_speed, in_run_speed
 from dualpath.runtime.apps.demo import demo_config, run_demo
-from dualpath.runtime.protocol import FirstToken, Persisted, PersistQueued, PrefillDone, PromptLoaded
+from dualpath.runtime.protocol import FirstToken, Persisted, PersistQueued, PrefillDone, PromptLoaded, ReadDone
 from dualpath.runtime.router import router as router_module
 from dualpath.sim import persists as persists_module
+from dualpath.sim import reads as reads_module
 from dualpath.sim import simulator as simulator_module
 from fidelity_side_ttft import fidelity_plan  # tools/: the same planning
 
@@ -56,8 +58,8 @@ def _patch_runtime() -> None:
             WRITES["runtime"].append((now, len(msg.digests)))
         elif isinstance(msg, Persisted):
             WRITES["runtime"].append((now, -1))
-        elif isinstance(msg, (FirstToken, PromptLoaded, PrefillDone)) and msg.rid in self.requests:
-            key = {FirstToken: "first", PromptLoaded: "loaded", PrefillDone: "pd_done"}[type(msg)]
+        elif isinstance(msg, (FirstToken, PromptLoaded, PrefillDone, ReadDone)) and msg.rid in self.requests:
+            key = {FirstToken: "first", PromptLoaded: "loaded", PrefillDone: "pd_done", ReadDone: "read_done"}[type(msg)]
             STAMPS["runtime"][self.requests[msg.rid].req.request_id].setdefault(key, now)
         return on_message(self, msg)
 
@@ -74,6 +76,14 @@ def _patch_sim() -> None:
         return landed(self, req)
 
     S.kv_landed = stamped_landed
+    R = reads_module.StorageReads
+    read_done = R._done
+
+    def stamped_read_done(self, flow):
+        STAMPS["sim"][name(flow.tag[0])].setdefault("read_done", self.ctx.loop.now_s)
+        return read_done(self, flow)
+
+    R._done = stamped_read_done
 
     def name(req) -> str:
         return f"a{req.rid.agent}t{req.rid.turn}"
@@ -162,6 +172,9 @@ def main(workload: str, mode: str, save: str | None = None, saved: str | None = 
     print("runtime model time and CNIC link time lost (cnic_stalled_s):", run["model_time"])
     print(_writer_line("runtime"))
     print(_writer_line("sim"))
+    if "--reads" in sys.argv:
+        _reads(decided, sim_decided)
+        return
     print("request (prompt tokens) | decided t (hit) rt / sim | placed t (hit) rt / sim | backlog at placement rt / sim | first token rt / sim | PD done rt / sim | prompt in DE rt / sim")
     for req in sorted(decided, key=lambda r: decided[r]["t_s"]):
         r, s = STAMPS["runtime"][req], STAMPS["sim"][req]
@@ -173,7 +186,19 @@ def main(workload: str, mode: str, save: str | None = None, saved: str | None = 
               f" | {r.get('pd_done', float('nan')):6.2f} / {s.get('pd_done', float('nan')):6.2f} | {r.get('loaded', float('nan')):6.2f} / {s.get('loaded', float('nan')):6.2f}")
 
 
+def _reads(decided: dict, sim_decided: dict) -> None:
+    """The requests with a hit: read side, placement and read end in both worlds."""
+    print("request | side rt / sim | decided t rt / sim | placed t rt / sim | read done rt / sim")
+    for req in sorted(decided, key=lambda r: decided[r]["t_s"]):
+        d, sd, r, s = decided[req], sim_decided.get(req), STAMPS["runtime"][req], STAMPS["sim"][req]
+        if not d["hit_tokens"] or sd is None:
+            continue
+        mark = "" if d["side"] == sd.side else "  <- sides differ"
+        print(f"{req:6} | {d['side'][:3]} / {sd.side[:3]} | {d['t_s']:6.2f} / {sd.t_s:6.2f} | {r.get('placed', float('nan')):6.2f} / "
+              f"{s.get('placed', float('nan')):6.2f} | {r.get('read_done', float('nan')):6.2f} / {s.get('read_done', float('nan')):6.2f}{mark}")
+
+
 if __name__ == "__main__":
-    opts = {a.split("=")[0]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--")}
+    opts = {a.split("=")[0]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--") and "=" in a}
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else "mooncake", args[1] if len(args) > 1 else "basic", opts.get("--save"), opts.get("--runtime-from"))

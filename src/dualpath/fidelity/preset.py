@@ -24,9 +24,11 @@ Every value is what the runtime really is or measured without looking at a run o
     buffers_at_placement; sim/persists.py: PlacementGate).
 Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24-26):
 per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
-(RuntimeConfig.max_decode_batch), the store's own write time, the D2H copy of a generated block
-when it fills (booked at the turn's end), and which of several simultaneous arrivals reach a PE
-before it forms its batch.
+(RuntimeConfig.max_decode_batch), the store's own write time, and the D2H copy of a generated
+block when it fills (booked at the turn's end). The runtime sends one pass's assignments to an
+engine together (router.py: SendsTogether) and simultaneous arrivals in workload order
+(replay.py), so both worlds batch the same requests; the PE serves its mail between layers, so a
+finished PD copy is announced during the next forward, as the simulator announces it at once.
 """
 
 from __future__ import annotations

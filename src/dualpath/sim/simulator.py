@@ -239,8 +239,12 @@ class Simulator(TurnLifecycle):
             self._join(req)
 
     def _h2d_done(self, flow: Flow) -> None:
-        self._join(flow.tag)  # its blocks are queued for persist before its buffer is freed (as the runtime's DE)
-        self._release_de_buffer(flow.tag)
+        if self.gate.holds_buffers:  # `local`: its blocks are queued for persist before its buffer frees, as the runtime's DE
+            self._join(flow.tag)
+            self._release_de_buffer(flow.tag)
+        else:
+            self._release_de_buffer(flow.tag)
+            self._join(flow.tag)
 
     def _join(self, req: SimRequest) -> None:
         req.to(Phase.DECODING)
