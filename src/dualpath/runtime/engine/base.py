@@ -187,7 +187,8 @@ class EngineBase:
         self.store = self._open_store(msg.store_root)
         for k in self.counters:  # counters are per mode
             self.counters[k] = 0
-        self._lane_base, self._stalled_base_s = self.arbiter.stats().sent_bytes, self.arbiter.stats().stalled_s
+        st = self.arbiter.stats()
+        self._lane_base, self._stalled_base_s = st.sent_bytes, st.stalled_s
         self._tp_base_bytes = tp_payload_bytes(self.tp)
         self.on_reconfigured()
         self.to_router(Reconfigured(self.spec.engine, msg.mode))
