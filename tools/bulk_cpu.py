@@ -1,11 +1,11 @@
 """CPU taken by the testbed's saturating KV flows (docs/experiments.md section 23), as root:
-`python tools/bulk_cpu.py [GSO_BYTES]`. A 1P1D testbed at 33 MB/s; idle, one bulk flow, two (both
+`python tools/bulk_cpu.py [GSO_BYTES] [copy|zero-copy]`. A 1P1D testbed at 33 MB/s; idle, one bulk flow, two (both
 directions of the DE's CNIC, as bench tp-lanes runs them); /proc/stat and the flows' own processes
 over 8 s, in cores."""
 import os, time, sys
 from dualpath.testbed.plan import plan_testbed
 from dualpath.testbed import netns
-from dualpath.bench.tp_lanes import start_bulk, stop
+from dualpath.bench.tp_lanes import de_class_bytes, start_bulk, stop
 def stat():
     f = open("/proc/stat").readline().split()[1:]
     return list(map(int, f))
@@ -13,6 +13,7 @@ def ptimes(pid):
     f = open(f"/proc/{pid}/stat").read().split(")")[1].split()
     return int(f[11]) + int(f[12])
 gso = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+zc = (sys.argv[2] if len(sys.argv) > 2 else "zero-copy") == "zero-copy"
 plan = plan_testbed("cpu1", 1, 1, 33e6, 33e6, run_index=243)
 netns.up(plan)
 try:
@@ -22,17 +23,18 @@ try:
     pe, de = plan.hosts
     for label, n in (("idle", 0), ("one flow", 1), ("two flows", 2)):
         procs = []
-        if n >= 1: procs += start_bulk(pe, de, plan.cnic_addr_of[de], 7421)
-        if n >= 2: procs += start_bulk(de, pe, plan.cnic_addr_of[pe], 7422)
+        if n >= 1: procs += start_bulk(pe, de, plan.cnic_addr_of[de], 7421, zc)
+        if n >= 2: procs += start_bulk(de, pe, plan.cnic_addr_of[pe], 7422, zc)
         time.sleep(1.0)
-        a = stat(); pa = [ptimes(p.pid) for p in procs]; t0 = time.time()
+        a = stat(); pa = [ptimes(p.pid) for p in procs]; t0 = time.time(); ka = de_class_bytes(plan, de)
         time.sleep(8)
-        b = stat(); pb = [ptimes(p.pid) for p in procs]; dt = time.time() - t0
+        b = stat(); pb = [ptimes(p.pid) for p in procs]; dt = time.time() - t0; kb = de_class_bytes(plan, de)
         d = [y - x for x, y in zip(a, b)]
         hz = os.sysconf("SC_CLK_TCK")
         names = ["user","nice","system","idle","iowait","irq","softirq","steal"]
         busy = {k: d[i] / hz / dt for i, k in enumerate(names) if k != "idle"}
-        print(label, {k: round(v, 3) for k, v in busy.items()}, "procs cores:", [round((y - x) / hz / dt, 3) for x, y in zip(pa, pb)])
+        print(label, {k: round(v, 3) for k, v in busy.items()}, "procs cores:", [round((y - x) / hz / dt, 3) for x, y in zip(pa, pb)],
+              "DE CNIC MB/s out/in:", [round(sum(kb[s][k] - ka[s][k] for k in kb[s]) / dt / 1e6, 1) for s in ("out", "in")])
         stop(procs)
 finally:
     netns.down("cpu1")

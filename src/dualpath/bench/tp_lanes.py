@@ -54,15 +54,35 @@ PREFILLS_PER_ROUND = 2
 BOOTSTRAP_RESAMPLES = 2000  # resamples of the per-round ratios for the median's 95% interval (paired_ratio)
 RUN_INDEX = 246  # the testbed's address block: apart from the other benches' and tests' (248, 250, 251)
 
+# The emulated KV flows, as NICs would move them: without copying the bytes through user space.
+# A real node's RDMA NIC moves KV by DMA with no host CPU; the copying flows (`--bulk-copy`:
+# bench/lanes_testbed.py's sendall source, a recv_into sink) cost the ranks' two cores a memcpy of
+# every byte at each end (docs/experiments.md section 28). The zero-copy source sends one tmpfs
+# file's pages with sendfile(2); the sink drops what arrives with MSG_TRUNC (tcp(7): discards
+# without copying) and wakes once per SINK_LOWAT_BYTES (SO_RCVLOWAT, socket(7)). The kernel's
+# TCP, veth and HTB work per packet is unchanged.
+SOURCE_FILE_BYTES = 4 << 20  # the file sendfile(2) repeats: large against one GSO unit (64 KiB)
+SINK_LOWAT_BYTES = 256 << 10  # ~8 ms of one flow at ~30 MB/s: a few wakeups per decode step (project choice)
+_ZERO_COPY_SOURCE = r"""
+import os, socket, sys, tempfile
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 8 << 2)
+n = int(sys.argv[3]); f = tempfile.TemporaryFile(dir="/dev/shm"); f.write(b"\xa5" * n); f.flush()
+while True:
+    off = 0
+    while off < n:
+        off += os.sendfile(c.fileno(), f.fileno(), off, n - off)
+"""
 _SINK = r"""
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
-c, _ = s.accept(); buf = bytearray(1 << 20)
-while c.recv_into(buf):
+c, _ = s.accept(); buf = bytearray(1 << 20); lowat = int(sys.argv[3]); flags = socket.MSG_TRUNC if lowat else 0
+if lowat:
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+while c.recv_into(buf, len(buf), flags):
     pass
 """
-
 
 
 class TpDecode:
@@ -99,16 +119,19 @@ class TpDecode:
                 self.proc.wait()
 
 
-def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int) -> list[subprocess.Popen]:
+def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int, zero_copy: bool = True) -> list[subprocess.Popen]:
     """A saturating CS1 (KV-class) flow from src_ns to a sink at dst_addr in dst_ns. Both ends run
-    at the lowest CPU priority (BULK_SCHED): in the paper's node the NICs move KV by RDMA without the
+    at the lowest CPU priority (BULK_SCHED) and, with `zero_copy`, copy no byte through user space
+    (the zero-copy source and sink above): in the paper's node the NICs move KV by RDMA without the
     host CPU, so the emulation's senders and sinks should take only what the ranks leave."""
     sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, *BULK_SCHED, sys.executable, "-c", _SINK,
-                             dst_addr, str(port)], stdout=subprocess.PIPE, text=True)
+                             dst_addr, str(port), str(SINK_LOWAT_BYTES if zero_copy else 0)],
+                            stdout=subprocess.PIPE, text=True)
     if sink.stdout.readline().strip() != "ready":
         raise RuntimeError(f"bulk sink in {dst_ns} did not start")
-    source = subprocess.Popen(["ip", "netns", "exec", src_ns, *BULK_SCHED, sys.executable, "-c", BULK_SOURCE,
-                               dst_addr, str(port)], stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
+    code = [_ZERO_COPY_SOURCE, dst_addr, str(port), str(SOURCE_FILE_BYTES)] if zero_copy else [BULK_SOURCE, dst_addr, str(port)]
+    source = subprocess.Popen(["ip", "netns", "exec", src_ns, *BULK_SCHED, sys.executable, "-c", *code],
+                              stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
     return [source, sink]
 
 
@@ -141,24 +164,24 @@ def _stats(step_s: list[float]) -> dict[str, float]:
 LOADS = ("idle", "kv_elsewhere", "saturated")
 
 
-def _start_load(plan, load: str) -> list[subprocess.Popen]:
+def _start_load(plan, load: str, zero_copy: bool) -> list[subprocess.Popen]:
     """The bulk flows of `load` (module doc, 3)."""
     pe, de = plan.hosts
     if load == "saturated":  # both directions of the DE's CNIC: PE -> DE (layer streams' way) and DE -> PE (PD's)
-        return (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT)
-                + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1))
+        return (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT, zero_copy)
+                + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1, zero_copy))
     if load == "kv_elsewhere":  # the same two flows over the PE's SNIC link, storage <-> PE
         snic = next(x for x in plan.links if x.name == "snic" and x.host == pe)
-        return (start_bulk(snic.a_ns, pe, snic.b_addr.split("/")[0], BULK_PORT)
-                + start_bulk(pe, snic.a_ns, snic.a_addr.split("/")[0], BULK_PORT + 1))
+        return (start_bulk(snic.a_ns, pe, snic.b_addr.split("/")[0], BULK_PORT, zero_copy)
+                + start_bulk(pe, snic.a_ns, snic.a_addr.split("/")[0], BULK_PORT + 1, zero_copy))
     return []
 
 
-def _measure(dec: TpDecode, plan, name: str, steps: int, load: str) -> dict[str, Any]:
+def _measure(dec: TpDecode, plan, name: str, steps: int, load: str, zero_copy: bool) -> dict[str, Any]:
     de = plan.hosts[1]
     bulk: list[subprocess.Popen] = []
     try:
-        bulk = _start_load(plan, load)
+        bulk = _start_load(plan, load, zero_copy)
         if bulk:
             time.sleep(BULK_WARMUP_S)
         before = de_class_bytes(plan, de)
@@ -181,7 +204,8 @@ def _merge(parts: list[dict]) -> dict[str, Any]:
             "payload_bytes": sum(p["payload_bytes"] for p in parts), "kernel": kernel}
 
 
-def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float) -> tuple[dict, dict]:
+def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float,
+                 zero_copy: bool) -> tuple[dict, dict]:
     """Every load with two classes, then with one; the loads interleaved over `rounds` rounds of
     steps // rounds steps each, so that a slow spell of a shared machine spreads over all of them.
     (The runs by load and classes, the ratios paired by round by classes.)"""
@@ -192,7 +216,7 @@ def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s:
         parts: dict[str, list] = {load: [] for load in LOADS}
         for _ in range(rounds):
             for load in LOADS:
-                parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load))
+                parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load, zero_copy))
         runs.update({f"{load}_{classes}": _merge(parts[load]) for load in LOADS})
         paired[classes] = {f"{load}_over_{base}": paired_ratio(parts[load], parts[base])
                                      for load, base in (("saturated", "idle"), ("saturated", "kv_elsewhere"),
@@ -242,7 +266,7 @@ def _derive_rate(dec: TpDecode, plan, steps: int) -> dict[str, float]:
 
 
 def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, cnic_bytes_per_s: float | None = None,
-                 run_id: str | None = None, rounds: int = 2, gso_max_bytes: int | None = None) -> dict[str, Any]:
+                 run_id: str | None = None, rounds: int = 2, gso_max_bytes: int | None = None, zero_copy: bool = True) -> dict[str, Any]:
     """The six measurements (module doc), in `rounds` interleaved rounds; `cnic_bytes_per_s`
     given: that rate (CNIC and SNIC), not derived."""
     base = plan_testbed(run_id or f"tp{os.getpid() % 1000}", 1, 1, SNIC_BYTES_PER_S,
@@ -256,12 +280,13 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
             run_command(cmd)
         dec = TpDecode(plan, de, model, batch)
         rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
-        runs, paired = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"])
+        runs, paired = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"], zero_copy)
     finally:
         if dec is not None:
             dec.close()
         down(plan.run_id)
     return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "gso_max_bytes": gso_max_bytes,
+            "bulk": "zero_copy" if zero_copy else "copy",
             "same_tokens": dec.ready["same_tokens"],
             **rate, "runs": runs, "paired_by_round": paired, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
             "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere"),

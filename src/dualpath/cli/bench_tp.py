@@ -22,10 +22,13 @@ def bench_tp_lanes(
     rounds: Annotated[int, typer.Option(help="rounds the loads are interleaved in (a busy machine's slow spells spread)")] = 2,
     cnic_mb_s: Annotated[Optional[float], typer.Option(help="CNIC (and SNIC) rate, MB/s (default: derived so the "
                                                              "collectives take 25% of a step on the wire)")] = None,
-    # 16 KiB: a KV segment holds the link 0.55 ms at ~30 MB/s instead of the kernel's 64 KiB's 2.3 ms,
-    # at a packet rate two shared cores still carry (docs/experiments.md section 19; IB's MTU is 4)
+    # 64 KiB, the kernel's own: a NIC segments in hardware (TSO), the testbed in the ranks' cores, and
+    # at 16 KiB that packet work alone cost 1.17x TPOT while the lanes' own effect was 1.03x at both
+    # sizes (docs/experiments.md section 28; 16 KiB was the default in sections 19 and 23)
     gso_kib: Annotated[int, typer.Option(help="cap GSO on every link at this many KiB (64: the kernel's default, "
-                                              "no cap; 4: IB's MTU)")] = 16,
+                                              "no cap; 4: IB's MTU)")] = 64,
+    bulk_copy: Annotated[bool, typer.Option("--bulk-copy", help="emulated KV flows that copy every byte through "
+                                             "user space (sections 19 and 23) instead of zero-copy ones")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/tp-lanes.json"),
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/tp-lanes.png"),
 ) -> None:
@@ -42,13 +45,13 @@ def bench_tp_lanes(
 
     check_can_run()
     r = run_tp_lanes(model, batch, steps, None if cnic_mb_s is None else cnic_mb_s * MB, rounds=rounds,
-                     gso_max_bytes=None if gso_kib == 64 else gso_kib * 1024)
+                     gso_max_bytes=None if gso_kib == 64 else gso_kib * 1024, zero_copy=not bulk_copy)
     how = "given" if cnic_mb_s is not None else (
         f"derived: {r['wire_bytes_per_step'] / 1e3:.1f} kB of collectives per {r['calibration_step_s'] * 1e3:.1f} ms step "
         f"at {r['collective_share']:.0%} of it")
     gso = "64 KiB (kernel)" if gso_kib == 64 else f"{gso_kib} KiB"
     out.print(f"tp=2 {model}, batch {batch}: CNIC {r['cnic_bytes_per_s'] / MB:.1f} MB/s ({how}), GSO {gso}; "
-              f"same tokens as one process: {r['same_tokens']}")
+              f"KV flows: {r['bulk'].replace('_', '-')}; same tokens as one process: {r['same_tokens']}")
     for name, s in r["runs"].items():
         k = s["kernel"]["out"]
         out.print(f"  {name:24s} TPOT mean {s['tpot_mean_s'] * 1e3:7.2f} ms  p99 {s['tpot_p99_s'] * 1e3:7.2f} ms  "
