@@ -36,6 +36,16 @@ root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shuti
                           reason="the testbed needs root and iproute2 (ip, tc)")
 
 
+def _root_ns_holds_none_of(plan) -> None:
+    """No link of the run (its names carry the run's prefix), and so no qdisc on one, is left in the root namespace."""
+    from dualpath.testbed.netns import run_command
+
+    prefix = f"dp{plan.run_id}-"
+    links = [line.split(":")[1].strip() for line in run_command(["ip", "-o", "link", "show"]).stdout.splitlines()]
+    qdiscs = [line for line in run_command(["tc", "qdisc", "show"]).stdout.splitlines() if f" dev {prefix}" in line]
+    assert not [n for n in links if n.startswith(prefix)] and not qdiscs, (links, qdiscs)
+
+
 @pytest.fixture
 def state_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
@@ -69,6 +79,7 @@ def test_the_kernel_caps_each_link_and_classifies_the_lanes_and_down_leaves_noth
         removed = down(plan.run_id)
     assert sorted(removed) == sorted(plan.namespaces)
     assert namespaces_with_prefix(f"dp{plan.run_id}-") == [] and not (state_dir / f"{plan.run_id}.json").exists()
+    _root_ns_holds_none_of(plan)
 
 
 @root
@@ -80,6 +91,7 @@ def test_a_failed_up_is_rolled_back(state_dir):
     with pytest.raises(InputError, match="no-such-kind"):
         up(plan, broken)
     assert namespaces_with_prefix(f"dp{plan.run_id}-") == [] and not (state_dir / f"{plan.run_id}.json").exists()
+    _root_ns_holds_none_of(plan)
 
 
 @pytest.mark.parametrize("args,needle", [
