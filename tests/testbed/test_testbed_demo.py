@@ -44,3 +44,26 @@ def test_the_demo_across_emulated_hosts_gives_the_single_host_tokens_and_the_ker
         # the router (tokens, heartbeats, counters), a larger share of a tiny model's few KV bytes
         # (SmolLM2 in docs/experiments.md: within 1.5%)
         assert 1.0 <= row["kernel_over_stated"] <= (1.02 if row["what"].startswith("SNIC") else 1.05), row
+
+
+@root
+def test_the_demo_with_tp2_ranks_on_hosts_of_their_own_keeps_the_tokens_and_the_ledger(tmp_path, monkeypatch):
+    """`demo --testbed --tp 2`: each engine's rank 1 on an emulated host of its own, across the
+    node's CNIC link; the single-host run (one process per engine) gives the tokens."""
+    from dualpath.testbed import netns
+    from dualpath.runtime.apps.testbed_demo import collectives_vs_kernel, ledger_vs_kernel, run_testbed_demo
+
+    monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
+    run_id = f"p{os.getpid() % 9999}"
+    result = run_testbed_demo(model="tiny", agents=2, rounds=3, snic_bytes_per_s=2 * MB, run_id=run_id,
+                              log=lambda line: None, modes=("dualpath",), tp=2)
+    assert not netns.namespaces_with_prefix(f"dp{run_id}-")  # the rank-1 hosts went with the rest
+    (dual,) = result["runs"]
+    assert dual["tokens_sha256"] == result["reference_tokens_sha256"]
+    assert sorted(result["config"]["testbed"]["tp_hosts"]) == sorted(f"{h}t" for h in result["config"]["testbed"]["hosts"])
+    cnic = [r for r in ledger_vs_kernel(result) if r["what"].startswith("CNIC") and r["runtime_bytes"] >= MB / 2]
+    assert cnic and all(1.0 <= r["kernel_over_stated"] <= 1.05 for r in cnic), cnic  # rank 1's bytes taken out
+    pe = next(r for r in collectives_vs_kernel(result) if r["host"] == result["config"]["testbed"]["hosts"][0])
+    # the PE's prefills: its rank 0 sent its collectives' tensors to rank 1 (+ gloo's frames, TCP/IP)...
+    assert pe["runtime_lc_bytes"] > MB and 1.0 <= pe["kernel_rank0_to_rank1_bytes"] / pe["runtime_lc_bytes"] <= 1.5
+    assert pe["kernel_kv_class_bytes"] < 0.01 * pe["kernel_lc_class_bytes"]  # ... in the latency-critical class

@@ -76,14 +76,14 @@ def demo(
     from ..runtime.apps.demo import run_demo
 
     tp_cfg = tp_config(tp)
-    if testbed and tp_cfg.ranks > 1:
-        raise InputError("--tp 2 with --testbed: not wired for the demo; `dualpath bench tp-lanes --testbed` runs it")
+    if ray and tp_cfg.ranks > 1:
+        raise InputError("--tp 2 with --ray: not wired (Ray actors run one rank); use --testbed --tp 2 or serve --tp 2")
     if ray and not testbed:
         raise InputError("demo --ray runs on the testbed's own Ray nodes: add --testbed (your own cluster: serve --ray ADDRESS)")
     if testbed:
         from .testbed import testbed_demo
 
-        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device, ray)
+        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device, ray, tp_cfg.ranks)
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:

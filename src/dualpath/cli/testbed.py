@@ -97,23 +97,30 @@ def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
 
 
 def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents: int, rounds: Optional[int],
-                 seed: int, device: str, ray: bool = False) -> None:
+                 seed: int, device: str, ray: bool = False, tp: int = 1) -> None:
     """`demo --testbed` (runtime/apps/testbed_demo.py): the demo across emulated hosts, the kernel's counters
     beside the runtime's ledger, the tokens beside a single-host run's."""
     from ..sim.runner import write_json
-    from ..runtime.apps.testbed_demo import check_result, ledger_vs_kernel, run_testbed_demo
+    from ..runtime.apps.testbed_demo import check_result, collectives_vs_kernel, ledger_vs_kernel, run_testbed_demo
     from .results import print_runs
 
     result = run_testbed_demo(model, agents, rounds, None if snic_mb_s is None else snic_mb_s * MB, seed, device,
-                              run_id=_default_id(), log=console.print, ray=ray)
+                              run_id=_default_id(), log=console.print, ray=ray, tp=tp)
     r = result["config"]["rates"]
-    print_runs(result, f"testbed 1P1D, {model}, SNIC {r['snic_bytes_per_s'] / MB:.1f} MB/s per node (tc)", MB, "MB")
+    print_runs(result, f"testbed 1P1D{', tp=2' if tp > 1 else ''}, {model}, SNIC {r['snic_bytes_per_s'] / MB:.1f} MB/s per node (tc)", MB, "MB")
     rows = result["ledger_vs_kernel"] = ledger_vs_kernel(result)
     out.print("bytes per link: the runtime's ledger (+ the block files' headers on reads) and the kernel's interface counters")
     for row in rows:
         ratio = "" if row["kernel_over_stated"] is None else f"x{row['kernel_over_stated']:.3f}"
         out.print(f"  {row['mode']:9s} {row['host']:10s} {row['what']:30s} runtime {row['runtime_bytes'] / MB:9.2f} MB"
                   f" (+ headers {row['stated_bytes'] / MB:9.2f})  kernel {row['kernel_bytes'] / MB:9.2f} MB  {ratio}")
+    if tp > 1:
+        result["collectives_vs_kernel"] = collectives_vs_kernel(result)
+        out.print("tensor-parallel collectives: the engine's LC lane bytes (rank 0's tensors) and the kernel's on rank 1's port")
+        for row in result["collectives_vs_kernel"]:
+            out.print(f"  {row['mode']:9s} {row['host']:10s} runtime {row['runtime_lc_bytes'] / MB:9.2f} MB  kernel: rank 0 -> 1"
+                      f" {row['kernel_rank0_to_rank1_bytes'] / MB:9.2f} MB, 1 -> 0 {row['kernel_rank1_to_rank0_bytes'] / MB:9.2f} MB;"
+                      f" classes LC {row['kernel_lc_class_bytes'] / MB:9.2f} MB, KV {row['kernel_kv_class_bytes'] / MB:6.2f} MB")
     runs = {x["mode"]: x for x in result["runs"]}
     same = all(x["tokens_sha256"] == result["reference_tokens_sha256"] for x in result["runs"])
     out.print(f"tokens: {'identical to' if same else 'DIFFERENT from'} the single-host run in both modes")

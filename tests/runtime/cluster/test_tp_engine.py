@@ -47,7 +47,7 @@ def test_tp_must_be_1_or_2_and_cpu_only():
         TensorParallelConfig(4)
     with pytest.raises(InputError, match="gloo on the cpu"):
         RuntimeConfig(device="cuda", tp=TensorParallelConfig(2))
-    for args in (("serve", "--tp", "3"), ("demo", "--tp", "0"), ("demo", "--tp", "2", "--testbed")):
+    for args in (("serve", "--tp", "3"), ("demo", "--tp", "0"), ("demo", "--tp", "2", "--testbed", "--ray")):
         r = cli_here(*args)
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:"), (args, r.stderr)
 

@@ -12,7 +12,10 @@
 4. The kernel's byte counters of every link end, before and after each mode, beside the runtime's
    ledger (what each engine read, persisted and wrote into its peer).
 5. The tokens: both modes' digests (replay.tokens_sha256) must equal a single-host run's of the same
-   workload (a local 1P1D cluster at real speed, run first).
+   workload (a local 1P1D cluster at real speed, one process per engine, run first).
+6. `tp=2`: each engine's rank 1 on an emulated host of its own (testbed/tp_hosts.py), its gloo
+   collectives in the latency-critical class by u32 filters; the CNIC rows then leave out what
+   rank 1's port received, and the rank pair's bytes are reported beside the runtime's collectives.
 `down` in every case.
 """
 
@@ -33,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 from ...testbed import netns
 from ...testbed.plan import TestbedPlan, plan_testbed
+from ...testbed.tp_hosts import tp_filter_commands, tp_host_of, with_tp_hosts
 from .ray_testbed import RayNodes, node_addresses
 
 STORE_PORT = 7400  # the storage service on the storage host (any free port would do: a namespace of our own)
@@ -123,7 +127,8 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
         for e, (host, role) in enumerate(zip(plan.hosts, plan.roles) if ray is None else ()):
             procs.append(spawn_in(host, ["-m", "dualpath.cli", "engine", "--router", spec["listen"], "--role", role,
                                        "--token-file", token, "--listen", plan.cnic_addr_of[host], "--store", url(host),
-                                       "--threads", str(threads[e])], work / f"engine{e}-{name}.log", cpus[e]))
+                                       "--threads", str(threads[e]), *_tp_args(plan, host, spec.get("tp", 1))],
+                                  work / f"engine{e}-{name}.log", cpus[e]))
         try:
             rc = driver.wait(RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -137,6 +142,14 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
         return result
     finally:
         stop_all(procs)
+
+
+def _tp_args(plan: TestbedPlan, host: str, tp: int) -> list[str]:
+    """`dualpath engine`'s flags that start its rank 1 on the host's rank-1 host (module doc, 6)."""
+    if tp == 1:
+        return []
+    peer = tp_host_of(host)
+    return ["--tp", str(tp), "--tp-peer-host", plan.cnic_addr_of[peer], "--tp-peer-netns", peer]
 
 
 def single_host_reference(model: str, agents: int, rounds: int, seed: int, device: str) -> str:
@@ -155,9 +168,10 @@ def single_host_reference(model: str, agents: int, rounds: int, seed: int, devic
 def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int | None = None,
                      snic_bytes_per_s: float | None = None, seed: int = 0, device: str = "cpu", run_id: str = "demo",
                      log: Callable[[str], None] = print, modes: tuple[str, ...] = ("basic", "dualpath"),
-                     ray: bool = False) -> dict[str, Any]:
+                     ray: bool = False, tp: int = 1) -> dict[str, Any]:
     """`ray`: one Ray node per host on the plan's management network (ray_testbed.py), engines as
-    Ray actors; after the modes, the restart check (ray_driver.py) on a cluster of its own."""
+    Ray actors; after the modes, the restart check (ray_driver.py) on a cluster of its own.
+    `tp`: ranks per engine (module doc, 6); the reference stays one process per engine."""
     from ..engine.cpus import available_cpus, plan_cpus
     from .demo import calibrate_for, plan_demo
 
@@ -169,13 +183,18 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
     log(f"reference: the same workload on one host at real speed ({agents} agents x {num_rounds} rounds)")
     reference = single_host_reference(model, agents, num_rounds, seed, device)
     plan = plan_testbed(run_id, 1, 1, rates.snic_bytes_per_s, rates.cnic_bytes_per_s, router=True, mgmt=ray)
+    if tp > 1:
+        plan = with_tp_hosts(plan, plan.hosts)
     netns.up(plan)
     host_netns = {h: f"net:[{os.stat(f'/run/netns/{h}').st_ino}]" for h in plan.hosts}  # as /proc/PID/ns/net reads
     nodes, restart, stragglers = None, None, []
     try:
+        for host in plan.hosts if tp > 1 else ():
+            for cmd in tp_filter_commands(plan, host):
+                netns.run_command(cmd)
         with work_dir() as (work, token):
             spec = {"model": model, "agents": agents, "rounds": num_rounds, "seed": seed, "device": device,
-                    "token_file": str(token)}
+                    "token_file": str(token), "tp": tp}
             runs, cpus, threads = [], cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine
             if ray:
                 nodes = RayNodes(plan, cpus, work)
@@ -194,7 +213,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
         if nodes is not None:
             stragglers = nodes.stop()
         netns.down(plan.run_id)
-    return {"config": {"model": model, "pd": "1P1D", "rates": rates.to_json(), "seed": seed, "device": device,
+    return {"config": {"model": model, "pd": "1P1D", "tp": tp, "rates": rates.to_json(), "seed": seed, "device": device,
                        "full_block_bytes": kv_bytes * bt, "testbed": netns.plan_json(plan)},
             "reference_tokens_sha256": reference, "runs": runs,
             **({"ray": {"restart": restart, "stragglers_killed": stragglers, "host_netns": host_netns}} if ray else {})}
@@ -207,7 +226,7 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
     its file, header (store/format.py HEADER_BYTES) and payload."""
     from ..store.format import HEADER_BYTES
 
-    block = result["config"]["full_block_bytes"]
+    block, tp = result["config"]["full_block_bytes"], result["config"].get("tp", 1)
     rows = []
     for r in result["runs"]:
         links = {(x["link"], x["host"], x["dev"]): x for x in r["links"]}
@@ -217,12 +236,34 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
             storage_end = next(x for x in snic if x["dev"] != "snic0")
             node_snic = next(x for x in snic if x["dev"] == "snic0")
             node_cnic = links[("cnic", host, "cnic0")]
+            cnic_what, cnic_kernel = "CNIC out (KV to the peer)", node_cnic["tx_bytes"]
+            if tp > 1:  # rank 1's host talks to rank 0 only: what its port received left the node for it
+                cnic_what, cnic_kernel = "CNIC out, less rank 1's (KV to the peer)", cnic_kernel - links[
+                    ("cnic", tp_host_of(host), "cnic0")]["rx_bytes"]
             for what, runtime, kernel in (("SNIC read (storage -> node)", led.get("storage_read_bytes", 0), storage_end["tx_bytes"]),
                                           ("SNIC write (node -> storage)", led.get("storage_write_bytes", 0), node_snic["tx_bytes"]),
-                                          ("CNIC out (KV to the peer)", led.get("remote_write_bytes", 0), node_cnic["tx_bytes"])):
+                                          (cnic_what, led.get("remote_write_bytes", 0), cnic_kernel)):
                 stated = runtime + (runtime // block * HEADER_BYTES if what.startswith("SNIC read") else 0)
                 rows.append({"mode": r["mode"], "host": host, "what": what, "runtime_bytes": runtime, "kernel_bytes": kernel,
                              "stated_bytes": stated, "kernel_over_stated": kernel / stated if stated else None})
+    return rows
+
+
+def collectives_vs_kernel(result: dict) -> list[dict]:
+    """tp=2, per run and engine: its LC lane's bytes as it reported them (its rank 0's collectives'
+    tensors, engine/tp.py: a broadcast's whole and an all_reduce's share, what rank 0 sends; + LC
+    messages on its arbiter) beside what the kernel counted on rank 1's port: bytes each way (gloo's
+    framing and TCP/IP included) and, both ways together, the bytes in each class. (A class counts a
+    GSO packet as the segments it becomes, a header each; an interface counts it once.)"""
+    rows = []
+    for r in result["runs"]:
+        for e, host in enumerate(result["config"]["testbed"]["hosts"]):
+            ends = [x for x in r["links"] if x["link"] == "cnic" and x["host"] == tp_host_of(host)]
+            port = next(x for x in ends if x["dev"] == "cnic0")
+            rows.append({"mode": r["mode"], "host": host, "runtime_lc_bytes": r["ledger"].get(str(e), {}).get("cnic_lc_bytes", 0),
+                         "kernel_rank0_to_rank1_bytes": port["rx_bytes"], "kernel_rank1_to_rank0_bytes": port["tx_bytes"],
+                         "kernel_lc_class_bytes": sum(x["lc_class_bytes"] for x in ends),
+                         "kernel_kv_class_bytes": sum(x["kv_class_bytes"] for x in ends)})
     return rows
 
 
