@@ -76,8 +76,6 @@ def demo(
     from ..runtime.apps.demo import run_demo
 
     tp_cfg = tp_config(tp)
-    if ray and tp_cfg.ranks > 1:
-        raise InputError("--tp 2 with --ray: not wired (Ray actors run one rank); use --testbed --tp 2 or serve --tp 2")
     if ray and not testbed:
         raise InputError("demo --ray runs on the testbed's own Ray nodes: add --testbed (your own cluster: serve --ray ADDRESS)")
     if testbed:

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ...errors import InputError
 from ...testbed import netns
 from ...testbed.plan import TestbedPlan, plan_testbed
 from ...testbed.tp_hosts import tp_filter_commands, tp_host_of, with_tp_hosts
@@ -175,6 +176,8 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
     from ..engine.cpus import available_cpus, plan_cpus
     from .demo import calibrate_for, plan_demo
 
+    if tp > 1 and ray:
+        raise InputError("--tp 2 with --ray: not wired (Ray actors run one rank); use --testbed --tp 2 or serve --tp 2")
     netns.check_can_run()
     cal, kv_bytes, bt = calibrate_for(model, device)
     plan_ = plan_demo(cal, kv_bytes, bt, agents, rounds, snic_bytes_per_s)
