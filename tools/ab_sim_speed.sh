@@ -1,5 +1,6 @@
 #!/bin/bash
-# Simulator speed of two revisions side by side, in one run on one machine (issue 14's check):
+# Simulator speed of two revisions side by side, in one run on one machine (so a
+# change to the hot path shows its cost; docs/results/sim_speed.json is the reference run):
 #
 #   tools/ab_sim_speed.sh OLD_REV [ROUNDS] [AGENTS] [PAIRED]   e.g. tools/ab_sim_speed.sh 5a08861 4 1024,2048
 #

@@ -1,4 +1,4 @@
-"""CPU taken by the testbed's saturating KV flows (docs/experiments.md section 23), as root:
+"""CPU taken by the testbed's saturating KV flows (the cores `bench tp-lanes`'s ranks share), as root:
 `python tools/bulk_cpu.py [GSO_BYTES] [copy|zero-copy]`. A 1P1D testbed at 33 MB/s; idle, one bulk flow, two (both
 directions of the DE's CNIC, as bench tp-lanes runs them); /proc/stat and the flows' own processes
 over 8 s, in cores."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The runtime on a GPU: one prepared run for a lent GPU machine (CI has none; see
-# docs/experiments.md "The CUDA path"). Results go to $OUT (or out/gpu_check): gpu_check.log,
+# The runtime on a GPU: one prepared run for a lent GPU machine (CI has none; the last
+# run's result is docs/results/runtime/cuda_check.json). Results go to $OUT (or out/gpu_check): gpu_check.log,
 # cuda_check.json, demo_cuda.json, demo_cuda.png, demo_cpu.json.
 #
 # Prepare here (the GPU machine cannot download; its image lacks pyzmq):

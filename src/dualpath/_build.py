@@ -3,8 +3,8 @@
 `make compiled` (tools/compile_sim.py) compiles `COMPILED_MODULES` with mypyc into extension
 modules beside their sources. Python imports an extension module before a `.py` of the same name,
 so the same source then runs as C: same arithmetic, same event order, the same numbers (checked by
-tests/sim/test_compiled_build.py), faster (docs/experiments.md section 5). `make clean-compiled`
-removes them. The pure-Python build is the default and the reference.
+tests/sim/test_compiled_build.py), faster (docs/results/sim_speed_compiled.json against
+sim_speed.json). `make clean-compiled` removes them. The pure-Python build is the default and the reference.
 
 A stamp (`_compiled.json`, written by the build) records each compiled source's SHA-256.
 `check_fresh()` runs when `dualpath` is imported and refuses extension modules whose source has
@@ -26,9 +26,10 @@ STAMP_PATH = PACKAGE_DIR / "_compiled.json"
 GROUP_NAME = "dualpath.simc"  # the mypyc shared library: dualpath/simc__mypyc.<suffix>
 
 # The simulator's event loop, links, engine groups and the policies they call per decision:
-# what a 48P96D run spends its time in (py-spy, docs/experiments.md section 7); and the small
+# what a 48P96D run spends its time in (py-spy of `dualpath sim` at 48P96D); and the small
 # modules a compiled run still called into as Python on every turn (cProfile of a compiled run:
-# the turn recorder, phase checks, request ids, 9% of its time).
+# the turn recorder, phase checks, request ids, 9% of its time); and the timeline, whose null
+# recorder every component calls while nothing is recorded (metrics/timeline.py).
 COMPILED_MODULES = (
     "dualpath/core/cost.py",
     "dualpath/core/phase.py",
@@ -41,6 +42,7 @@ COMPILED_MODULES = (
     "dualpath/core/policy/read_side.py",
     "dualpath/core/policy/round_robin.py",
     "dualpath/metrics/recorder.py",
+    "dualpath/metrics/timeline.py",
     "dualpath/sim/compute.py",
     "dualpath/sim/compute_measured.py",
     "dualpath/sim/decode.py",

@@ -19,7 +19,7 @@ from .parsing import parse_device, parse_pd
 
 @dataclass(frozen=True, slots=True)
 class Features:
-    """Ablation switches (PAPER.md 6.5). `basic` has none; `dualpath` all; `oracle` adds io_free."""
+    """Ablation switches (docs/paper.md §6.5). `basic` has none; `dualpath` all; `oracle` adds io_free."""
 
     layerwise_prefill: bool
     de_read_path: bool
@@ -52,24 +52,24 @@ def parse_mode(text: str) -> Features:
 class ComputeKnobs:
     # System-level prefill MFU on the linear (GEMM) part, FP8 dense peak: DeepSeek's H800 fleet
     # computed 32.2k tokens/s per node at 71.4 GFLOP per token = 14.5% of FP8 dense, a 24-hour
-    # average and thus a lower bound (HARDWARE.md 1.3, [S-D6]).
+    # average and thus a lower bound (docs/hardware.md §1.3, [S-D6]).
     prefill_mfu: float = 0.145
     # Attention kernels run BF16 math: FlashMLA sparse prefill 640 TFLOPS on H800 = 65% of 989
-    # (HARDWARE.md 1.2, [S-FMLA]).
+    # (docs/hardware.md §1.2, [S-FMLA]).
     attn_efficiency: float = 0.65
     # Fixed cost of every layer of a forward (prefill) or step (decode): expert-parallel dispatch
-    # + combine latency. DeepEP low-latency kernels at EP32: ~120 + 170 us (HARDWARE.md 1.2,
+    # + combine latency. DeepEP low-latency kernels at EP32: ~120 + 170 us (docs/hardware.md §1.2,
     # [S-DEP]: 77-194 us and 114-369 us from EP8 to EP256) -> 0.29 ms per layer.
     ep_latency_per_layer_s: float = 0.29e-3
     # fitted (Fig. 3 right; hardware-only: compute.prefill_forward_overhead_s=0): extra fixed cost
-    # per prefill forward, s. None: from PAPER.md 4.1 Fig. 3 right [F] (one engine's throughput x2.6 /
+    # per prefill forward, s. None: from docs/paper.md §4.1 Fig. 3 right [F] (one engine's throughput x2.6 /
     # x2.9 / x3.0 at 5 / 10 / 20 requests of 30K context + 300 new tokens over 1 fits t(b) = t0 + b * t1
     # with t0 = 2.5 * t1): 0.267 s for DS 660B; 0 leaves the EP term alone (61 x 0.29 ms = 17.7 ms).
     prefill_forward_overhead_s: float | None = None
     fig3_overhead_per_request_ratio: float = 2.5
-    # FlashMLA memory-bound decode reaches 3,000 of 3,350 GB/s = 0.9 (HARDWARE.md 1.2, [S-FMLA]).
+    # FlashMLA memory-bound decode reaches 3,000 of 3,350 GB/s = 0.9 (docs/hardware.md §1.2, [S-FMLA]).
     decode_hbm_efficiency: float = 0.9
-    # Decode GEMMs: DeepSeek's decode fleet ran at 14.6% of FP8 dense (HARDWARE.md 1.3, [S-D6]).
+    # Decode GEMMs: DeepSeek's decode fleet ran at 14.6% of FP8 dense (docs/hardware.md §1.3, [S-D6]).
     decode_mfu: float = 0.146
 
     def __post_init__(self) -> None:
@@ -83,15 +83,15 @@ class ComputeKnobs:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    alpha_read_s: float = 3.0  # PAPER.md 3.2/5: short-read-queue threshold, seconds of reads
-    beta_compute_s: float = 5.0  # PAPER.md 3.2/5: unfinished-token cap, seconds of GPU processing
-    z_factor: float = 1.05  # PAPER.md 3.3
-    compute_quota_s: float = 0.300  # PAPER.md 3.5: predicted attention time per PE forward
+    alpha_read_s: float = 3.0  # docs/paper.md §3.2, §5: short-read-queue threshold, seconds of reads
+    beta_compute_s: float = 5.0  # docs/paper.md §3.2, §5: unfinished-token cap, seconds of GPU processing
+    z_factor: float = 1.05  # docs/paper.md §3.3
+    compute_quota_s: float = 0.300  # docs/paper.md §3.5: predicted attention time per PE forward
     # Basic engine batching: 16K tokens per GPU per prefill batch, DeepSeek's profiled prefill
-    # setting (HARDWARE.md 7.1, [S-PROF]).
+    # setting (docs/hardware.md §7.1, [S-PROF]).
     basic_tokens_per_forward: int = 16384
     lane_weights: LaneWeights = field(default_factory=LaneWeights)
-    # choice: read or recompute (core/policy/recompute.py, issue 11.3): a hit whose read the store
+    # choice: read or recompute (core/policy/recompute.py): a hit whose read the store
     # would deliver later than a PE computes it again is recomputed. Off by default (the paper
     # always reads); for a degraded store.
     recompute_when_faster: bool = False
@@ -110,9 +110,9 @@ class ClusterConfig:
     num_prefill_nodes: int = 2
     num_decode_nodes: int = 4
     node: NodeSpec = field(default_factory=NodeSpec)
-    block_tokens: int = 64  # PAPER.md 1.5
+    block_tokens: int = 64  # docs/paper.md §1.5
     # choice: aggregate storage-cluster egress; None = unlimited. 3FS total bandwidth of the testbed is
-    # not published (PAPER.md 5); 3FS "can saturate 400 Gbps per SNIC".
+    # not published (docs/paper.md §5); 3FS "can saturate 400 Gbps per SNIC".
     storage_egress_bytes_per_s: float | None = None
     # choice: reads a node's storage client runs at once (sharing its SNIC); 1 = strict FIFO.
     reads_in_flight_per_node: int = 1
@@ -120,12 +120,13 @@ class ClusterConfig:
     # (vLLM's default gpu_memory_utilization = 0.9).
     hbm_usable_fraction: float = 0.9
     # Weights are sharded across all GPUs of a role by expert parallelism (EP + DP attention for
-    # the DeepSeek models, PAPER.md 5); False = every GPU holds a full copy (Qwen 32B: DP only).
+    # the DeepSeek models, docs/paper.md §5); False = every GPU holds a full copy (Qwen 32B: DP only).
     expert_parallel: bool = True
     # EP dispatch/combine between nodes rides each GPU's CNIC on the latency-critical lane
-    # (PAPER.md 2.3; bytes from the model shape, DeepEP's kernels [S-DEP], core/ep_traffic.py;
+    # (docs/paper.md §2.3; bytes from the model shape, DeepEP's kernels [S-DEP], core/ep_traffic.py;
     # timing sim/ep_comm.py) in the MoE presets; False: only the fixed
-    # ComputeKnobs.ep_latency_per_layer_s, no bytes on the CNIC (issue 16.6).
+    # ComputeKnobs.ep_latency_per_layer_s, no bytes on the CNIC (`dualpath bench lanes --sim` runs both;
+    # docs/results/sim/lanes_ep.json).
     ep_over_cnic: bool = True
     # Ablations of the lanes (`dualpath bench lanes --sim`), settings rather than calibration:
     # every CNIC direction carries a KV flow that never ends (the KV class saturated); and the
@@ -133,18 +134,18 @@ class ClusterConfig:
     # traffic", the same schedule otherwise).
     cnic_kv_flood: bool = False
     ep_ignores_kv: bool = False
-    # The `local` preset's CNICs as the runtime's (issue 15): each engine has one link for both
-    # directions, serving each lane FIFO (runtime/transport/arbiter.py: LinkArbiter), and every
+    # The `local` preset's CNICs as the runtime's (so `dualpath fidelity` scores one mechanism): each
+    # engine has one link for both directions, serving each lane FIFO (runtime/transport/arbiter.py: LinkArbiter), and every
     # copy is paced by the engine that makes it (a DE-path layer stream by the DE, a PD transfer
     # by the PE, a persisted block's D2H by the DE). False: full-duplex NICs shared by processor
     # sharing, as RDMA queue pairs share a real NIC.
     cnic_as_runtime_arbiter: bool = False
-    # The `local` preset's decode engine as the runtime's (issue 15; docs/experiments.md section 25):
+    # The `local` preset's decode engine as the runtime's (`dualpath fidelity`; sim/decode.py):
     # while a step runs, a request whose prompt KV has landed starts its H2D when the step ends (the
     # runtime's DE handles `PromptReady` between steps), and joins the batch when the step after its
     # H2D ends (engine/mid_step.py). False: both at once (the fluid decode of the paper presets).
     decode_waits_for_step_end: bool = False
-    # The `local` preset's persists as the runtime's (issue 15; sim/persists.py): a DE's blocks
+    # The `local` preset's persists as the runtime's (`dualpath fidelity`; sim/persists.py): a DE's blocks
     # reach storage one at a time through its node's SNIC write bucket (the runtime's writer
     # thread, EngineBase._write_loop), and placement waits for a hit block still being written, at
     # most `persist_wait_s` (RuntimeConfig.persist_wait_s; router.py: Router._try_place); and a
@@ -152,9 +153,9 @@ class ClusterConfig:
     # a queued block counts as written at once (the paper presets: a write is ~1% of the SNIC).
     persist_waits_for_snic_write: bool = False
     persist_wait_s: float = 10.0  # RuntimeConfig.persist_wait_s's default; used with the flag above
-    # The `local` preset's host buffers as the router holds them (issue 15; sim/persists.py;
+    # The `local` preset's host buffers as the router holds them (`dualpath fidelity`; sim/persists.py;
     # Placement.allocate_regions): placement takes a Full Block slot per prompt block in the DE's
-    # buffer (PE path: the PE's too) or holds its FIFO. False: reserved at first use, PAPER.md 1.3.
+    # buffer (PE path: the PE's too) or holds its FIFO. False: reserved at first use, docs/paper.md §1.3.
     buffers_at_placement: bool = False
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
@@ -232,7 +233,7 @@ class WorkloadConfig:
 
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
-    # choice: window for SNIC Max/Avg balance (PAPER.md 6.6: "a short window"; length not given).
+    # choice: window for SNIC Max/Avg balance (docs/paper.md §6.6: "a short window"; length not given).
     balance_window_s: float = 10.0
     # choice: windows whose mean SNIC read utilisation is below this are skipped; the paper drops
     # the tail where "both ratios lose meaning once the system is underloaded".
@@ -253,7 +254,7 @@ class SimConfig:
         return asdict(self)
 
 
-# Paper presets (PAPER.md 5): model -> default P/D, DRAM buffer per node, parallelism.
+# Paper presets (docs/paper.md §5): model -> default P/D, DRAM buffer per node, parallelism.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "ds-v3.2-660b": {"pd": "2P4D", "dram_buffer_bytes": 80 * GB, "expert_parallel": True},
     "ds-27b": {"pd": "1P1D", "dram_buffer_bytes": 80 * GB, "expert_parallel": True},
@@ -277,15 +278,15 @@ def paper_cluster(model: str, pd: str | None = None, **overrides: Any) -> Cluste
 
 RUNTIME_BASIC_TOKENS_PER_FORWARD = 4096  # the runtime's basic engine: tokens per prefill forward (a CPU model)
 DEMO_AGENTS = 4  # `dualpath demo` (runtime/apps/demo.py sizes the rest of the workload to the machine)
-CNIC_PER_SNIC = 8  # PAPER.md 1.2: 8 x 400 Gbps CNIC per node (one per GPU), 1 x 400 Gbps SNIC
+CNIC_PER_SNIC = 8  # docs/paper.md §1.2: 8 x 400 Gbps CNIC per node (one per GPU), 1 x 400 Gbps SNIC
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
     """The real runtime on one host: engine processes, emulated NICs, the KV store. A node is one
     engine, standing for a whole paper node, with its SNIC and host buffer. Rates are bytes/s per
-    direction; None = real speed. A paper node's 8 CNICs are each as fast as its SNIC (PAPER.md
-    1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/apps/emulation.py)."""
+    direction; None = real speed. A paper node's 8 CNICs are each as fast as its SNIC (docs/paper.md
+    §1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/apps/emulation.py)."""
 
     model: str = "smollm2-135m"
     num_prefill: int = 1
@@ -294,7 +295,7 @@ class RuntimeConfig:
     store_dir: str | None = None  # a directory or tcp://HOST:PORT (store serve); None: a fresh temporary directory
     store_capacity_bytes: int | None = None
     kv_dtype: str = "float32"
-    block_tokens: int = 64  # PAPER.md 1.5
+    block_tokens: int = 64  # docs/paper.md §1.5
     snic_bytes_per_s: float | None = None
     cnic_bytes_per_s: float | None = None  # None with a SNIC cap: CNIC_PER_SNIC x the SNIC rate
     # alpha/beta, Z, the compute quota, basic batching and the lane weights: the simulator's
@@ -310,12 +311,13 @@ class RuntimeConfig:
     max_decode_batch: int = 64
     # A decode engine serves layer pulls and finished reads and copies between its step's layers, as
     # a real DE's NIC serves RDMA without its GPU (engine/mid_step.py). False: only between steps, so a
-    # DE-path prefill waits up to one decode step per layer (the ablation of docs/experiments.md
-    # section 25, `python tools/fidelity_side_ttft.py agents --between-steps`).
+    # DE-path prefill waits up to one decode step per layer (the ablation; a run's `--timeline` shows
+    # what it costs: the DE's `transfer` spans of the DE read path, metrics/timeline.py).
     de_serves_mid_step: bool = True
-    # Compute quota (scheduler.compute_quota_s, 300 ms, PAPER.md 3.5) kept as attention work at the
-    # paper PE's rate (HARDWARE.md: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
-    # attention it chunked cold 3.8K-token prompts ~12 ways (docs/experiments.md, cold workload).
+    # Compute quota (scheduler.compute_quota_s, 300 ms, docs/paper.md §3.5) kept as attention work at the
+    # paper PE's rate (docs/hardware.md §1.2: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
+    # attention it chunked cold 3.8K-token prompts ~12 ways, each chunk reloading the earlier chunks' KV over the
+    # CNIC (`dualpath run` on a cold Mooncake window; `dualpath bench cold` checks the fix).
     quota_attention_flops_per_s: float = 640e12
     # Fault injection, a slow store: seconds each node's storage reader waits before a read job's
     # first block (0 = none). The engines measure what a read's first block takes and report it
@@ -323,19 +325,19 @@ class RuntimeConfig:
     store_read_delay_s: float = 0.0
     # The engines read stored blocks with O_DIRECT (BlockStore direct_io), as a client reading SSDs
     # does: the page cache would serve a hot prefix from this host's DRAM, which a remote store (3FS,
-    # PAPER.md 1.1) never does. tmpfs refuses O_DIRECT: buffered reads after the first refusal.
+    # docs/paper.md §1.1) never does. tmpfs refuses O_DIRECT: buffered reads after the first refusal.
     store_direct_io: bool = True
     # A call to a storage service (--store tcp://...) that has not answered after this many seconds
     # fails: a lookup finds nothing, a read is a miss (recomputed), a persist is WRITE_FAILED. A
-    # frozen service then costs each call this bound instead of hanging it (issue 11's matrix).
-    # 5 s: a get of a prompt's blocks on loopback takes milliseconds (docs/experiments.md section 10).
+    # frozen service then costs each call this bound instead of hanging it (`dualpath chaos`'s frozen-service case).
+    # 5 s: a get of a prompt's blocks on loopback takes milliseconds (docs/results/store/service_vs_local.json).
     store_timeout_s: float = 5.0
     # Between engines: "local" (one host: ipc:// control, shared-memory KV) or "tcp" (as across hosts:
     # tcp:// control with LC marks, remote writes for KV, engine/peers.py; the token in peer_token_file
     # authenticates every peer, required beyond loopback: transport/peer_auth.py, remote_write/wire.py).
     engine_transport: str = "local"
     peer_token_file: str | None = None
-    persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (PAPER.md A.4; ~0.1 s each)
+    persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (docs/paper.md §1.5; ~0.1 s each)
     # per engine process; None: the size of the engine's CPU set (runtime/engine/cpus.py: one set per engine)
     torch_threads: int | None = None
     device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/engine/device.py)
@@ -357,6 +359,9 @@ class RuntimeConfig:
     # (seed, engine id). 0 = off (the default): no injector is built, the copies are unchanged.
     kv_corrupt_probability: float = 0.0
     tp: TensorParallelConfig = field(default_factory=TensorParallelConfig)  # ranks per engine (config_tp.py)
+    # Engines record their spans (metrics/timeline.py) and send them with their Counters; off (the
+    # default) they hold the null timeline. `--timeline FILE` of demo and run turns it on.
+    record_timeline: bool = False
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)

@@ -14,9 +14,10 @@ TP_SIZES = (1, 2)
 class TensorParallelConfig:
     """`ranks` 2 splits every layer's MLP over two processes (runtime/model/tensor_parallel.py:
     a broadcast and an all_reduce of T x C per layer, the volume of Megatron's two all-reduces),
-    so the model's own traffic rides the latency-critical lane (issue 16.6; on the testbed
-    testbed/tp_lanes.py puts it in class 1:10). 2 is the smallest split; the paper's engines span
-    8 GPUs (PAPER.md 1.2). CPU only (gloo); NCCL, the CUDA path, is not wired."""
+    so the model's own traffic rides the latency-critical lane (on the testbed
+    testbed/tp_lanes.py puts it in class 1:10; `dualpath bench tp-lanes` measures what that buys).
+    2 is the smallest split; the paper's engines span 8 GPUs (docs/paper.md §1.2). CPU only (gloo);
+    NCCL, the CUDA path, is not wired."""
 
     ranks: int = 1
     # Seconds an engine waits for rank 1 to load the model and join: ~3 s for tiny, ~10 s for

@@ -1,4 +1,4 @@
-"""Compute-quota batching with chunked prefill (PAPER.md 3.5)."""
+"""Compute-quota batching with chunked prefill (docs/paper.md §3.5)."""
 
 from dualpath.core.policy import Budget, form_prefill_batch
 from dualpath.core.request import RequestId

@@ -1,4 +1,4 @@
-"""Cost model: Table 1 of the paper (PAPER.md 4.1) and the chunk FLOP arithmetic."""
+"""Cost model: Table 1 of the paper (docs/paper.md §4.1) and the chunk FLOP arithmetic."""
 
 import pytest
 
@@ -9,7 +9,7 @@ from dualpath.core.cost import (
 )
 from dualpath.core.models import DS_V32_660B, QWEN25_32B, get_model
 
-# PAPER.md 4.1 Table 1: GB/PFLOP at 16K and 64K context, append 429
+# docs/paper.md §4.1 Table 1: GB/PFLOP at 16K and 64K context, append 429
 TABLE1 = {
     "qwen2.5-32b": (117, 267),
     "gpt-oss-120b": (47, 95),
@@ -28,10 +28,10 @@ def test_table1_within_ten_percent(name):
 
 
 def test_ds_v3_row_matches_the_independent_reconstruction_not_the_paper():
-    """DeepSeek-V3 is the one row the public accounting does not reproduce: HARDWARE.md 6 derives
+    """DeepSeek-V3 is the one row the public accounting does not reproduce: docs/hardware.md §6 derives
     4.3 / 5.1 (FP8 latent, dense MQA-mode attention) against the paper's 4.8 / 5.8 and notes that
     the paper's V3 accounting is unknown. We keep the physical count and report the gap
-    (docs/experiments.md): -9% at 16K, -11% at 64K."""
+    (`dualpath repro`, docs/results/repro/table1.json): -9% at 16K, -11% at 64K."""
     m = get_model("ds-v3-660b")
     ours = [cache_compute_ratio_gb_per_pflop(m, c) for c in (16384, 65536)]
     assert ours == pytest.approx([4.37, 5.16], abs=0.01)

@@ -1,4 +1,4 @@
-"""DE selection, both phases (PAPER.md 3.3): hand-computed cases and the HBM property."""
+"""DE selection, both phases (docs/paper.md §3.3): hand-computed cases and the HBM property."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -70,16 +70,16 @@ def test_runtime_rooms_import_only_downwards():
 
 
 def test_runtime_ground_floor_imports_nothing_above_it():
-    # clock, model, store and transport import nothing of the runtime above them (REDESIGN.md)
+    # clock, model, store and transport import nothing of the runtime above them (docs/structure.md's layering)
     assert rooms("runtime/model") == set()
     assert rooms("runtime/store") <= {"runtime.clock"}
     assert rooms("runtime/transport") <= {"runtime.clock"}
 
 
 def test_nothing_imports_apps_bench_or_cli():
-    # cli/ stands above everything; bench/ and fidelity/ above both worlds; runtime/apps/ above
-    # the runtime's rooms
-    above_both = {"bench", "fidelity"}
+    # cli/ stands above everything; bench/, fidelity/ and docs/ above both worlds; runtime/apps/
+    # above the runtime's rooms
+    above_both = {"bench", "fidelity", "docs"}
     for path in SRC.rglob("*.py"):
         parts = path.relative_to(SRC).parts
         mods = _module_imports(path)
@@ -177,7 +177,7 @@ def test_a_deliberate_cycle_is_found(tmp_path):
     tree = tmp_path / "dualpath"
     shutil.copytree(SRC, tree, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     assert import_cycles(tree) == []
-    # a type-only import back from a component to the simulator: the kind REDESIGN.md removed
+    # a type-only import back from a component to the simulator: the cycle lifecycle.py exists to avoid
     reads = tree / "sim" / "reads.py"
     reads.write_text(reads.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                            "    from .simulator import Simulator\n")

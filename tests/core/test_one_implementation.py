@@ -1,5 +1,5 @@
 """Written once: the scheduling pass, alpha/beta, the PE batch budgets, the turn latencies and the
-Prometheus writer each live in one module, which both worlds call (REDESIGN.md). These checks
+Prometheus writer each live in one module, which both worlds call, so the two cannot drift apart. These checks
 read the code's AST, so a second copy fails them wherever it is added."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Algorithm 1 (PAPER.md 3.2): hand-computed cases for every branch, and FIFO as a property."""
+"""Algorithm 1 (docs/paper.md §3.2): hand-computed cases for every branch, and FIFO as a property."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

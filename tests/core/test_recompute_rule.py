@@ -1,4 +1,4 @@
-"""Read or recompute (core/policy/recompute.py, issue 11.3): the rule's arithmetic, the scheduler's
+"""Read or recompute (core/policy/recompute.py): the rule's arithmetic, the scheduler's
 use of it, and the simulator modelling a slow store with it."""
 
 from __future__ import annotations

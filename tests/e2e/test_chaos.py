@@ -1,6 +1,7 @@
 """`dualpath chaos` (runtime/apps/chaos.py): bad input is one line and exit 2; a scenario on a real
 2P2D cluster (tiny model) ends every request finished with the reference's tokens or errored; the
-storage service as the victim (chaos_store.py) and the PD-transfer moment in the default run."""
+storage service as the victim (chaos_store.py) and the PD-transfer moment; every victim and fault kind
+in the default run is test_chaos_kinds.py."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def _assert_clean(results: list[dict], names: list[str], requests: int = 4) -> N
         assert r["writes_pending"] == 0 and r["recovery_s"] < 30.0, r
 
 
+@pytest.mark.slow  # 3 clusters; the default run plays store-kill-read (and pe-term-pd) on one: test_chaos_kinds.py
 def test_a_killed_storage_service_and_a_killed_pe_mid_transfer_lose_nothing():
     """The service dies while turn-2 hits are to be read from it: the reads are misses, recomputed
     with the same tokens, and the persists after it fail, counted; a PE dies in its PD transfer."""

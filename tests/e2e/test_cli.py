@@ -1,13 +1,11 @@
 """The command line: outputs, JSON keys, and clear errors with exit code 2 for bad input."""
 
 import json
-from pathlib import Path
 
 import pytest
 from cli_helpers import cli, cli_here
 
-REPO = Path(__file__).resolve().parents[2]
-MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+from dualpath.workloads import MOONCAKE_SLICE
 
 
 
@@ -120,11 +118,11 @@ def test_sim_turns_csv_has_one_consistent_row_per_turn_and_mode(tmp_path):
             assert all(x["read_side"] == "0" for x in mine)
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
 def test_mooncake_trace_stats_from_the_cli():
-    p = cli("trace", "stats", str(MOONCAKE), "--json")
+    """The shipped slice of the Mooncake trace (workloads/data/README.md)."""
+    p = cli("trace", "stats", str(MOONCAKE_SLICE), "--json")
     assert p.returncode == 0, p.stderr
     stats = json.loads(p.stdout)
-    assert stats["num_requests"] == 12031
-    assert stats["mean_input_tokens"] == pytest.approx(12035.06, abs=0.01)
-    assert stats["request_mean_output_tokens"] == pytest.approx(342.62, abs=0.01)
+    assert stats["num_requests"] == 3658
+    assert stats["mean_input_tokens"] == pytest.approx(13403.12, abs=0.01)
+    assert stats["request_mean_output_tokens"] == pytest.approx(348.50, abs=0.01)

@@ -1,4 +1,4 @@
-"""CLI errors are one line on stderr whatever the terminal width, a pipe or a terminal (issue 13.5)."""
+"""CLI errors are one line on stderr whatever the terminal width, a pipe or a terminal (errors.InputError)."""
 
 import os
 import pty

@@ -72,7 +72,7 @@ def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     result = json.loads(j.read_text())
     stdout = "\n".join(text for text, _, _ in lines)
     assert all("\x1b" not in text for text, _, _ in lines)
-    # progress reaches a pipe line by line, not all at exit (issue 13.4): basic's last line arrives
+    # progress reaches a pipe line by line, not all at exit (a CI log shows it live): basic's last line arrives
     # while the demo runs, and dualpath's a mode's run later
     turns_total = result["workload"]["num_turns"]
     pattern = rf"demo (basic|dualpath): {turns_total}/{turns_total} turns, [\d.]+ s, SNIC util (-|(PE0|DE1) .*)$"
@@ -95,7 +95,9 @@ def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     assert rates["source"] == "derived" and rates["load_over_compute"] == 4.4
     assert rates["cnic_bytes_per_s"] == 8 * rates["snic_bytes_per_s"] == 8 * result["config"]["snic_bytes_per_s"]
     assert "SNIC" in stdout and "derived" in stdout  # the table title says which rates ran
-    assert runs["dualpath"]["jct_s"] < runs["basic"]["jct_s"]
+    # the demo's claim (0.54x with SmolLM2, docs/results/runtime/demo.json) on the tiny model, by a clear
+    # margin: 0.57-0.73x in three runs of `dualpath demo --model tiny` on a loaded 2-core VM
+    assert runs["dualpath"]["jct_s"] < 0.85 * runs["basic"]["jct_s"], {m: r["jct_s"] for m, r in runs.items()}
 
 
 def test_run_replays_a_trajectory_file(tmp_path):

@@ -1,6 +1,6 @@
-"""`dualpath fidelity` on the tiny model and workload: the report's structure, errors computed from
-the two runs (recomputed here from the values the report holds), decision logs of both worlds,
-and bad input."""
+"""`dualpath fidelity` on the tiny model: the prediction is calibrated on another workload and
+never reads the scored runs; errors, spreads and verdicts come from the runs the report holds
+(recomputed here); decision logs of both worlds; bad input."""
 
 from __future__ import annotations
 
@@ -11,37 +11,91 @@ import math
 import pytest
 from cli_helpers import cli as _cli, cli_here
 
-from dualpath.fidelity.compare import GOALS
+from dualpath.fidelity.compare import GOALS, verdict
 from dualpath.metrics.decisions import Decision, agreement
 
-
+CALIBRATION = "tiny:agents=3,rounds=4"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fid") / "f.json"
-    p = _cli("fidelity", "--workload", "tiny", "--model", "tiny", "--repeat", "2", "--mode", "basic", "--mode", "dualpath",
-             "--json", str(out))
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fid")
+    p = _cli("fidelity", "--workload", "tiny", "--calibrate-on", CALIBRATION, "--model", "tiny", "--repeat", "2",
+             "--mode", "basic", "--mode", "dualpath", "--json", str(d / "f.json"), "--timeline", str(d / "t.json"))
     assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(out.read_text())
+    return d
 
 
-def test_report_structure_and_errors_come_from_the_runs(report):
+@pytest.fixture(scope="module")
+def report(run_dir):
+    return json.loads((run_dir / "f.json").read_text())
+
+
+def test_the_timeline_lays_both_worlds_side_by_side_with_the_same_names(run_dir, report):
+    from dualpath.metrics.timeline import read_trace
+
+    for mode, r in report["modes"].items():
+        assert "timeline" not in r  # written to its own file, not into the report
+        spans, instants = read_trace(json.loads((run_dir / f"t.{mode}.json").read_text()))
+        requests = {d["request"] for d in r["decision_logs"]["sim"]}
+        for world in ("sim", "runtime"):
+            first = {i.requests[0] for i in instants if i.world == world and i.name == "first_token"}
+            assert first == requests, (mode, world)  # every request's first token, by the same names
+            names = {s.name for s in spans if s.world == world}
+            assert {"prefill", "decode", "read"} <= names, (mode, world, names)
+
+
+def _predicted_s(fit: dict, t: dict) -> float:
+    items, ctx, keys = t["fit_terms"]
+    return fit["fixed_s"] * t["forwards"] + fit["per_item_s"] * items + fit["per_ctx_s"] * ctx + fit["per_key_s"] * keys
+
+
+def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_checks_only(report):
+    """predicted = mean(drift before each scored run) x contention, where contention is the
+    calibration runs' model time over the drifted profile's seconds for their forwards
+    (fidelity/calibration.py); the replayed speed is the scored runs' own."""
+    cal = report["calibration"]
+    assert cal["workloads"] == [CALIBRATION] and len(report["drift"]) == report["repeat"] == 2
+    assert all(0.2 < d < 5 for d in report["drift"] + cal["drift"])
+    fits = report["profile_fit"]
+    for mode, r in report["modes"].items():
+        runs = [(run, d) for run, d in zip(cal["runs"], cal["drift"]) if run["mode"] == mode]
+        assert len(runs) == 1 and runs[0][0]["workload"] == CALIBRATION
+        for role in ("prefill", "decode"):
+            busy = sum(run["model_time"][role]["busy_s"] for run, _ in runs)
+            pred = sum(d * _predicted_s(fits[role], run["model_time"][role]) for run, d in runs)
+            contention = busy / pred
+            assert cal["contention"][mode][role] == pytest.approx(contention)
+            mean_drift = sum(report["drift"]) / len(report["drift"])
+            assert r["speed"]["predicted"][role] == pytest.approx(mean_drift * contention)
+            assert r["speed"]["start_speed"][role] == pytest.approx(mean_drift)
+            scored = r["runtime_model_time"]
+            own = sum(t[role]["busy_s"] for t in scored) / sum(_predicted_s(fits[role], t[role]) for t in scored)
+            assert r["speed"]["replayed"][role] == pytest.approx(own)
+
+
+def test_errors_and_verdicts_come_from_the_runs(report):
     assert set(report["modes"]) == {"basic", "dualpath"}
     for mode, r in report["modes"].items():
-        for name, m in r["metrics"].items():
+        assert set(r["errors"]) == {"predicted", "replayed", "start_speed", "shared_cnics"}
+        for name, stats in r["runtime"].items():
             if name == "snic_utilisation":
                 continue
-            assert len(m["runtime_runs"]) == 2
-            mean = sum(m["runtime_runs"]) / 2
-            assert m["runtime_mean"] == pytest.approx(mean)
-            err = m["rel_error"]  # JSON null: infinite (the runtime's value is 0, the simulator's not)
-            if mean:
-                assert err == pytest.approx(m["sim"] / mean - 1)
-            else:
-                assert (err is None) == (m["sim"] != 0)
-            if name in GOALS:
-                assert m["met"] == (err is not None and abs(err) <= GOALS[name])
+            runs = stats["runs"]
+            assert len(runs) == 2 and stats["mean"] == pytest.approx(sum(runs) / 2)
+            if stats["mean"]:
+                assert stats["spread"] == pytest.approx((max(runs) - min(runs)) / stats["mean"])
+            for sim_name, errs in r["errors"].items():
+                e = errs[name]
+                err = e["rel_error"]  # JSON null: infinite (the runtime's value is 0, the simulator's not)
+                if stats["mean"]:
+                    assert err == pytest.approx(e["sim"] / stats["mean"] - 1)
+                else:
+                    assert (err is None) == (e["sim"] != 0)
+                if name in GOALS:
+                    assert e["verdict"] == verdict(err if err is not None else math.inf, stats["spread"], GOALS[name])
+        missed = {n for n in GOALS if r["errors"]["predicted"][n]["verdict"] not in ("met", "within spread")}
+        assert set(r["causes"]) == missed  # every miss names its measured cause, nothing else does
         logs = r["decision_logs"]
         sim = [Decision(**d) for d in logs["sim"]]
         real = [[Decision(**d) for d in log] for log in logs["runtime"]]
@@ -50,16 +104,56 @@ def test_report_structure_and_errors_come_from_the_runs(report):
         placed = r["placed_hits"]  # per request, both worlds: the hit placement fixed
         names = {d.request for d in sim}
         assert set(placed["sim"]) == names and all(set(p) == names for p in placed["runtime"])
-        assert r["metrics"]["placed_hit_tokens"]["sim"] == sum(placed["sim"].values())
-        assert r["metrics"]["placed_hit_tokens"]["runtime_runs"] == [sum(p.values()) for p in placed["runtime"]]
+        assert r["errors"]["predicted"]["placed_hit_tokens"]["sim"] == sum(placed["sim"].values())
+        assert r["runtime"]["placed_hit_tokens"]["runs"] == [sum(p.values()) for p in placed["runtime"]]
         assert any(placed["sim"].values()) and any(placed["runtime"][0].values())  # later turns hit
-        assert not math.isnan(r["metrics"]["jct_s"]["sim"])
-        shared = r["sim_shared_cnics"]  # the ablation's errors against the same runtime means
-        assert set(shared) == set(r["metrics"]) - {"snic_utilisation"}
-        for name, alt in shared.items():
-            mean = r["metrics"][name]["runtime_mean"]
-            if mean:
-                assert alt["rel_error"] == pytest.approx(alt["sim"] / mean - 1)
+
+
+@pytest.mark.parametrize("error, spread, goal, want", [
+    (0.03, 0.01, 0.05, "met"), (-0.05, 0.0, 0.05, "met"), (0.02, 0.04, 0.05, "within spread"),
+    (0.06, 0.01, 0.05, "missed"), (0.06, 0.2, 0.05, "missed"), (0.04, 0.08, 0.05, "spread exceeds goal"),
+    (math.inf, 0.0, 0.05, "missed")])
+def test_a_goal_is_judged_against_the_runtime_spread(error, spread, goal, want):
+    assert verdict(error, spread, goal) == want
+
+
+def test_a_miss_names_whether_the_speed_or_the_model_caused_it():
+    from dualpath.fidelity.compare import causes
+
+    row = lambda e, v: {"rel_error": e, "verdict": v}
+    ok = {n: row(0.0, "met") for n in GOALS}
+    speeds = {"predicted": {"prefill": 1.2, "decode": 1.0}, "replayed": {"prefill": 1.4, "decode": 1.1}}
+    predicted = {**ok, "ttft_p50_s": row(-0.2, "missed"), "jct_s": row(0.09, "missed")}
+    replayed = {**ok, "jct_s": row(0.08, "missed")}
+    got = causes(predicted, replayed, speeds)
+    assert set(got) == {"ttft_p50_s", "jct_s"}
+    assert got["ttft_p50_s"].startswith("speed:") and "1.400" in got["ttft_p50_s"]
+    assert got["jct_s"].startswith("model:") and "+8.0%" in got["jct_s"]
+
+
+def test_workload_specs_spell_out_their_settings_and_refuse_unknown_ones():
+    from dualpath.errors import InputError
+    from dualpath.fidelity.workloads import parse_workload
+
+    assert parse_workload("tiny").key == parse_workload("tiny:agents=2").key == "tiny:agents=2,rounds=3"
+    assert parse_workload("agents:seed=7,max_len=16k").key == "agents:max_len=16k,agents=8,seed=7,gen_scale=1.0,turns=0"
+    assert parse_workload("mooncake:load=1.5").number("load") == 1.5
+    for bad, needle in (("agents:colour=red", "bad setting 'colour=red'"), ("tiny:agents", "bad setting"),
+                        ("agents:agents=-1", "must be positive"), ("agents:seed=x", "is not a whole number"),
+                        ("nope", "unknown workload")):
+        with pytest.raises(InputError, match=needle):
+            spec = parse_workload(bad)
+            spec.number("agents", int), spec.number("seed", int)
+
+
+def test_generated_agents_take_their_settings():
+    from dualpath.fidelity.workloads import fidelity_workload
+
+    default = fidelity_workload("agents", 2048, 64)
+    other = fidelity_workload("agents:max_len=16k,agents=5,seed=3,gen_scale=0.5,turns=4", 2048, 64)
+    assert len(default) == 8 and len(other) == 5 and max(len(t.turns) for t in other) == 4
+    assert max(t.total_tokens for t in default + other) <= 2048 - 64
+    assert [t.turns for t in other] != [t.turns[:4] for t in default[:5]]  # another draw, not a cut of the default
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
@@ -68,6 +162,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     lone = tmp_path / "lone.jsonl"  # a Mooncake trace without a conversation of two turns
     lone.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [0, 1]}\n')
     for args, needle in ((("--workload", "nope"), "unknown workload"), (("--repeat", "0"), "--repeat"),
+                         (("--workload", "tiny", "--calibrate-on", "tiny:rounds=3"), "cannot calibrate its own"),
+                         (("--workload", "agents:colour=red"), "bad setting"),
+                         (("--workload", "tiny:rounds=1"), "no turn of the workload hits the store"),
                          (("--workload", str(too_long)), "smaller than the first round"),
                          (("--workload", str(lone)), "no conversation of two or more turns")):
         p = cli_here("fidelity", "--model", "tiny", *args)
@@ -80,11 +177,11 @@ def test_workloads_fit_the_window(tmp_path):
     from dualpath.fidelity.workloads import fidelity_workload
     from dualpath.workloads import Trajectory, write_trajectories
 
-    agents = fidelity_workload("agents", 2048, None, 64)
+    agents = fidelity_workload("agents", 2048, 64)
     assert len(agents) == 8 and max(t.total_tokens for t in agents) <= 2048
     f = tmp_path / "t.jsonl"
     write_trajectories(f, [Trajectory(0, (TurnSpec(1000, 5), TurnSpec(1000, 5), TurnSpec(100, 5)))])
-    (got,) = fidelity_workload(str(f), 2048, None, 64)
+    (got,) = fidelity_workload(str(f), 2048, 64)
     assert got.num_turns == 1 and got.total_tokens == 1005  # the second turn would end at 2010 > 2048 - 64
 
 
@@ -107,7 +204,7 @@ def test_a_mooncake_trace_is_sliced_rescaled_and_replayed_in_both_worlds_alike(t
     from dualpath.fidelity.run import _replan, _sim_workload
     from dualpath.fidelity.workloads import SLICE_CONVERSATIONS, fidelity_workload, trace_turn_costs
 
-    work = fidelity_workload(str(_conversation_trace(tmp_path / "m.jsonl")), 8192, None, 64)
+    work = fidelity_workload(str(_conversation_trace(tmp_path / "m.jsonl")), 8192, 64)
     convs = [c for c in range(10) if c != 3][:SLICE_CONVERSATIONS]
     assert [r.block_ids[1] // 1000 for r in work.records] == [c for turn in range(3) for c in convs]
     assert all(r.block_tokens == 64 and r.input_tokens == 64 * len(r.block_ids) - 25 and r.output_tokens == 32
@@ -158,31 +255,3 @@ def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
     path.write_text(path.read_text() + '{"request": "x"}\n')
     with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:3"):
         read_jsonl(path)
-
-
-def test_the_simulator_runs_at_the_speed_the_runs_measured_from_their_forwards(report):
-    """in_run_speed: the runs' model time over the start profile's prediction for the same
-    forwards (fidelity/speed.py), recomputed from the report; the start-speed ablation's errors
-    come from the same runtime means."""
-    m = report["local_preset"]  # the profile at the speed checked before the runs
-    fits = {"prefill": (m["prefill_fixed_s"], m["prefill_per_token_s"], 0.0, m["prefill_per_key_s"]),
-            "decode": (m["decode_fixed_s"], m["decode_per_seq_s"], m["decode_per_ctx_s"], m["decode_per_key_s"])}
-    for mode, r in report["modes"].items():
-        times = r["runtime_model_time"]
-        assert len(times) == 2
-        for role, (fixed, per_item, per_ctx, per_key) in fits.items():
-            busy = sum(t[role]["busy_s"] for t in times)
-            pred = sum(fixed * t[role]["forwards"] + per_item * t[role]["fit_terms"][0]
-                       + per_ctx * t[role]["fit_terms"][1] + per_key * t[role]["fit_terms"][2] for t in times)
-            assert busy > 0 and pred > 0
-            assert r["in_run_speed"][role] == pytest.approx(busy / pred)
-        for t in times:  # decode: sequences per step as de_batch_mean counts them; keys = sequences x longest
-            d = t["decode"]
-            items, ctx, keys = d["fit_terms"]
-            assert 0 < ctx <= keys <= items * ctx
-        batch = r["metrics"]["de_batch_mean"]["runtime_runs"]
-        assert [t["decode"]["fit_terms"][0] / t["decode"]["forwards"] for t in times] == pytest.approx(batch)
-        for name, alt in r["sim_start_speed"].items():
-            mean = r["metrics"][name]["runtime_mean"]
-            if mean:
-                assert alt["rel_error"] == pytest.approx(alt["sim"] / mean - 1)

@@ -1,4 +1,4 @@
-"""Progress without a terminal (issue 13.4): throttled plain lines, flushed one by one."""
+"""Progress without a terminal (a pipe, a CI log): throttled plain lines, flushed one by one."""
 
 import io
 import json

@@ -1,8 +1,8 @@
 """The paper's offline results in the simulator (slow: `make test-slow`, several minutes).
 
-Targets (issue 2): DS 660B 2P4D 64K, JCT(basic)/JCT(dualpath) within 15% of 1.84 (1024 agents)
-and 1.87 (2048), oracle <= dualpath <= basic; DS 27B at 1P1D / 2P1D / 1P2D (512 agents): the three
-pairs the paper calls alike within 10% of each other.
+Targets (the paper's, docs/paper.md §6.1 and §6.3): DS 660B 2P4D 64K, JCT(basic)/JCT(dualpath)
+within 15% of 1.84 (1024 agents) and 1.87 (2048), oracle <= dualpath <= basic; DS 27B at 1P1D /
+2P1D / 1P2D (512 agents): the three pairs the paper calls alike within 10% of each other.
 """
 
 import pytest

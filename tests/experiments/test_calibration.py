@@ -8,7 +8,8 @@ import pytest
 from dualpath.config import paper_cluster
 from dualpath.experiments.common import Headline, with_hardware_only
 from dualpath.experiments.knobs import (
-    all_knob_rows, calibration_sentence, classify, field_sources, fitted_knob_names, hardware_only_assignments,
+    all_knob_rows, calibration_sentence, classify, comment_sources, demo_knob_rows, field_sources, hardware_only_assignments,
+    hardware_only_knob_names, knob_counts,
 )
 from dualpath.experiments.simrun import SimSpec, _cache_key, hardware_only, sim_config
 from dualpath.experiments.suite import _counts
@@ -21,14 +22,44 @@ def test_knob_kinds_are_read_from_the_config_comments():
     assert fig3.kind == "fitted" and fig3.figure == "Fig. 3 right" and "t0 = 2.5 * t1" in fig3.source
     assert fig3.hardware_only == ("compute.prefill_forward_overhead_s=0",)
     assert knobs["compute.prefill_forward_overhead_s"].kind == "fitted"  # the same comment block
-    assert fitted_knob_names() == ("compute.prefill_forward_overhead_s", "compute.fig3_overhead_per_request_ratio")
+    assert hardware_only_knob_names() == ("compute.prefill_forward_overhead_s", "compute.fig3_overhead_per_request_ratio")
     assert {n for n, k in knobs.items() if k.kind == "choice"} == {
         "cluster.storage_egress_bytes_per_s", "cluster.reads_in_flight_per_node", "cluster.hbm_usable_fraction",
         "cluster.storage_read_latency_s", "scheduler.recompute_when_faster",
-        "metrics.balance_window_s", "metrics.balance_min_utilisation"}
+        "metrics.balance_window_s", "metrics.balance_min_utilisation", "generator.EXTRA_PREFIX_TOKENS",
+        "generator.FIRST_PROMPT_SIGMA", "generator.FIRST_PROMPT_CAP_FRACTION", "generator.APPEND_TURN_SIGMA",
+        "generator.GEN_RATE_SIGMA", "generator.GEN_TURN_SIGMA", "generator.GEN_CAP_FRACTION", "generator.MAX_TURNS_UP_TO_64K"}
     assert knobs["compute.prefill_mfu"].kind == "hardware" and knobs["scheduler.z_factor"].kind == "paper"
     assert all(k.kind != "unclassified" for k in knobs.values())
     assert not any(k.source.startswith(("fitted", "choice")) for k in knobs.values())  # markers stripped
+
+
+def test_the_generator_parameters_are_fitted_to_table_2():
+    """Each MaxLen anchor's six GeneratorParams, read from the comment above CALIBRATED, with the
+    value the generator runs; no hardware-only estimate, so the hardware-only runs keep them."""
+    from dualpath.workloads.generator import CALIBRATED
+
+    knobs = {k.name: k for k in all_knob_rows()}
+    table2 = {n: k for n, k in knobs.items() if k.kind == "fitted" and k.figure == "Table 2"}
+    assert len(table2) == 6 * len(CALIBRATED) == 18
+    assert table2["generator.CALIBRATED[64K].stop_sigma"].value == CALIBRATED[65536].stop_sigma
+    assert all("Nelder-Mead" in k.source and not k.hardware_only for k in table2.values())
+    assert knobs["generator.BASE_SET_SIZE"].kind == "paper"
+    assert knob_counts()["fitted"] == {"Fig. 3 right": 2, "Table 2": 18}
+    assert sum(v for kind, v in knob_counts().items() if kind != "fitted") + 20 == len(knobs)
+
+
+def test_the_runtime_demo_knob_is_read_from_its_comment():
+    from dualpath.runtime.apps.emulation import LOAD_OVER_COMPUTE
+
+    (demo,) = demo_knob_rows()
+    assert demo.value == LOAD_OVER_COMPUTE and demo.kind == "fitted" and demo.figure == "Fig. 1"
+    assert demo.name not in {k.name for k in all_knob_rows()}  # behind no headline
+
+
+def test_comment_sources_reads_module_constants_as_fields():
+    lines = ["A = 1  # trailing", "# block for B", "B: int = 2", "C = 3", "", "D = 4"]
+    assert comment_sources(lines, "ABCD") == {"A": "trailing", "B": "block for B", "C": "block for B", "D": ""}
 
 
 def test_classify_reads_the_markers_of_any_dataclass():
@@ -37,8 +68,8 @@ def test_classify_reads_the_markers_of_any_dataclass():
         # fitted (Fig. 9 left; hardware-only: compute.a=1, compute.b=none): a value read off a figure
         a: float = 2.0
         b: int = 3  # choice: ours
-        c: int = 4  # HARDWARE.md 1.1
-        d: int = 5  # PAPER.md 3.3
+        c: int = 4  # docs/hardware.md §1.1
+        d: int = 5  # docs/paper.md §3.3
         e: int = 6  # a reason without a source
 
     src = field_sources(K)
@@ -72,7 +103,7 @@ def test_with_hardware_only_pairs_by_metric_and_skips_by_construction():
             Headline("x", "c", 1.0, 1.0, 0.1)]
     alt = [Headline("x", "a", 2.28, 1.87, 0.15), Headline("x", "b", 9.0, 1.53, 0.1)]
     a, b, c = with_hardware_only(base, alt, why_missing="not run")
-    assert a.hardware_only == 2.28 and a.fitted == fitted_knob_names() and a.met and not a.hardware_only_met
+    assert a.hardware_only == 2.28 and a.fitted == hardware_only_knob_names() and a.met and not a.hardware_only_met
     assert a.hardware_only_rel_error == pytest.approx(2.28 / 1.87 - 1)
     assert b == base[1] and not b.counted
     assert c.hardware_only is None and c.hardware_only_met is None and c.note == "not run"
@@ -85,7 +116,8 @@ def test_counts_leave_out_headlines_met_by_construction():
           replace(Headline("x", "d", 1.0, 1.0, 0.1), fitted=("k",))]
     c = _counts([h.to_dict() for h in hs])
     assert c == {"headlines": 3, "met": 2, "by_construction": 1, "hardware_only_simulated": 1, "hardware_only_met": 1,
-                 "fitted_without_hardware_only": 1}
+                 "fitted_without_hardware_only": 1, "simulated": 3, "simulated_met": 2, "arithmetic": 0, "arithmetic_met": 0,
+                 "derived": 0, "derived_met": 0, "unidentified": 3}
 
 
 def test_calibration_sentence_names_the_fitted_knob_and_its_estimate():
@@ -93,3 +125,18 @@ def test_calibration_sentence_names_the_fitted_knob_and_its_estimate():
     assert "nothing is tuned" not in text
     assert "`compute.fig3_overhead_per_request_ratio`" in text and "Fig. 3 right" in text
     assert hardware_only_assignments()[0] in text
+    assert "`generator.CALIBRATED` (18 values)" in text and "those fitted to Table 2 have none" in text
+
+
+def test_field_sources_reads_trailing_block_and_group_comments():
+    @dataclass
+    class K:
+        a: int = 1  # trailing
+        # block for b
+        # and c
+        b: int = 2
+        c: int = 3
+
+        d: int = 4
+
+    assert field_sources(K) == {"a": "trailing", "b": "block for b and c", "c": "block for b and c", "d": ""}

@@ -1,4 +1,4 @@
-"""EP dispatch/combine on the CNICs' latency-critical lane (issue 16.6): the bytes from the model
+"""EP dispatch/combine on the CNICs' latency-critical lane (sim/ep_comm.py): the bytes from the model
 shape, the rate a burst gets with two classes or one, the KV lane's loss to the bursts, and what a
 whole simulation shows: one FIFO class slows decode under a KV flood, the two classes do not."""
 
@@ -16,7 +16,7 @@ from dualpath.sim.ep_comm import EpComm
 from dualpath.sim.events import EventLoop
 from dualpath.sim.links import Link, Network
 
-CAP = 50e9  # bytes/s, one CX7 direction (HARDWARE.md 1.2)
+CAP = 50e9  # bytes/s, one CX7 direction (docs/hardware.md §1.2)
 
 
 def test_bytes_per_token_follow_the_model_shape():

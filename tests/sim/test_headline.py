@@ -1,5 +1,5 @@
 """CI guards a paper-level number: DS 660B, 2P4D, MaxLen 64K, 1,024 agents, offline (Fig. 7's
-first point, PAPER.md 6.2). The job completion times must equal the recorded result
+first point, docs/paper.md §6.2). The job completion times must equal the recorded result
 (docs/results/ds660b_2p4d_64k_1024_seed1.json, written by
 `dualpath sim --agents 1024 --pd 2P4D --max-len 64k --mode basic --mode dualpath --mode oracle
 --json ...`) to 1e-9, and keep the paper's order: oracle <= dualpath <= basic. A change that moves

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dualpath.config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
+from dualpath.metrics.timeline import NULL_TIMELINE
 from dualpath.sim.events import EventLoop
 from dualpath.sim.hits import StoreHits, TraceRequest, TrajectoryHits
 from dualpath.sim.persists import PersistWrites, PlacementGate, filled_at_s
@@ -30,7 +31,7 @@ def _ctx(timed=True, wait_s=10.0, buffers=False):
     io = SimpleNamespace(persists_take_time=lambda: True, reserves_buffers=lambda: True,
                          persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
     return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster),
-                           kv_bytes_per_token=KVB, io=io)
+                           kv_bytes_per_token=KVB, io=io, timeline=NULL_TIMELINE)
 
 
 class _Log:
@@ -42,7 +43,7 @@ class _Log:
 
 
 def _de():
-    return SimpleNamespace(cnic_out=None, node=SimpleNamespace(nid=7, snic_out=None))
+    return SimpleNamespace(cnic_out=None, node=SimpleNamespace(nid=7, snic_out=None, write_track="SNIC node7 write"))
 
 
 def test_one_writer_a_block_at_a_time_through_a_one_block_bucket():

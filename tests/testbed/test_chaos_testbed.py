@@ -5,19 +5,15 @@ prefill engine told to end (SIGTERM) mid-forward says so (engine/leave.py) and i
 at once, well inside a heartbeat timeout; the storage service on the storage host killed mid-read
 costs misses, recomputed with the same tokens. The testbed's fault-free reference equals a
 single-host run's, and `down` leaves nothing. Marked slow (about 80 s: four engine CLIs start per
-cluster); the full matrix is `dualpath chaos --testbed` (docs/experiments.md). Bad input: one
+cluster); the full matrix is `dualpath chaos --testbed` (docs/results/chaos/chaos_testbed.json). Bad input: one
 line, exit 2, also without root."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 from cli_helpers import cli_here
-
-root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="the testbed needs root and iproute2 (ip, tc)")
 
 
 def test_testbed_chaos_refuses_the_integrity_runs():
@@ -27,7 +23,7 @@ def test_testbed_chaos_refuses_the_integrity_runs():
 
 
 @pytest.mark.slow
-@root
+@pytest.mark.testbed_root
 def test_faults_across_emulated_hosts_lose_nothing_and_change_no_token(tmp_path, monkeypatch):
     from dualpath.runtime.apps.chaos import STORE_VICTIM
     from dualpath.runtime.apps.chaos_testbed import run_chaos_testbed

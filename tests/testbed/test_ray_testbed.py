@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,8 +17,6 @@ import pytest
 from dualpath.testbed.plan import plan_testbed
 
 MB = 1e6
-root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="the testbed needs root and iproute2 (ip, tc)")
 SERVE_PORT, ROUTER_PORT = 8790, 7100  # inside the router host's namespace: ours alone
 CHAT = """
 import json, sys, openai
@@ -63,7 +60,7 @@ def _wait_http(ns: str, port: int, proc: subprocess.Popen, log, timeout_s: float
     raise AssertionError(f"serve not healthy within {timeout_s:.0f} s: {log.read_text()[-3000:]}")
 
 
-@root
+@pytest.mark.testbed_root
 @pytest.mark.slow
 def test_a_chat_on_ray_nodes_one_per_emulated_host_and_nothing_left(tmp_path, monkeypatch):
     from dualpath.runtime.apps.ray_testbed import RayNodes, pids_in
@@ -114,7 +111,7 @@ def test_a_chat_on_ray_nodes_one_per_emulated_host_and_nothing_left(tmp_path, mo
     assert not os.path.exists(nodes.temp_dir)
 
 
-@root
+@pytest.mark.testbed_root
 @pytest.mark.slow
 def test_the_demo_on_ray_nodes_gives_one_hosts_tokens_and_survives_a_killed_decode_actor(tmp_path, monkeypatch):
     """`demo --testbed --ray`, small (tiny model, dualpath mode): the engines are Ray actors, each in

@@ -1,10 +1,9 @@
-"""The testbed (issue 16.3): its plan (pure), and, as root, links whose rate and lane classes the
+"""The testbed (testbed/plan.py, netns.py): its plan (pure), and, as root, links whose rate and lane classes the
 kernel enforces, and a `down` (also after a failed `up`) that leaves nothing behind."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -32,10 +31,6 @@ def test_the_plan_names_fit_and_never_collide_across_runs():
             plan_testbed(*bad, 4 * MB, 32 * MB)
 
 
-root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="the testbed needs root and iproute2 (ip, tc)")
-
-
 def _root_ns_holds_none_of(plan) -> None:
     """No link of the run (its names carry the run's prefix), and so no qdisc on one, is left in the root namespace."""
     from dualpath.testbed.netns import run_command
@@ -52,7 +47,7 @@ def state_dir(tmp_path, monkeypatch):
     return tmp_path / "state"
 
 
-@root
+@pytest.mark.testbed_root
 def test_the_kernel_caps_each_link_and_classifies_the_lanes_and_down_leaves_nothing(state_dir):
     from dualpath.testbed.netns import class_bytes, down, interface_bytes, namespaces_with_prefix, up
     from dualpath.testbed.probe import transfer
@@ -82,7 +77,7 @@ def test_the_kernel_caps_each_link_and_classifies_the_lanes_and_down_leaves_noth
     _root_ns_holds_none_of(plan)
 
 
-@root
+@pytest.mark.testbed_root
 def test_a_failed_up_is_rolled_back(state_dir):
     from dualpath.testbed.netns import namespaces_with_prefix, up
 

@@ -1,24 +1,21 @@
-"""The demo across the testbed's emulated hosts (issue 16.4, runtime/apps/testbed_demo.py), as root: engines
+"""The demo across the testbed's emulated hosts (runtime/apps/testbed_demo.py), as root: engines
 started with `dualpath engine` in their own namespaces, the router in its own, the store a
 service on the storage host; every byte of KV crosses a veth link whose rate tc enforces.
 Small (tiny model, 2 agents x 4 rounds, dualpath mode: both read paths) so that it runs in CI;
-both modes with SmolLM2 are in docs/experiments.md."""
+both modes with SmolLM2 are in docs/results/testbed/demo.json."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 from dualpath.runtime.store.format import HEADER_BYTES
 
 MB = 1e6
-root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="the testbed needs root and iproute2 (ip, tc)")
 
 
-@root
+@pytest.mark.testbed_root
 def test_the_demo_across_emulated_hosts_gives_the_single_host_tokens_and_the_kernel_sees_the_ledger(tmp_path, monkeypatch):
     from dualpath.testbed import netns
     from dualpath.runtime.apps.testbed_demo import ledger_vs_kernel, run_testbed_demo
@@ -42,11 +39,11 @@ def test_the_demo_across_emulated_hosts_gives_the_single_host_tokens_and_the_ker
                                                               if row["what"].startswith("SNIC read") else 0)
         # SNIC: TCP/IP and the protocols' frames, within 2%. CNIC: also the node's control messages to
         # the router (tokens, heartbeats, counters), a larger share of a tiny model's few KV bytes
-        # (SmolLM2 in docs/experiments.md: within 1.5%)
+        # (SmolLM2 in docs/results/testbed/demo.json: within 1.5%)
         assert 1.0 <= row["kernel_over_stated"] <= (1.02 if row["what"].startswith("SNIC") else 1.05), row
 
 
-@root
+@pytest.mark.testbed_root
 def test_the_demo_with_tp2_ranks_on_hosts_of_their_own_keeps_the_tokens_and_the_ledger(tmp_path, monkeypatch):
     """`demo --testbed --tp 2`: each engine's rank 1 on an emulated host of its own, across the
     node's CNIC link; the single-host run (one process per engine) gives the tokens."""

@@ -7,19 +7,16 @@ root test."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 from cli_helpers import cli
 
 MB = 1e6
-root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="the testbed needs root and iproute2 (ip, tc)")
 
 
 @pytest.mark.slow
-@root
+@pytest.mark.testbed_root
 def test_a_trace_replayed_across_emulated_hosts_gives_the_single_host_tokens(tmp_path, monkeypatch):
     from dualpath.runtime.apps.testbed_demo import ledger_vs_kernel
     from dualpath.runtime.apps.testbed_run import run_testbed_trace

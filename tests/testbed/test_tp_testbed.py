@@ -1,11 +1,10 @@
-"""Tensor-parallel collectives on the testbed (issue 16.6): rank 1 on a host of its own, its gloo
+"""Tensor-parallel collectives on the testbed (testbed/tp_hosts.py): rank 1 on a host of its own, its gloo
 traffic with rank 0 counted by the kernel in the latency-critical class 1:10 on the DE's CNIC
 link, KV on the same link in 1:20, and the tokens of one process (root; skipped elsewhere)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -13,8 +12,6 @@ from dualpath.testbed.plan import plan_testbed
 from dualpath.testbed.tp_hosts import tp_filter_commands, tp_host_of, with_tp_hosts
 
 MB = 1e6
-root = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="the testbed needs root and iproute2 (ip, tc)")
 
 
 def test_the_tp_host_has_a_cnic_link_only_and_filters_cover_the_pair_both_ways():
@@ -33,7 +30,7 @@ def state_dir(tmp_path, monkeypatch):
     return tmp_path / "state"
 
 
-@root
+@pytest.mark.testbed_root
 def test_collectives_land_in_the_lc_class_and_kv_in_the_kv_class(state_dir):
     from dualpath.bench.tp_lanes import TpDecode, de_class_bytes
     from dualpath.testbed.netns import down, namespaces_with_prefix, run_command, up
@@ -71,10 +68,11 @@ def test_collectives_land_in_the_lc_class_and_kv_in_the_kv_class(state_dir):
 
 
 @pytest.mark.slow  # ~20 s: six measurements and three model loads
-@root
+@pytest.mark.testbed_root
 def test_tp_lanes_bench_fifo_inflates_tpot_and_the_lanes_do_not(state_dir):
     """A tiny `bench tp-lanes`: the structure of its result, the classes' bytes, and the ordering,
-    which holds with a wide margin (x0.97 vs x11 on the shared 2-core machine, docs/experiments.md)."""
+    which holds with a wide margin (x0.97 vs x11 on the shared 2-core machine,
+    docs/results/testbed/tp_lanes_tiny.json)."""
     from dualpath.bench.tp_lanes import LOADS, run_tp_lanes
 
     r = run_tp_lanes("tiny", batch=4, steps=12, run_id=f"b{os.getpid() % 10000}", rounds=1)

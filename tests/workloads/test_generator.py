@@ -9,7 +9,7 @@ from dualpath.errors import InputError
 from dualpath.workloads.generator import CALIBRATED, generate, params_for
 from dualpath.workloads.stats import trajectory_stats
 
-# PAPER.md 4.2, Table 2: MaxLen -> (turns, total, context, per-trajectory append, gen).
+# docs/paper.md §4.2, Table 2: MaxLen -> (turns, total, context, per-trajectory append, gen).
 TABLE2 = {
     32 * 1024: (60, 28_639, 17_183, 608, 148),
     48 * 1024: (106, 42_607, 25_120, 474, 172),

@@ -1,16 +1,15 @@
+import hashlib
 import json
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpath.errors import InputError
+from dualpath.workloads import MOONCAKE_SLICE
 from dualpath.workloads.mooncake import MooncakeRecord, Rechunker, infer_parents, read_mooncake, rechunk
 from dualpath.workloads.stats import mooncake_stats
-
-TRACE = Path(__file__).resolve().parents[2].parent / "shared/traces/mooncake_conversation_trace.jsonl"
 
 
 def _line(ts=0, inp=1000, out=10, ids=(0, 1)):
@@ -156,22 +155,22 @@ def test_mooncake_stats_hand_case():
     assert s["prefix_hit_ratio"] == pytest.approx((0 + 2 + 1) / (2 + 3 + 1))
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared Mooncake trace not present")
-def test_real_conversation_trace():
-    recs = read_mooncake(TRACE)
-    assert len(recs) == 12_031
-    mean_in = sum(r.input_tokens for r in recs) / len(recs)
-    mean_out = sum(r.output_tokens for r in recs) / len(recs)
-    assert round(mean_in) == 12_035  # published: 12,035
-    assert round(mean_out) == 343  # published: 343
+def test_the_shipped_trace_slice_is_the_one_its_readme_describes():
+    """The slice (workloads/data/README.md): the trace's records before 1,200,000 ms, each row's
+    blocks as the trace format says; its sha256 is the README's, its statistics are pinned from
+    this implementation's conversation rule (mooncake module docstring)."""
+    readme = (MOONCAKE_SLICE.parent / "README.md").read_text()
+    assert f"`{hashlib.sha256(MOONCAKE_SLICE.read_bytes()).hexdigest()}`" in readme
+    recs = read_mooncake(MOONCAKE_SLICE)
+    assert len(recs) == 3_658
+    times_s = [r.timestamp_s for r in recs]
+    assert times_s == sorted(times_s) and times_s[0] == 0.0 and times_s[-1] == 1199.999 < 1200.0
     assert all(len(r.block_ids) == math.ceil(r.input_tokens / 512) for r in recs)
     s = mooncake_stats(recs, block_tokens=64)
-    assert s["num_requests"] == 12_031
-    assert s["mean_input_tokens"] == pytest.approx(mean_in)
-    assert s["request_mean_output_tokens"] == pytest.approx(mean_out)
-    # Pinned from this implementation's conversation rule (mooncake module docstring).
-    assert s["num_agents"] == 8_056
-    assert 0.3 < s["prefix_hit_ratio"] < 0.45
+    assert s["num_requests"] == 3_658 and s["num_agents"] == 2_647
+    assert s["mean_input_tokens"] == pytest.approx(13_403.12, abs=0.01)
+    assert s["request_mean_output_tokens"] == pytest.approx(348.50, abs=0.01)
+    assert s["prefix_hit_ratio"] == pytest.approx(0.3243, abs=1e-4)
 
 
 def test_rescale_keeps_blocks_and_prefix_sharing_at_a_smaller_block():

@@ -1,4 +1,4 @@
-"""`dualpath bench lanes --sim`: what the lanes buy in the simulator (issue 16.6).
+"""`dualpath bench lanes --sim`: what the lanes buy in the simulator (docs/results/sim/lanes_ep.json).
 
 The MoE presets' EP dispatch/combine rides each GPU's CNIC on the latency-critical lane
 (core/ep_traffic.py, sim/ep_comm.py). One workload, DualPath mode, run six ways:
@@ -9,7 +9,7 @@ The MoE presets' EP dispatch/combine rides each GPU's CNIC on the latency-critic
 "An empty link" is the counterfactual `ep_ignores_kv`: the bursts take their unloaded time and take
 nothing from the KV lane, the rest of the run unchanged; it is TPOT "without KV traffic" on the same
 schedule. The flood (`cnic_kv_flood`) is a KV flow that never ends on each CNIC direction: the KV
-class saturated, as the acceptance asks. Each case reports TPOT (mean, p90), TTFT and JCT, with
+class saturated, the worst case for the latency-critical lane. Each case reports TPOT (mean, p90), TTFT and JCT, with
 TPOT over its reference's; deterministic (a simulation), so one run per case.
 """
 

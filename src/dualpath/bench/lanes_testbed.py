@@ -1,5 +1,5 @@
 """`dualpath bench lanes --testbed`: latency-critical bursts across emulated hosts, through the
-kernel's classes (issue 16.5).
+kernel's classes (docs/results/testbed/lanes.json).
 
 On a 1P1D testbed (`testbed/`), the DE host sends 64 KiB bursts to the PE host over their CNIC
 link, each marked EF (the latency-critical lane) and answered by a 1-byte reply, one every

@@ -3,8 +3,9 @@
 Both runs start from empty output directories (no cached result), on the same code and scale.
 Reported: the serial wall time; the Ray run's wall time from before `ray.init` until after
 `ray.shutdown` (what a user waits for), of which the start-up (`ray.init` until the executor is
-ready) and the shutdown; their ratio (issue 12's acceptance: <= 0.65 with 2 workers on a 2-core
-machine); and whether every experiment JSON is identical apart from wall-time fields.
+ready) and the shutdown; their ratio (the project's target: <= 0.65 with 2 workers on a 2-core
+machine; docs/results/ray/ray_repro_quick.json); and whether every experiment JSON is identical
+apart from wall-time fields.
 
 The numbers mean something only on a quiet machine: both runs are CPU-bound on every core."""
 

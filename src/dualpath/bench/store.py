@@ -24,7 +24,7 @@ from dualpath.core.blocks import BlockLayout, chain_digests
 from dualpath.runtime.store import files
 from dualpath.runtime.store.store import BlockStore
 
-TARGET_RATIO = 0.8  # issue 3, item 2: store reads at >= 80% of a direct read of the same disk
+TARGET_RATIO = 0.8  # project target: store reads at >= 80% of a direct read of the same disk (format costs <= 20%)
 CHUNK_BYTES_DEFAULT = 16 << 20
 _FINGERPRINT = "bench-" + "0" * 58
 _GB = 1e9

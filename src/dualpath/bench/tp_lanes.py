@@ -1,5 +1,5 @@
 """`dualpath bench tp-lanes --testbed`: TPOT of a tensor-parallel decode engine whose collectives
-ride the latency-critical lane, beside saturating KV traffic (issue 16.6, "Lanes in the results").
+ride the latency-critical lane, beside saturating KV traffic (docs/results/testbed/tp_lanes.json).
 
 On a 1P1D testbed plus a host of its own for the DE's rank 1 (testbed/tp_hosts.py):
   1. rank 0 (bench/tp_decode.py) runs in the DE host, rank 1 in `<base>-d0t`; the rank pair's
@@ -45,7 +45,8 @@ SNIC_BYTES_PER_S = 50e6  # unused by this bench (no storage traffic); any positi
 BULK_PORT = 7421
 # The bulk flows' processes run under SCHED_IDLE (`chrt --idle 0`, sched(7)): a rank that wakes on
 # a collective's bytes preempts them at once, where a nice-19 task still holds the CPU until the
-# scheduler's wakeup granularity passes (section 19's run D, at nice 19: 1.35x idle)
+# scheduler's wakeup granularity passes (at nice 19, TPOT reached 1.35x idle:
+# docs/results/testbed/tp_lanes_gso16k_d.json)
 BULK_SCHED = ("chrt", "--idle", "0")
 BULK_WARMUP_S = 1.0  # the bulk flows' TCP windows open before steps are timed (bench/lanes_testbed.py: 0.5 s)
 # prefills of one 64-token prompt per load and round, timed after its decode steps under the same
@@ -57,7 +58,7 @@ RUN_INDEX = 246  # the testbed's address block: apart from the other benches' an
 # The emulated KV flows, as NICs would move them: without copying the bytes through user space.
 # A real node's RDMA NIC moves KV by DMA with no host CPU; the copying flows (`--bulk-copy`:
 # bench/lanes_testbed.py's sendall source, a recv_into sink) cost the ranks' two cores a memcpy of
-# every byte at each end (docs/experiments.md section 28). The zero-copy source sends one tmpfs
+# every byte at each end (1.08-1.18x TPOT from that alone: `--bulk-copy`). The zero-copy source sends one tmpfs
 # file's pages with sendfile(2); the sink drops what arrives with MSG_TRUNC (tcp(7): discards
 # without copying) and wakes once per SINK_LOWAT_BYTES (SO_RCVLOWAT, socket(7)). The kernel's
 # TCP, veth and HTB work per packet is unchanged.

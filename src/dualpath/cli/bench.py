@@ -35,11 +35,11 @@ def bench_sim_speed(
     rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
     build = rows[0]["build"] if rows else build_kind()
     table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode} ({build} build)")
-    for col in ("agents", "turns", "events", "wall s", "turns/s", "JCT s"):
+    for col in ("agents", "turns", "events", "turns / M events", "wall s", "turns/s", "JCT s"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['wall_s']:.1f}",
-                      f"{r['turns_per_wall_s']:.0f}", f"{r['jct_s']:.0f}")
+        table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['turns_per_million_events']:.0f}",
+                      f"{r['wall_s']:.1f}", f"{r['turns_per_wall_s']:.0f}", f"{r['jct_s']:.0f}")
     out.print(table)
 
 
@@ -152,18 +152,24 @@ def bench_store(
 def bench_overload(
     model: Annotated[str, typer.Option(help="the served model (tiny: the HTTP front, not the engines, is the bottleneck)")] = "smollm2-135m",
     inflight: Annotated[int, typer.Option(help="the server's --max-inflight-requests")] = 4,
+    clients: Annotated[Optional[int], typer.Option(
+        help="closed-loop clients of the capacity phase, more than --inflight (default: 2 x --inflight)")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
 ) -> None:
-    """A real server at its capacity (closed loop at the in-flight limit), then 3x it (open loop):
-    429s, their latency, admitted TTFT p90 against capacity's, nothing lost."""
+    """A real server at its capacity (a closed loop of more clients than its in-flight limit), then
+    3x it (open loop): 429s, their latency, admitted TTFT p90 against capacity's, nothing lost."""
     import asyncio
 
-    from ..bench.overload import run_overload
+    from ..bench.overload import CLIENTS_PER_LIMIT, run_overload
     from ..sim.runner import write_json
 
     if inflight < 1:
         raise InputError("--inflight must be positive")
-    r = asyncio.run(run_overload(model, inflight))
+    clients = CLIENTS_PER_LIMIT * inflight if clients is None else clients
+    if clients <= inflight:
+        raise InputError(f"--clients must exceed --inflight ({inflight}), got {clients}: "
+                         "capacity is measured above the limit")
+    r = asyncio.run(run_overload(model, inflight, clients))
     for name in ("capacity", "overload"):
         s = r[name]
         out.print(f"{name:9s}: {s['requests']} requests, {s['finished']} finished, {s['refused_429']} refused (429), "

@@ -24,11 +24,12 @@ def bench_tp_lanes(
                                                              "collectives take 25% of a step on the wire)")] = None,
     # 64 KiB, the kernel's own: a NIC segments in hardware (TSO), the testbed in the ranks' cores, and
     # at 16 KiB that packet work alone cost 1.17x TPOT while the lanes' own effect was 1.03x at both
-    # sizes (docs/experiments.md section 28; 16 KiB was the default in sections 19 and 23)
+    # sizes (docs/results/testbed/tp_lanes_zerocopy_gso16k.json against tp_lanes_zerocopy_a.json; 16 KiB
+    # was the earlier default)
     gso_kib: Annotated[int, typer.Option(help="cap GSO on every link at this many KiB (64: the kernel's default, "
                                               "no cap; 4: IB's MTU)")] = 64,
     bulk_copy: Annotated[bool, typer.Option("--bulk-copy", help="emulated KV flows that copy every byte through "
-                                             "user space (sections 19 and 23) instead of zero-copy ones")] = False,
+                                             "user space (CPU a NIC's DMA would not take) instead of zero-copy ones")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/tp-lanes.json"),
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/tp-lanes.png"),
 ) -> None:

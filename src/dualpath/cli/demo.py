@@ -48,6 +48,16 @@ def _write_json(result: dict, path: Optional[Path]) -> None:
         console.print(f"wrote {path}")
 
 
+def _write_timelines(result: dict, base: Path) -> None:
+    """Each run's trace to `timeline_path(base, mode)`, out of the result (the JSON keeps the path)."""
+    from ..metrics.timeline import timeline_path, write_trace
+    from ..runtime.apps.demo import runtime_trace
+
+    for r in result["runs"]:
+        r["timeline_file"] = str(write_trace(runtime_trace(r), timeline_path(base, r["mode"])))
+        console.print(f"wrote {r['timeline_file']}")
+
+
 def rates_line(rates) -> str:
     return (f"SNIC {rates.snic_bytes_per_s / 1e6:.1f} MB/s per node, CNIC {rates.cnic_bytes_per_s / 1e6:.0f} MB/s "
             f"({rates.source}: hit load = {rates.load_over_compute:.1f}x prefill compute)")
@@ -71,6 +81,7 @@ def demo(
     testbed: Annotated[bool, typer.Option(help="across emulated hosts: network namespaces, tc-enforced links (root)")] = False,
     tp: TpOption = 1,
     ray: Annotated[bool, typer.Option("--ray", help="with --testbed: a Ray node per emulated host, engines as Ray actors, and a kill -9 restart check (needs dualpath[cluster])")] = False,
+    timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json")] = None,
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
     from ..runtime.apps.demo import run_demo
@@ -78,6 +89,8 @@ def demo(
     tp_cfg = tp_config(tp)
     if ray and not testbed:
         raise InputError("demo --ray runs on the testbed's own Ray nodes: add --testbed (your own cluster: serve --ray ADDRESS)")
+    if testbed and timeline is not None:
+        raise InputError("--timeline is not written on the testbed (the router runs in its own namespace)")
     if testbed:
         from .testbed import testbed_demo
 
@@ -87,7 +100,9 @@ def demo(
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
         progress.log(f"starting a local 1P1D cluster ({model} on {device})")
         result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan,
-                                   tp=tp_cfg))
+                                   tp=tp_cfg, record_timeline=timeline is not None))
+    if timeline is not None:
+        _write_timelines(result, timeline)
     console.print(f"demo: {result['config']['cpus']}")
     print_runs(result, _title(result, model, device), 1e6, "MB", RUNTIME_COLUMNS)
     runs = {r["mode"]: r for r in result["runs"]}

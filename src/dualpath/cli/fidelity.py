@@ -16,17 +16,26 @@ from .runtime import DeviceOption, _device
 
 
 def fidelity(
-    workload: Annotated[str, typer.Option(help="demo | agents | tiny | mooncake (built-in), or a trajectory or Mooncake JSONL file")] = "demo",
+    workload: Annotated[str, typer.Option(help="the scored workload: demo | agents | tiny | mooncake, with settings as "
+                                               "NAME:key=value,... (e.g. agents:max_len=16k,seed=7), or a "
+                                               "trajectory or Mooncake JSONL file")] = "demo",
+    calibrate_on: Annotated[Optional[list[str]], typer.Option(
+        help="workloads whose runs measure the cluster's compute contention for the prediction (repeatable; "
+             "never the scored one; `none`: the speed checked before each run only). Default: demo, or "
+             "mooncake when the demo is scored")] = None,
     mode: Annotated[Optional[list[str]], typer.Option(help="modes to compare (repeatable)")] = None,
-    repeat: Annotated[int, typer.Option(help="runtime runs per mode (their spread is reported)")] = 3,
+    repeat: Annotated[int, typer.Option(help="scored runtime runs per mode (their spread is reported)")] = 3,
     model: Annotated[str, typer.Option(help="smollm2-135m or tiny")] = "smollm2-135m",
-    rounds: Annotated[Optional[int], typer.Option(help="rounds per agent (demo, tiny)")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the report JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = None,
+    timeline: Annotated[Optional[Path], typer.Option(
+        help="write per mode (FILE with the mode before its suffix) the predicted simulation and the first "
+             "scored runtime run as Chrome trace events, side by side (open in Perfetto)")] = None,
     device: DeviceOption = "cpu",
 ) -> None:
-    """Run one workload on the local runtime cluster and in the simulator's `local` preset; print
-    the simulator's error per metric against the runtime (and the runtime's own spread)."""
+    """Predict one workload with the simulator's `local` preset, calibrated on other workloads, and
+    score the prediction against the local runtime cluster's runs: per metric the error, the
+    runtime's own spread and the goal's verdict (fidelity/compare.py)."""
     from ..fidelity.run import run_fidelity
     from ..sim.runner import write_json
 
@@ -35,9 +44,15 @@ def fidelity(
         raise InputError(f"--repeat must be at least 1, got {repeat}")
     _device(device)
     with reporter("fidelity", "turns", console) as progress:
-        progress.log(f"{workload} workload: {repeat} runtime run(s) per mode, then the simulator")
-        report = asyncio.run(run_fidelity(workload, modes, repeat, model, device, rounds, on_turn=progress.update))
+        progress.log(f"{workload}: calibration runs, then {repeat} scored runtime run(s) per mode, then the simulator")
+        report = asyncio.run(run_fidelity(workload, modes, repeat, model, device, calibrate_on, on_turn=progress.update,
+                                          timeline=timeline is not None))
     print_fidelity(report)
+    if timeline:
+        from ..metrics.timeline import timeline_path, write_trace
+
+        for mode, r in report["modes"].items():
+            console.print(f"wrote {write_trace(r.pop('timeline'), timeline_path(timeline, mode))}")
     if json_path:
         write_json(report, json_path)
         console.print(f"wrote {json_path}")
@@ -48,28 +63,34 @@ def fidelity(
         console.print(f"wrote {plot}")
 
 
+_ERROR_COLUMNS = ("replayed", "start_speed", "shared_cnics")
+
+
 def print_fidelity(report: dict) -> None:
+    cal = report["calibration"]
+    out.print(f"calibrated on {', '.join(cal['workloads']) or 'nothing (drift only)'}; drift before the scored runs "
+              f"{', '.join(f'{d:.3f}' for d in report['drift'])}")
     for mode, r in report["modes"].items():
-        table = Table(title=f"fidelity, {report['workload']} workload, {mode}")
-        for col in ("metric", "runtime mean", "runtime spread", "simulator", "error", "goal", "met",
-                    "error, shared CNICs", "error, start speed"):
+        table = Table(title=f"fidelity, {report['workload']}, {mode}: predicted vs {report['repeat']} runtime run(s)")
+        for col in ("metric", "runtime mean", "spread", "predicted", "error", "goal", "verdict",
+                    *(f"error, {c.replace('_', ' ')}" for c in _ERROR_COLUMNS)):
             table.add_column(col, justify="right")
-        shared, start = r.get("sim_shared_cnics", {}), r.get("sim_start_speed", {})
-        for name, m in r["metrics"].items():
+        pred = r["errors"]["predicted"]
+        for name, stats in r["runtime"].items():
             if name == "snic_utilisation":
                 continue
-            goal = m.get("goal")
-            alt, at_start = shared.get(name), start.get(name)
-            table.add_row(name, f"{m['runtime_mean']:.4g}", f"{100 * m['runtime_spread']:.1f}%", f"{m['sim']:.4g}",
-                          f"{100 * m['rel_error']:+.1f}%", "-" if goal is None else f"{100 * goal:.0f}%",
-                          "-" if goal is None else ("yes" if m["met"] else "NO"),
-                          "-" if alt is None else f"{100 * alt['rel_error']:+.1f}%",
-                          "-" if at_start is None else f"{100 * at_start['rel_error']:+.1f}%")
+            e = pred[name]
+            goal = e.get("goal")
+            table.add_row(name, f"{stats['mean']:.4g}", f"{100 * stats['spread']:.1f}%", f"{e['sim']:.4g}",
+                          f"{100 * e['rel_error']:+.1f}%", "-" if goal is None else f"{100 * goal:.0f}%",
+                          e.get("verdict", "-"),
+                          *(f"{100 * r['errors'][c][name]['rel_error']:+.1f}%" for c in _ERROR_COLUMNS))
         d = r["decisions"]
-        table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", f"{100 * d['side_goal']:.0f}%",
-                      "yes" if d["side_met"] else "NO", "", "")
+        table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", "", "", "", "", "")
         out.print(table)
-        speed = r.get("in_run_speed")
-        if speed:
-            out.print(f"{mode}: model time during the runs over the profile's (checked at start): "
-                      f"prefill {speed['prefill']:.3f}, decode {speed['decode']:.3f} (fidelity/speed.py)")
+        s = r["speed"]
+        out.print(f"{mode}: speed on the profile, prefill / decode: predicted {s['predicted']['prefill']:.3f} / "
+                  f"{s['predicted']['decode']:.3f}, the scored runs' own {s['replayed']['prefill']:.3f} / "
+                  f"{s['replayed']['decode']:.3f} (fidelity/calibration.py)")
+        for name, why in r["causes"].items():
+            out.print(f"{mode}: {name} missed: {why}")

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, bench_tp, chaos, demo, fidelity, runtime, sim, store, sweep, testbed
+from . import bench, bench_tp, chaos, demo, docs, fidelity, runtime, sim, store, sweep, testbed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -26,6 +26,7 @@ app.add_typer(testbed_app, name="testbed")
 testbed_app.command("up")(testbed.up)
 testbed_app.command("down")(testbed.down)
 testbed_app.command("status")(testbed.status)
+app.add_typer(docs.docs_app, name="docs")
 
 app.command()(sim.sim)
 app.command()(sweep.sweep)

@@ -161,6 +161,7 @@ def run(
     snic_mb_s: Annotated[Optional[float], typer.Option()] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
     decisions: Annotated[Optional[Path], typer.Option(help="write every scheduling decision as JSONL, one file per mode: F -> F.<mode>.jsonl (the simulator's schema)")] = None,
+    timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json (the simulator's names)")] = None,
     device: DeviceOption = "cpu",
     testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts, the kernel capping every link "
                                           "(root; needs --snic-mb-s; CNIC 8x)")] = False,
@@ -183,16 +184,17 @@ def run(
 
         if snic_mb_s is None or snic_mb_s <= 0:
             raise InputError("--testbed needs --snic-mb-s > 0: the kernel caps each node's SNIC link at it")
-        if decisions is not None:
-            raise InputError("--decisions is not written on the testbed (the router runs in its own namespace)")
+        if decisions is not None or timeline is not None:
+            raise InputError("--decisions and --timeline are not written on the testbed (the router runs in its own namespace)")
         return testbed_run(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device, json_path)
     with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
         progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
         result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
-                                       on_turn=progress.update, decisions=decisions, ray_address=ray))
+                                       on_turn=progress.update, decisions=decisions, ray_address=ray, timeline=timeline))
     print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
     for r in result["runs"]:
-        if "decisions_file" in r:
-            console.print(f"wrote {r['decisions_file']}")
+        for key in ("decisions_file", "timeline_file"):
+            if key in r:
+                console.print(f"wrote {r[key]}")
     if json_path:
         write_json(result, json_path)

@@ -67,6 +67,7 @@ def sim(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: section.field=value (e.g. compute.prefill_mfu=0.3); repeat")] = None,
     turns: Annotated[Optional[Path], typer.Option(help="write every finished turn of every mode to this CSV (timings, engines)")] = None,
     decisions: Annotated[Optional[Path], typer.Option(help="write every scheduling decision as JSONL, one file per mode: F -> F.<mode>.jsonl")] = None,
+    timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help="each mode a Ray task: " + RAY_HELP.split(": ", 1)[1])] = None,
     workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
 ) -> None:
@@ -83,20 +84,22 @@ def sim(
     if turns is not None:
         turns.parent.mkdir(parents=True, exist_ok=True)
     if ray is not None:
-        result = _sim_on_ray(cfg, modes, replay, ray, workers, not quiet, turns, decisions)
+        result = _sim_on_ray(cfg, modes, replay, ray, workers, not quiet, turns, decisions, timeline)
     elif workers is not None:
         raise InputError("--workers is for a local Ray cluster: give it with --ray local")
     elif quiet:
-        result = run_modes(cfg, modes, turns_csv=turns, replay=replay, decisions=decisions)
+        result = run_modes(cfg, modes, turns_csv=turns, replay=replay, decisions=decisions, timeline=timeline)
     else:
         with reporter("sim", "agents", console) as progress:
-            result = run_modes(cfg, modes, progress.update, turns_csv=turns, replay=replay, decisions=decisions)
+            result = run_modes(cfg, modes, progress.update, turns_csv=turns, replay=replay, decisions=decisions,
+                               timeline=timeline)
     print_runs(result, "simulated runs", 1e12, "TB", SIM_COLUMNS)
     if turns is not None:
         console.print(f"wrote {turns}")
     for r in result["runs"]:
-        if "decisions_file" in r:
-            console.print(f"wrote {r['decisions_file']}")
+        for key in ("decisions_file", "timeline_file"):
+            if key in r:
+                console.print(f"wrote {r[key]}")
     if json_path:
         write_json(result, json_path)
         console.print(f"wrote {json_path}")
@@ -106,15 +109,15 @@ def sim(
 
 
 def _sim_on_ray(cfg: SimConfig, modes: list[str], replay, address: str, workers: Optional[int], with_progress: bool,
-                turns: Optional[Path], decisions: Optional[Path]) -> dict:
+                turns: Optional[Path], decisions: Optional[Path], timeline: Optional[Path] = None) -> dict:
     """`run_modes`'s result with each mode a Ray task (sim/runner.run_mode): the same numbers, a
     line per finished mode."""
     from ..experiments.simrun import code_fingerprint
     from ..pool.executor import open_executor
     from ..sim.runner import load_workload, run_mode
 
-    if turns is not None or decisions is not None:
-        raise InputError("--turns and --decisions need the simulations in this process: drop --ray")
+    if turns is not None or decisions is not None or timeline is not None:
+        raise InputError("--turns, --decisions and --timeline need the simulations in this process: drop --ray")
     stats = load_workload(cfg, replay).stats  # also checks the workload before Ray starts
     runs: dict[int, dict] = {}
 

@@ -1,6 +1,6 @@
 """Prefix blocks: chained hashing and the Layer Block / Full Block layout.
 
-A sequence is cut into blocks of `block_tokens` tokens (64 by default, PAPER.md 1.5).
+A sequence is cut into blocks of `block_tokens` tokens (64 by default, docs/paper.md §1.5).
 Block k covers tokens [k * block_tokens, (k + 1) * block_tokens) (half-open). Only full
 blocks are hashed, stored and reused; a trailing partial block is always recomputed.
 
@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-BLOCK_TOKENS_DEFAULT = 64  # PAPER.md 1.5: "e.g., 64 tokens" (decode persist granularity)
+BLOCK_TOKENS_DEFAULT = 64  # docs/paper.md §1.5: "e.g., 64 tokens" (decode persist granularity)
 ROOT_DIGEST = b"\x00" * 32
 _MAX_TOKEN_ID = 2**32 - 1
 
@@ -71,7 +71,7 @@ class OpaqueBlockId:
 
 @dataclass(frozen=True, slots=True)
 class BlockLayout:
-    """Byte layout of KV blocks (PAPER.md 1.5).
+    """Byte layout of KV blocks (docs/paper.md §1.5).
 
     Layer Block = [1, block_tokens, bytes_per_token_per_layer] bytes; Full Block =
     [num_layers, block_tokens, bytes_per_token_per_layer]: num_layers Layer Blocks back to back,

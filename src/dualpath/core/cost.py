@@ -1,4 +1,4 @@
-"""Cost model: FLOPs and bytes of prefill and decode work (HARDWARE.md 5.4, PAPER.md 4.1).
+"""Cost model: FLOPs and bytes of prefill and decode work (docs/hardware.md §5.4, docs/paper.md §4.1).
 
 All functions are pure arithmetic over a `ModelSpec`; converting FLOPs and bytes to seconds is the
 simulator's compute model (or a runtime profile), not this module's job.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .models import ModelSpec
 
-TABLE1_APPEND_TOKENS = 429  # PAPER.md 4.1: mean append of the coding-agent trace
+TABLE1_APPEND_TOKENS = 429  # docs/paper.md §4.1: mean append of the coding-agent trace
 
 
 def _attended(model: ModelSpec, keys: float) -> float:
@@ -25,7 +25,7 @@ def attention_flops_per_token(model: ModelSpec, context_tokens: float) -> float:
 
 
 def flops_per_token(model: ModelSpec, context_tokens: float) -> float:
-    """F(c) of HARDWARE.md 5.4: linear part plus attention over c keys."""
+    """F(c) of docs/hardware.md §5.4: linear part plus attention over c keys."""
     return model.linear_flops_per_token + attention_flops_per_token(model, context_tokens)
 
 
@@ -74,7 +74,7 @@ def cache_compute_ratio_gb_per_pflop(
 ) -> float:
     """Table 1's cache-compute ratio: KV bytes loaded / prefill FLOPs, in GB per PFLOP.
 
-    Paper convention (PAPER.md 4.1, HARDWARE.md 6): C cached tokens are loaded; each of the A
+    Paper convention (docs/paper.md §4.1, docs/hardware.md §6): C cached tokens are loaded; each of the A
     appended tokens costs F(C), attention over the C cached keys only; KV as in Table 1.
     """
     loaded = context_tokens * model.kv_layers * model.table1_kv_bytes_per_token_per_layer

@@ -1,12 +1,12 @@
-"""Bytes of expert-parallel dispatch and combine that cross the compute network (issue 16.6).
+"""Bytes of expert-parallel dispatch and combine that cross the compute network.
 
-The model's own communication is what the latency-critical lane protects (PAPER.md 2.3): in the
+The model's own communication is what the latency-critical lane protects (docs/paper.md §2.3): in the
 MoE presets it is the EP all-to-all of every MoE layer of every prefill forward and decode step.
-With the EP group spanning all nodes of a role ([I] PAPER.md 3: "likely node-spanning, e.g. EP16 for
+With the EP group spanning all nodes of a role ([I] docs/paper.md §5: "likely node-spanning, e.g. EP16 for
 prefill and EP32 for decode in 2P4D"; the simulator already shards the weights that way,
 ClusterConfig.weight_shards), a token's experts sit on other nodes with probability (N - 1) / N,
 and those bytes leave through the GPU's CNIC (DeepEP internode: RDMA; intranode: NVLink, not the
-CNIC) [S-DEP, HARDWARE.md 1.2].
+CNIC) [S-DEP, docs/hardware.md §1.2].
 
 Per token and MoE layer, what one GPU sends (and, EP being symmetric on average, receives):
 - dispatch: the hidden state in FP8 with one FP32 scale per 128 values, hidden + hidden / 128 * 4 B
@@ -16,7 +16,7 @@ Decode uses DeepEP's low-latency kernels, one message per selected expert: top_k
 copies. Prefill uses the normal kernels, one message per destination *node* (NVLink forwards inside
 it): the expected number of other nodes holding one of the k experts, (N - 1) * (1 - (1 - 1/N)^k).
 
-Check against DeepEP's measured low-latency kernels (HARDWARE.md 1.2: 77-194 us dispatch, 114-369 us
+Check against DeepEP's measured low-latency kernels (docs/hardware.md §1.2: 77-194 us dispatch, 114-369 us
 combine at 128 tokens, EP8-EP256): DS 660B, 128 tokens per GPU, EP32 over 4 nodes moves 5.7 MB
 dispatch + 11.0 MB combine per layer, 114 + 220 us at 50 GB/s: within the measured range, and the
 0.29 ms per layer that ComputeKnobs.ep_latency_per_layer_s charges unloaded.
@@ -48,11 +48,11 @@ class MoeShape:
 
 
 MOE_SHAPES: dict[str, MoeShape] = {
-    # HARDWARE.md 5.1: 61 layers, 3 dense -> 58 MoE; hidden 7,168; 8 of 256 routed experts
-    "ds-v3.2-660b": MoeShape(7168, 58, 8, "HARDWARE.md 5.1 (config_671B_v3.2.json)"),
-    "ds-v3-660b": MoeShape(7168, 58, 8, "HARDWARE.md 5.1 (config_671B.json)"),
-    # PAPER.md 3 / HARDWARE.md 5: 30 layers, 1 dense -> 29 MoE; hidden 2,560; 6 of 72 routed experts
-    "ds-27b": MoeShape(2560, 29, 6, "PAPER.md 3 (DS 27B)"),
+    # docs/hardware.md §5.1: 61 layers, 3 dense -> 58 MoE; hidden 7,168; 8 of 256 routed experts
+    "ds-v3.2-660b": MoeShape(7168, 58, 8, "docs/hardware.md §5.1 (config_671B_v3.2.json)"),
+    "ds-v3-660b": MoeShape(7168, 58, 8, "docs/hardware.md §5.1 (config_671B.json)"),
+    # docs/paper.md §5 / docs/hardware.md §5.1: 30 layers, 1 dense -> 29 MoE; hidden 2,560; 6 of 72 routed experts
+    "ds-27b": MoeShape(2560, 29, 6, "docs/paper.md §5 (DS 27B)"),
 }
 
 

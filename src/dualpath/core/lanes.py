@@ -1,4 +1,4 @@
-"""Traffic lanes on the compute NIC (PAPER.md 2.3, DESIGN.md 5).
+"""Traffic lanes on the compute NIC (docs/paper.md §2.3).
 
 Model collectives ride a high-priority lane; every KV byte (layer streams, PD transfer,
 host<->device copies) rides a low-priority lane. The arbiter is weighted round robin; the
@@ -19,11 +19,11 @@ class Lane(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class LaneWeights:
-    """Weighted-round-robin weights; PAPER.md 2.3: ~99% for the high-priority VL."""
+    """Weighted-round-robin weights; docs/paper.md §2.3: ~99% for the high-priority VL."""
 
     latency_critical: float = 99.0
     kv: float = 1.0
-    # ablation (issue 16.6): one FIFO class for both lanes, no arbitration: every flow of a link
+    # ablation (`dualpath bench lanes`): one FIFO class for both lanes, no arbitration: every flow of a link
     # gets an equal share (simulator) / one tc class (testbed)
     one_class: bool = False
 

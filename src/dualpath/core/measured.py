@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# How a PE measures its prompt-token rate, which beta derives from (PAPER.md 3.2: the tokens a PE
+# How a PE measures its prompt-token rate, which beta derives from (docs/paper.md §3.2: the tokens a PE
 # processes in beta_compute_s): one chunk of PROBE_NEW_TOKENS over PROBE_CACHED_TOKENS cached,
 # timed at engine start (runtime/engine/prefill.py: `_profile`); the `local` preset takes the same
 # point from the profile (`MeasuredMachine.probe_prompt_tokens_per_s`), so both worlds derive beta

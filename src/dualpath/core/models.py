@@ -1,8 +1,8 @@
-"""Model presets for the cost model: FLOPs and KV bytes per token (HARDWARE.md section 5).
+"""Model presets for the cost model: FLOPs and KV bytes per token (docs/hardware.md §5).
 
-Counting conventions (HARDWARE.md 5.4 and 6, PAPER.md 4.1):
+Counting conventions (docs/hardware.md §5.4 and §6, docs/paper.md §4.1):
 - linear FLOPs per token = 2 x active parameters outside attention scores (embeddings excluded;
-  the LM head included where HARDWARE.md's Table-1 fit includes it);
+  the LM head included where docs/hardware.md §6's Table-1 fit includes it);
 - attention FLOPs per new token = `attn_flops_per_key` x keys attended, summed over the layers
   with full attention; standard attention costs 4*h_q*d per key per layer (QK^T plus PV), MLA in
   MQA mode 2*h*(576 + 512);
@@ -12,7 +12,7 @@ Counting conventions (HARDWARE.md 5.4 and 6, PAPER.md 4.1):
 KV bytes: `kv_bytes_per_token_per_layer` is what the system stores, moves and holds per token
 and layer: for DSA models it includes the indexer key, without which a stored prefix cannot be
 resumed. `table1_kv_bytes_per_token_per_layer` is the paper's Table-1 convention (FP8 latent only
-for DeepSeek, PAPER.md 4.1).
+for DeepSeek, docs/paper.md §4.1).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ class ModelSpec:
         return self.kv_layers * self.kv_bytes_per_token_per_layer
 
 
-# DeepSeek-V3.2 (DualPath's "DS 660B"), HARDWARE.md 5.1-5.4: 61 layers, 128 heads, MLA latent
+# DeepSeek-V3.2 (DualPath's "DS 660B"), docs/hardware.md §5.1-5.4: 61 layers, 128 heads, MLA latent
 # 512 + RoPE 64. Active params without embedding/head 35.70B + indexer projections 0.85B ->
-# 73.1 GFLOP per token (HARDWARE.md 5.4). FlashMLA FP8 latent 656 B/layer + indexer key 132 B/layer.
+# 73.1 GFLOP per token (docs/hardware.md §5.4). FlashMLA FP8 latent 656 B/layer + indexer key 132 B/layer.
 DS_V32_660B = ModelSpec(
     name="ds-v3.2-660b",
     num_layers=61,
@@ -59,12 +59,12 @@ DS_V32_660B = ModelSpec(
     window_flops_per_token=0.0,
     decode_attended_bytes_per_key=61 * 656,
     decode_indexed_bytes_per_key=61 * 132,
-    weight_bytes=671.9e9,  # 671B + 0.85B indexer params, FP8 (1 B/param), HARDWARE.md 5.2
+    weight_bytes=671.9e9,  # 671B + 0.85B indexer params, FP8 (1 B/param), docs/hardware.md §5.2
     linear_dtype="fp8",
-    source="HARDWARE.md 5.1-5.4 (DeepSeek-V3.2-Exp config_671B_v3.2.json, FlashMLA FP8 layout)",
+    source="docs/hardware.md §5.1-5.4 (DeepSeek-V3.2-Exp config_671B_v3.2.json, FlashMLA FP8 layout)",
 )
 
-# DeepSeek-V3: as V3.2 without DSA (dense MQA-mode attention, no indexer), HARDWARE.md 5.4.
+# DeepSeek-V3: as V3.2 without DSA (dense MQA-mode attention, no indexer), docs/hardware.md §5.4.
 DS_V3_660B = ModelSpec(
     name="ds-v3-660b",
     num_layers=61,
@@ -80,13 +80,13 @@ DS_V3_660B = ModelSpec(
     decode_indexed_bytes_per_key=0,
     weight_bytes=671.0e9,
     linear_dtype="fp8",
-    source="HARDWARE.md 5.1-5.4 (DeepSeek-V3 config_671B.json)",
+    source="docs/hardware.md §5.1-5.4 (DeepSeek-V3 config_671B.json)",
 )
 
-# DS 27B, DualPath's internal model (PAPER.md 5): 30 layers, hidden 2560, 32 heads, no Q LoRA,
+# DS 27B, DualPath's internal model (docs/paper.md §5): 30 layers, hidden 2560, 32 heads, no Q LoRA,
 # 72 routed experts (6 active) + 2 shared, MoE intermediate 1536, 1 dense layer (12288), indexer
-# 32 heads x 64, top-k 1024. Latent dims are not published: assume V3's 512 + 64 (HARDWARE.md
-# 5.3), i.e. 656 B/layer in FP8, plus an FP8 indexer key of 64 + 4 B scale.
+# 32 heads x 64, top-k 1024. Latent dims are not published: assume V3's 512 + 64 (docs/hardware.md
+# §5.3), i.e. 656 B/layer in FP8, plus an FP8 indexer key of 64 + 4 B scale.
 # Active params: attention 30 x (2560*32*192 + 2560*576 + 512*32*256 + 32*128*2560) = 0.96B;
 # indexer 30 x (2560*32*64 + 2560*64 + 2560*32) = 0.166B; dense MLP 3*2560*12288 = 94.4M;
 # MoE 29 x (8 x 3*2560*1536 + 72*2560) = 2.74B  -> 3.96B active -> 7.92 GFLOP per token.
@@ -106,10 +106,10 @@ DS_27B = ModelSpec(
     decode_indexed_bytes_per_key=30 * 68,
     weight_bytes=27.2e9,
     linear_dtype="fp8",
-    source="PAPER.md 5 (architecture); latent dims assumed as DeepSeek-V3 (HARDWARE.md 5.3)",
+    source="docs/paper.md §5 (architecture); latent dims assumed as DeepSeek-V3 (docs/hardware.md §5.3)",
 )
 
-# Qwen2.5-32B, HARDWARE.md 5.1-5.4: 64 layers, 40 heads, 8 KV heads x 128, BF16 KV 4096 B/layer;
+# Qwen2.5-32B, docs/hardware.md §5.1-5.4: 64 layers, 40 heads, 8 KV heads x 128, BF16 KV 4096 B/layer;
 # F(c) = 63.97 GFLOP (LM head included) + 64*4*40*128 per key.
 QWEN25_32B = ModelSpec(
     name="qwen2.5-32b",
@@ -126,12 +126,12 @@ QWEN25_32B = ModelSpec(
     decode_indexed_bytes_per_key=0,
     weight_bytes=32.76e9 * 2,  # BF16
     linear_dtype="bf16",
-    source="HARDWARE.md 5.1-5.4 (Qwen2.5-32B config.json)",
+    source="docs/hardware.md §5.1-5.4 (Qwen2.5-32B config.json)",
 )
 
-# gpt-oss-120b, HARDWARE.md 5.1-5.4: 36 layers, 18 full-attention (64 heads x 64, 8 KV heads),
+# gpt-oss-120b, docs/hardware.md §5.1-5.4: 36 layers, 18 full-attention (64 heads x 64, 8 KV heads),
 # 18 sliding-window (128); F(c) = 10.27 GFLOP + 0.295 MFLOP*c + 37.7 MFLOP; FP8 KV on the
-# full-attention layers (the only fit that reproduces Table 1, HARDWARE.md 6).
+# full-attention layers (the only fit that reproduces Table 1, docs/hardware.md §6).
 GPT_OSS_120B = ModelSpec(
     name="gpt-oss-120b",
     num_layers=36,
@@ -147,7 +147,7 @@ GPT_OSS_120B = ModelSpec(
     decode_indexed_bytes_per_key=0,
     weight_bytes=65e9,  # MXFP4 experts (~0.53 B/param) + BF16 rest: ~65 GB checkpoint
     linear_dtype="fp8",
-    source="HARDWARE.md 5.1-5.4 (openai/gpt-oss model.py defaults)",
+    source="docs/hardware.md §5.1-5.4 (openai/gpt-oss model.py defaults)",
 )
 
 # Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads, 4 KV groups x 128, 128 experts (8 active),

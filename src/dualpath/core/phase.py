@@ -1,6 +1,6 @@
 """The lifecycle of one request (one agent turn), written down once for both worlds.
 
-Numbered path (DESIGN.md 4):
+Numbered path (docs/structure.md, "One request's path"):
   1. QUEUED        arrived, waiting in the global FIFO queue for a prefill engine (PE)
   2. PE_ASSIGNED   PE chosen (Algorithm 1), waiting for a decode engine (DE) with HBM room
   3. READING       PE, DE and read side chosen; hit KV moving storage -> read-side host buffer

@@ -2,7 +2,7 @@
 
 A trajectory (one agent) is a list of rounds (append_tokens, gen_tokens). Round i sends the
 whole context (all earlier appends and generations) plus its own append, and generates exactly
-gen_tokens tokens (PAPER.md 4.2, A.3).
+gen_tokens tokens (docs/paper.md §4.2, the paper's A.3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The global scheduler: the one scheduling pass of both worlds (PAPER.md section 3), pure.
+"""The global scheduler: the one scheduling pass of both worlds (docs/paper.md §3), pure.
 
 The router (runtime/router/router.py) and the simulator (sim/dispatch.py) hold no queue and make
 no choice of their own: they submit requests, report releases, and apply the `SchedulePass` that
@@ -6,7 +6,7 @@ no choice of their own: they submit requests, report releases, and apply the `Sc
 `ClusterView` (engine loads of a group, a node's read queue, a request's hit) at the moment of
 the pass.
 
-A group is the engines of one node and shares the node's id (PAPER.md 3.1). One pass:
+A group is the engines of one node and shares the node's id (docs/paper.md §3.1). One pass:
   1. PE groups fetch from the global FIFO queue, in a rotation that starts one group later each
      pass, skipping groups whose engines are all over beta (they would assign nothing).
      DualPath: Algorithm 1 (`select_prefill`); otherwise round robin under the same beta cap.
@@ -64,7 +64,7 @@ _NO_ALPHA_TOKENS = 2**62  # alpha when reads cost nothing (the oracle): every re
 def derive_thresholds(alpha_read_s: float, beta_compute_s: float, snic_bytes_per_s: float | None,
                       kv_bytes_per_token: int, prefill_tokens_per_s: float) -> PrefillThresholds:
     """alpha: the tokens a node's SNIC reads in `alpha_read_s` (3 s); beta: the prompt tokens one PE
-    processes in `beta_compute_s` (5 s) (PAPER.md 3.2, 5). `snic_bytes_per_s` None: a free network."""
+    processes in `beta_compute_s` (5 s) (docs/paper.md §3.2, §5). `snic_bytes_per_s` None: a free network."""
     alpha = int(alpha_read_s * snic_bytes_per_s / kv_bytes_per_token) if snic_bytes_per_s else _NO_ALPHA_TOKENS
     return PrefillThresholds(alpha, max(1, int(beta_compute_s * prefill_tokens_per_s)))
 
@@ -103,7 +103,7 @@ class SchedulerRules:
     thresholds: PrefillThresholds  # alpha, beta in tokens (derive_thresholds)
     dualpath: bool = True  # Algorithm 1, two-phase DE, shorter read queue; False: round robin
     de_read_path: bool = True  # False: every read on the PE side (the basic system)
-    z_factor: float = Z_FACTOR_DEFAULT  # PAPER.md 3.3
+    z_factor: float = Z_FACTOR_DEFAULT  # docs/paper.md §3.3
     forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
     recompute: RecomputeRule | None = None  # read or recompute a hit (policy/recompute.py); None: always read
 

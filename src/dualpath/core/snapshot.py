@@ -1,6 +1,6 @@
 """Frozen views of cluster state handed to the policy, and the frozen decisions it returns.
 
-Engines report three values when their group fetches (PAPER.md 3.1): `num_seqs` (seq_e,
+Engines report three values when their group fetches (docs/paper.md §3.1): `num_seqs` (seq_e,
 assigned but unfinished requests), `num_tokens` (tok_e, total tokens of those requests) and, for
 the node they sit on, the disk-read queue in tokens. DEs also report free HBM in bytes.
 """
@@ -26,7 +26,7 @@ class EngineLoad:
 
 @dataclass(frozen=True, slots=True)
 class GroupLoad:
-    """An engine group: all engines of one node, all PEs or all DEs (PAPER.md 3.1)."""
+    """An engine group: all engines of one node, all PEs or all DEs (docs/paper.md §3.1)."""
 
     group: int
     engines: tuple[EngineLoad, ...]

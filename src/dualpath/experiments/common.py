@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from ..errors import InputError
 from ..pool.executor import Executor, SerialExecutor
-from .knobs import fitted_knob_names
+from .knobs import hardware_only_knob_names
 
 T = TypeVar("T")
 SCALES = ("full", "quick", "smoke")
@@ -92,15 +92,25 @@ class Context:
         return quick
 
 
+# What a headline's `ours` is. simulated: computed from simulations (`Headline.runs`) and compared
+# with the paper; arithmetic: a closed-form check without simulation (Table 1's cost model);
+# derived: computed from other headlines (a mean of two), so never an agreement of its own.
+EVIDENCE = ("simulated", "arithmetic", "derived")
+
+
 @dataclass(frozen=True, slots=True)
 class Headline:
     """One number of the paper against ours. `target` is the tolerance: relative (|ours/paper - 1|)
     unless `kind` is "points" (|ours - paper| in percentage points) or "max" (ours <= paper).
 
-    A headline that depends on knobs fitted to the paper's own data names them (`fitted`) and
-    carries ours with each at its hardware-only estimate (`hardware_only`; None: not simulated,
-    `note` says why). One met by construction says why (`by_construction`): the report lists it
-    apart and does not count it as agreement with the paper."""
+    A headline that depends on knobs fitted to the paper's own data names those with a
+    hardware-only estimate (`fitted`) and carries ours with each at that estimate (`hardware_only`;
+    None: not simulated, `note` says why). One met by construction says why (`by_construction`):
+    the report lists it apart and does not count it as agreement with the paper.
+
+    `evidence` says what `ours` is (EVIDENCE) and `runs` which simulations it is computed from
+    (`SimSpec.run_id`), so the report can count independent agreements (suite.py:
+    `independent_agreements`): two headlines on the same simulations are one agreement."""
 
     experiment: str
     metric: str
@@ -108,11 +118,19 @@ class Headline:
     paper: float
     target: float
     kind: str = "relative"
-    source: str = "[P]"  # provenance of the paper's number (PAPER.md tags)
+    source: str = "[P]"  # provenance of the paper's number (docs/paper.md tags)
     note: str = ""
-    fitted: tuple[str, ...] = ()  # fitted knobs (experiments/knobs.py) this number depends on
+    fitted: tuple[str, ...] = ()  # fitted knobs with a hardware-only estimate (knobs.py) this number depends on
     hardware_only: float | None = None  # ours with every fitted knob at its hardware-only estimate
     by_construction: str = ""  # why the agreement holds by construction; "" = it tests the simulator
+    evidence: str = "simulated"  # a key of EVIDENCE
+    runs: frozenset[str] = frozenset()  # run ids (`SimSpec.run_id`) `ours` is computed from; none for arithmetic
+
+    def __post_init__(self) -> None:
+        if self.evidence not in EVIDENCE:
+            raise ValueError(f"evidence {self.evidence!r}: use one of {', '.join(EVIDENCE)}")
+        if self.evidence == "arithmetic" and self.runs:
+            raise ValueError(f"{self.metric}: an arithmetic check rests on no simulation")
 
     @property
     def rel_error(self) -> float | None:
@@ -157,6 +175,7 @@ class Headline:
         d["met"] = self.met
         d["hardware_only_rel_error"] = self.hardware_only_rel_error
         d["hardware_only_met"] = self.hardware_only_met
+        d["runs"] = sorted(self.runs)
         return d
 
     @classmethod
@@ -164,6 +183,7 @@ class Headline:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["fitted"] = tuple(kw.get("fitted", ()))
+        kw["runs"] = frozenset(kw.get("runs", ()))  # JSON written before runs were recorded: none
         return cls(**kw)
 
 
@@ -180,7 +200,7 @@ def with_hardware_only(headlines: Sequence[Headline], alternative: Sequence[Head
             continue
         value = alt.get(h.metric)
         note = h.note if value is not None or not why_missing else "; ".join(p for p in (h.note, why_missing) if p)
-        out.append(replace(h, fitted=fitted_knob_names(), hardware_only=value, note=note))
+        out.append(replace(h, fitted=hardware_only_knob_names(), hardware_only=value, note=note))
     return out
 
 
@@ -245,17 +265,19 @@ def _hardware_only_cell(h: Headline) -> str:
     return f"{fmt(h.hardware_only)} ({_error(h, h.hardware_only)}, {'met' if h.hardware_only_met else 'missed'})"
 
 
-def headline_table(headlines: Sequence[Headline]) -> str:
+def headline_table(headlines: Sequence[Headline], counts_as: Sequence[str] | None = None) -> str:
     """One row per headline; `hardware-only`: ours with every fitted knob at its hardware-only
-    estimate (its error and result), "-" for a headline that depends on no fitted knob."""
+    estimate (its error and result), "-" for a headline that depends on no fitted knob;
+    `counts_as`, one per headline, adds a column of that name (the suite's independent agreements)."""
     rows = []
-    for h in headlines:
+    for i, h in enumerate(headlines):
         tol = f"{h.target:g} pt" if h.kind == "points" else "<= paper" if h.kind == "max" else f"{h.target:.0%}"
         result = "**met**" if h.met else "**missed**"
         rows.append([h.metric, h.ours, f"{fmt(h.paper)} {h.source}", _error(h, h.ours), tol,
                      f"{result} (by construction, not counted)" if h.by_construction else result,
-                     _hardware_only_cell(h)])
-    return md_table(["metric", "ours", "paper", "rel. error", "target", "result", "hardware-only (error, result)"], rows)
+                     _hardware_only_cell(h), *([counts_as[i]] if counts_as is not None else [])])
+    headers = ["metric", "ours", "paper", "rel. error", "target", "result", "hardware-only (error, result)"]
+    return md_table(headers + (["counts as"] if counts_as is not None else []), rows)
 
 
 def scale_note(ctx: Context) -> str:
@@ -299,6 +321,12 @@ def ratio(a: float | None, b: float | None) -> float:
     if a is None or b is None or not b or not math.isfinite(a) or not math.isfinite(b):
         return float("nan")
     return a / b
+
+
+def row_runs(rows: Sequence[dict[str, Any]], modes: Sequence[str] = ("basic", "dualpath")) -> frozenset[str]:
+    """The run ids of `modes` in rows that carry them as `runs` (mode -> run id): what a speedup
+    (basic / dualpath) or a statistic over those rows is computed from."""
+    return frozenset(r["runs"][m] for r in rows for m in modes)
 
 
 def finite_mean(values: Sequence[float]) -> float:

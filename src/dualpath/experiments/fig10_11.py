@@ -1,4 +1,4 @@
-"""Figs. 10-11 (PAPER.md 6.4): online serving. Agents arrive as a Poisson process at a given APS
+"""Figs. 10-11 (docs/paper.md §6.4): online serving. Agents arrive as a Poisson process at a given APS
 and replay their 64K trajectories back to back; TTFT, TTST and TPOT against APS (Fig. 10), the
 average trajectory JCT against APS (Fig. 11), and the largest APS that meets the SLO.
 
@@ -30,7 +30,7 @@ from .simrun import TPOT_SLO_S, TTFT_SLO_S, SimSpec, hardware_only, meets_slo, o
 NAME = "fig10_11"
 TITLE = "Figs. 10-11: online serving (APS sweep, capacity at the SLO)"
 MODES = ("dualpath", "basic", "oracle")
-PAPER_CAPACITY_RATIO = {"ds-27b": 1.67, "ds-v3.2-660b": 2.25}  # PAPER.md 6.4 [P]
+PAPER_CAPACITY_RATIO = {"ds-27b": 1.67, "ds-v3.2-660b": 2.25}  # docs/paper.md §6.4 [P]
 PAPER_MEAN_RATIO = 1.96  # the abstract's arithmetic mean [P]
 TARGET = 0.25
 LATENCY_NOTE = (
@@ -107,11 +107,13 @@ def capacities(ctx: Context, searches: list[Search]) -> list[tuple[dict[str, Any
             lo, hi = brackets[i]
             brackets[i] = (mid, hi) if meets_slo(r) else (lo, mid)
     caps = []
-    for (setup, _), pts, b in zip(searches, points, brackets):
+    for (setup, mode), pts, b in zip(searches, points, brackets):
+        runs = sorted(setup.spec(mode, a).run_id() for a in pts)  # the capacity rests on every run of the search
         if b is None:
-            caps.append({"aps": sorted(setup.grid)[-1], "bound": "lower", "steps": 0})
+            caps.append({"aps": sorted(setup.grid)[-1], "bound": "lower", "steps": 0, "runs": runs})
         else:
-            caps.append({"aps": b[0], "bound": "bracket" if b[0] > 0 else "upper", "fail_aps": b[1], "steps": setup.bisect_steps})
+            caps.append({"aps": b[0], "bound": "bracket" if b[0] > 0 else "upper", "fail_aps": b[1], "steps": setup.bisect_steps,
+                         "runs": runs})
     return list(zip(caps, points))
 
 
@@ -132,7 +134,7 @@ def row(setup: OnlineSetup, mode: str, aps: float, r: dict[str, Any]) -> dict[st
             "ttft_mean_s": on["ttft_mean_s"], "ttft_p90_s": on["ttft_p90_s"], "ttft_window_max_s": on["ttft_window_max_s"],
             "ttft_projected_s": on["ttft_projected_s"], "ttst_mean_s": on["ttst_mean_s"], "tpot_mean_s": on["tpot_mean_s"],
             "trajectory_jct_s": on["trajectory_jct_s"], "censored_turns": on["num_censored"], "turns": on["num_turns"],
-            "meets_slo": meets_slo(r)}
+            "meets_slo": meets_slo(r), "run": setup.spec(mode, aps).run_id()}
 
 
 def run(ctx: Context) -> ExperimentOutput:
@@ -152,14 +154,14 @@ def run(ctx: Context) -> ExperimentOutput:
     figs = [_fig10(ctx, table), _fig11(ctx, table)]
     md = "\n\n".join([
         scale_note(ctx) + f"SLO: mean TTFT <= {TTFT_SLO_S:g} s in every 150 s window and projected 30 min past the "
-        f"horizon, mean TPOT <= {TPOT_SLO_S * 1e3:g} ms (PAPER.md 6.4; method in the module docstring). "
+        f"horizon, mean TPOT <= {TPOT_SLO_S * 1e3:g} ms (docs/paper.md §6.4; method in the module docstring). "
         + "; ".join(f"{s.label} {s.pd}: warm-up {s.warmup_s:g} s, horizon {s.horizon_s:g} s, grid {list(s.grid)}, "
                     f"{s.bisect_steps} bisection steps" for s in setups(ctx)) + ".",
         md_table(["model", "P/D", "dualpath APS", "basic APS", "oracle APS", "dualpath/basic", "paper"],
                  [[r["label"], r["pd"], r["capacity_dualpath_aps"], r["capacity_basic_aps"],
                    f"{r['capacity_oracle_aps']:.3g}{' (>=)' if r['capacity_oracle_bound'] == 'lower' else ''}", r["ratio"],
                    PAPER_CAPACITY_RATIO[r["model"]]] for r in cap_rows]),
-        "Absolute APS capacities are [NF] in the paper; PAPER.md 6.4 estimates DS 660B DualPath ~0.4-0.45 and Basic "
+        "Absolute APS capacities are [NF] in the paper; docs/paper.md §6.4 estimates DS 660B DualPath ~0.4-0.45 and Basic "
         "~0.2 [I]. The paper's claim is the ratio.",
         headline_table(headlines),
         "Capacities with every fitted knob at its hardware-only estimate (the same grid and bisection; `>=`: the "
@@ -186,15 +188,17 @@ def _capacity_rows(setups_: list[OnlineSetup], caps: dict[tuple[str, str], dict[
         rows.append({"model": setup.model, "label": setup.label, "pd": setup.pd,
                      **{f"capacity_{m}_aps": c[m]["aps"] for m in modes},
                      **{f"capacity_{m}_bound": c[m]["bound"] for m in modes},
-                     "ratio": ratio(c["dualpath"]["aps"], c["basic"]["aps"])})
+                     "ratio": ratio(c["dualpath"]["aps"], c["basic"]["aps"]),
+                     "runs": sorted(set(c["dualpath"]["runs"]) | set(c["basic"]["runs"]))})  # the ratio's runs
     return rows
 
 
 def _headlines(cap_rows: list[dict[str, Any]]) -> list[Headline]:
     headlines = [Headline(NAME, f"{r['label']} APS capacity at the SLO, dualpath / basic", r["ratio"],
-                          PAPER_CAPACITY_RATIO[r["model"]], TARGET) for r in cap_rows]
+                          PAPER_CAPACITY_RATIO[r["model"]], TARGET, runs=frozenset(r["runs"])) for r in cap_rows]
     headlines.append(Headline(NAME, "mean of the two capacity ratios", finite_mean([r["ratio"] for r in cap_rows]),
-                              PAPER_MEAN_RATIO, TARGET))
+                              PAPER_MEAN_RATIO, TARGET, evidence="derived",
+                              runs=frozenset(run for r in cap_rows for run in r["runs"])))
     return headlines
 
 

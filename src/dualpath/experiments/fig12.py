@@ -1,4 +1,4 @@
-"""Fig. 12 (PAPER.md 6.4 and 6.5). Left: TTFT breakdown (scheduling, allocation, read, prefill;
+"""Fig. 12 (docs/paper.md §6.4 and §6.5). Left: TTFT breakdown (scheduling, allocation, read, prefill;
 as the results' `ttft_breakdown_mean_s`, read wait split off) of DS 660B across APS, DualPath and
 Basic, from the Fig. 10
 runs (same specs, cached). Right: the ablation, offline DS 660B 64K, 1024 and 2048 agents, JCT
@@ -36,7 +36,7 @@ STEP_NOTES = {
     "dualpath": "",
 }
 BREAKDOWN_NOTE = (
-    "Reading the shares: the paper's 0.25 APS lies above its Basic capacity (~0.2 APS [I], PAPER.md 6.4), so compare "
+    "Reading the shares: the paper's 0.25 APS lies above its Basic capacity (~0.2 APS [I], docs/paper.md §6.4), so compare "
     "it with our points above our Basic capacity (Figs. 10-11), where queueing for the PE SNICs dominates as in the "
     "paper. A. is zero in ours: a request's DE is chosen as soon as its HBM fits and DE HBM does not bind at these "
     "loads, whereas the paper's DualPath spends ~6% [F] there (its allocation cost is not modelled)."
@@ -46,7 +46,7 @@ ABLATION_NOTE = (
     "(every read on the PE path), so lifting the PE-HBM batch limit and overlapping the H2D copy with compute gains "
     "little; the paper's 17% implies that its Basic engine lost more time to PE HBM limits and un-overlapped "
     "transfers than modelled. + dual-path loading without the scheduler alternates read sides per request "
-    "(round robin, PAPER.md 6.5 [I]): half the bytes still cross the two PE SNICs, which stay the bottleneck; the "
+    "(round robin, docs/paper.md §6.5 [I]): half the bytes still cross the two PE SNICs, which stay the bottleneck; the "
     "paper's step does not say how it picked the side. The full DualPath configuration is the one the paper "
     "headlines, and it matches."
 )
@@ -118,15 +118,19 @@ def run(ctx: Context) -> ExperimentOutput:
 
 def _headlines(right: list[dict[str, Any]]) -> list[Headline]:
     return [Headline(NAME, f"JCT reduction vs basic: {label}", finite_mean([r["reduction_pct"] for r in right if r["mode"] == mode]),
-                     PAPER_REDUCTION_PCT[mode], TARGET_POINTS, kind="points", note=STEP_NOTES[mode]) for mode, label in ABLATION[1:]]
+                     PAPER_REDUCTION_PCT[mode], TARGET_POINTS, kind="points", note=STEP_NOTES[mode],
+                     runs=frozenset(r["run"] for r in right if r["mode"] in (mode, "basic")))
+            for mode, label in ABLATION[1:]]
 
 
 def _ablation(ctx: Context, hardware_only_knobs: bool) -> list[dict[str, Any]]:
     rows = []
     for n in ablation_agents(ctx):
-        jct = {m: simulate(ctx, s)["jct_s"] for m, s in _ablation_specs(ctx, n, hardware_only_knobs).items()}
+        specs = _ablation_specs(ctx, n, hardware_only_knobs)
+        jct = {m: simulate(ctx, s)["jct_s"] for m, s in specs.items()}
         for m, label in ABLATION:
-            rows.append({"agents": n, "mode": m, "label": label, "jct_s": jct[m], "reduction_pct": 100 * (1 - jct[m] / jct["basic"])})
+            rows.append({"agents": n, "mode": m, "label": label, "jct_s": jct[m], "reduction_pct": 100 * (1 - jct[m] / jct["basic"]),
+                         "run": specs[m].run_id()})
     return rows
 
 

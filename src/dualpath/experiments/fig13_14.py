@@ -1,4 +1,4 @@
-"""Figs. 13-14 (PAPER.md 6.6): load balance, round robin against the DualPath scheduler.
+"""Figs. 13-14 (docs/paper.md §6.6): load balance, round robin against the DualPath scheduler.
 
 - Storage NICs: Max/Avg of the bytes each SNIC reads in a short window, across the SNICs of three
   machines (1.0 = perfect), averaged over windows where the SNICs are busy (MetricsConfig:
@@ -9,7 +9,7 @@
 Setting [I/S]: the figure's file name suggests 48K MaxLen and 1024 trajectories; three machines
 mean a 3-node P/D. DS 27B (the model run on 1P2D and 2P1D in Fig. 8). 1P2D is the headline, 2P1D
 is reported beside it. Round robin is mode `basic+layerwise+de_read`: round-robin PE and DE
-choice, read side alternating PE, DE, PE, ... (PAPER.md 6.5 [I]).
+choice, read side alternating PE, DE, PE, ... (docs/paper.md §6.5 [I]).
 """
 
 from __future__ import annotations
@@ -63,21 +63,24 @@ def run(ctx: Context) -> ExperimentOutput:
     table, series = [], {}
     for pd in PDS:
         for mode, label in MODES:
-            r = simulate(ctx, _spec(ctx, pd, mode))
+            spec = _spec(ctx, pd, mode)
+            r = simulate(ctx, spec)
             probe = r["probe"]
             table.append({"pd": pd, "mode": mode, "label": label, "snic_max_over_avg": r["snic_max_over_avg"],
                           "snic_max_over_avg_run": r["snic_max_over_avg_run"],
                           "attention_first_5pct": probe["attention"]["first_5pct_mean"],
                           "attention_whole_run": r["prefill_attention_max_over_avg"], "jct_s": r["jct_s"],
-                          "de_path_share": _share(r)})
+                          "de_path_share": _share(r), "run": spec.run_id()})
             series[(pd, mode)] = probe
     head = {r["mode"]: r for r in table if r["pd"] == HEADLINE_PD}
-    hw = simulate(ctx, hardware_only(_spec(ctx, HEADLINE_PD, "dualpath")))
-    headlines = _headlines({m: r["snic_max_over_avg"] for m, r in head.items()}, head["dualpath"]["attention_first_5pct"])
-    headlines = with_hardware_only(headlines, _headlines({"dualpath": hw["snic_max_over_avg"]}, None))
+    hw_spec = hardware_only(_spec(ctx, HEADLINE_PD, "dualpath"))
+    hw = simulate(ctx, hw_spec)
+    headlines = _headlines({m: r["snic_max_over_avg"] for m, r in head.items()}, head["dualpath"]["attention_first_5pct"],
+                           {m: r["run"] for m, r in head.items()})
+    headlines = with_hardware_only(headlines, _headlines({"dualpath": hw["snic_max_over_avg"]}, None, {"dualpath": hw_spec.run_id()}))
     figs = [_fig13(ctx, series), _fig14(ctx, series)]
     md = "\n\n".join([
-        scale_note(ctx) + f"DS 27B, MaxLen {max_len(ctx) // 1024}K, {num_agents(ctx)} agents (PAPER.md 6.6 [I/S]); SNIC "
+        scale_note(ctx) + f"DS 27B, MaxLen {max_len(ctx) // 1024}K, {num_agents(ctx)} agents (docs/paper.md §6.6 [I/S]); SNIC "
         "ratio: mean over 10 s windows with >= 20% mean SNIC read utilisation (`snic_max_over_avg`); whole-run ratio of "
         "bytes beside it.",
         md_table(["P/D", "scheduler", "SNIC Max/Avg (windows)", "SNIC Max/Avg (whole run)", "attention Max/Avg (first 5%)",
@@ -93,15 +96,17 @@ def run(ctx: Context) -> ExperimentOutput:
     return ExperimentOutput(NAME, TITLE, table, headlines, figs, md)
 
 
-def _headlines(snic: dict[str, float], attention: float | None) -> list[Headline]:
-    """`snic`: mode -> SNIC Max/Avg on the headline P/D (a mode missing: no headline for it)."""
+def _headlines(snic: dict[str, float], attention: float | None, runs: dict[str, str]) -> list[Headline]:
+    """`snic`: mode -> SNIC Max/Avg on the headline P/D (a mode missing: no headline for it);
+    `runs`: mode -> the run id of that simulation."""
     out = [Headline(NAME, f"SNIC Max/Avg, {label} ({HEADLINE_PD})", snic[mode], PAPER_SNIC[mode], TARGET,
                     note="target chosen here: the paper gives none",
-                    by_construction=BY_CONSTRUCTION["round robin"] if mode != "dualpath" else "")
+                    by_construction=BY_CONSTRUCTION["round robin"] if mode != "dualpath" else "", runs=frozenset([runs[mode]]))
            for mode, label in MODES if mode in snic]
     if attention is not None:
         out.append(Headline(NAME, f"attention Max/Avg, DualPath, first 5% ({HEADLINE_PD})", attention, PAPER_ATTENTION, TARGET,
-                            note="target chosen here: the paper gives none", by_construction=BY_CONSTRUCTION["attention"]))
+                            note="target chosen here: the paper gives none", by_construction=BY_CONSTRUCTION["attention"],
+                            runs=frozenset([runs["dualpath"]])))
     return out
 
 

@@ -1,18 +1,18 @@
-"""Fig. 7 (PAPER.md 6.1): offline JCT of a batch of agents launched together, per model (rows)
+"""Fig. 7 (docs/paper.md §6.1): offline JCT of a batch of agents launched together, per model (rows)
 and MaxLen (columns), against the agent count; bars Ours, Ours(basic), Ours(oracle).
 
 Agent counts: DS 660B uses the paper's 1024 / 2048 / 4096 [F] (read off its 64K panel; the other
 panels' axes are [NF], so the same counts are used); DS 27B and Qwen 32B use Fig. 8's 512 / 1024 /
 2048 [F] (the agent counts the paper uses for DS 27B).
 
-Qwen 32B runs on the H200 preset: with DP only (PAPER.md 5) its BF16 weights (65.5 GB) leave
+Qwen 32B runs on the H200 preset: with DP only (docs/paper.md §5) its BF16 weights (65.5 GB) leave
 6.5 GB of an 80 GB H800 for KV, less than one 32K trajectory (8.6 GB), so the paper's "Hopper"
 GPUs must have had more HBM; H200 is the Hopper SKU with H800's compute and 141 GB [I].
 
 SGL(MC) is not modelled: it is a different engine (SGLang + HiCache + Mooncake Store, TP = 8 for
 Qwen, 1.5 TB DRAM) whose batching, transfer engine and cache tier the paper does not describe,
 it was not run on DS 27B, it errors out on the large offline configurations ("N/A"), and the
-paper reports gains only over Basic (PAPER.md 5).
+paper reports gains only over Basic (docs/paper.md §5).
 """
 
 from __future__ import annotations
@@ -21,26 +21,26 @@ from typing import Any, Iterator
 
 from .common import (
     MODE_COLORS, MODE_LABELS, Context, ExperimentOutput, Headline, grouped_bars, headline_table, md_table, pyplot,
-    ratio, save_figure, scale_note, with_hardware_only,
+    ratio, row_runs, save_figure, scale_note, with_hardware_only,
 )
 from .simrun import SimSpec, hardware_only, simulate
 
 NAME = "fig7"
 TITLE = "Fig. 7: offline batch inference JCT"
 MODES = ("dualpath", "basic", "oracle")
-MODELS = (  # (label, model, P/D, gpu): PAPER.md 5 defaults
+MODELS = (  # (label, model, P/D, gpu): docs/paper.md §5 defaults
     ("DS 27B", "ds-27b", "1P1D", None),
     ("DS 660B", "ds-v3.2-660b", "2P4D", None),
     ("Qwen 32B", "qwen2.5-32b", "1P2D", "h200"),
 )
 MAX_LENS = (32768, 49152, 65536)
 PAPER_DS660B_64K = {1024: (5365.0, 2917.0, 1.84), 2048: (10052.0, 5365.0, 1.87), 4096: (19309.0, 10312.0, 1.87)}  # [F]
-PAPER_DS27B_MAX_SPEEDUP = 1.78  # PAPER.md 6.1 [P]
+PAPER_DS27B_MAX_SPEEDUP = 1.78  # docs/paper.md §6.1 [P]
 TARGET = 0.15
 SGL_NOTE = (
     "SGL(MC) is not modelled: a different engine (SGLang + HiCache + Mooncake Store; TP = 8 for Qwen; "
     "1.5 TB DRAM per node) whose internals the paper does not describe; it was not run on DS 27B and errors "
-    "out on large offline configurations; the paper itself reports gains only over Basic (PAPER.md 5)."
+    "out on large offline configurations; the paper itself reports gains only over Basic (docs/paper.md §5)."
 )
 
 
@@ -98,6 +98,7 @@ def _rows(ctx: Context, headline_only: bool) -> list[dict[str, Any]]:
             **{f"jct_{m}_s": jct[m] for m in specs},
             "speedup": ratio(jct["basic"], jct["dualpath"]),
             "dualpath_over_oracle": ratio(jct["dualpath"], jct.get("oracle")),
+            "runs": {m: s.run_id() for m, s in specs.items()},  # each mode's simulation (SimSpec.run_id)
         })
     return table
 
@@ -107,10 +108,11 @@ def _headlines(ctx: Context, table: list[dict[str, Any]]) -> list[Headline]:
     ds660 = [r for r in table if r["model"] == "ds-v3.2-660b" and r["max_len"] == max(max_lens(ctx))]
     for r, (paper_n, (_, _, paper)) in zip(ds660, PAPER_DS660B_64K.items()):
         out.append(Headline(NAME, f"DS 660B {r['max_len'] // 1024}K speedup over basic @ {r['agents']} agents "
-                                  f"(paper: {paper_n})", r["speedup"], paper, TARGET, source="[F]"))
-    ds27 = [r["speedup"] for r in table if r["model"] == "ds-27b"]
-    if ds27:
-        out.append(Headline(NAME, "DS 27B max speedup over basic (all panels)", max(ds27), PAPER_DS27B_MAX_SPEEDUP, TARGET))
+                                  f"(paper: {paper_n})", r["speedup"], paper, TARGET, source="[F]", runs=row_runs([r])))
+    ds27 = [r for r in table if r["model"] == "ds-27b"]
+    if ds27:  # the max over every panel rests on all of them
+        out.append(Headline(NAME, "DS 27B max speedup over basic (all panels)", max(r["speedup"] for r in ds27),
+                            PAPER_DS27B_MAX_SPEEDUP, TARGET, runs=row_runs(ds27)))
     return out
 
 
@@ -146,7 +148,7 @@ def _markdown(ctx: Context, table: list[dict[str, Any]], headlines: list[Headlin
     paper_rows = [[n, b, o, s] for n, (b, o, s) in PAPER_DS660B_64K.items()]
     return "\n\n".join([
         scale_note(ctx) + "JCT in seconds; speedup = basic / dualpath. DS 660B on 2P4D, DS 27B on 1P1D, Qwen 32B on "
-        "1P2D (PAPER.md 5). Agent counts: DS 660B 1024/2048/4096 as the paper's 64K panel [F]; DS 27B and Qwen "
+        "1P2D (docs/paper.md §5). Agent counts: DS 660B 1024/2048/4096 as the paper's 64K panel [F]; DS 27B and Qwen "
         "32B 512/1024/2048 as Fig. 8 (other panels' axes are [NF]). Qwen 32B runs on H200: with DP only, 80 GB "
         "H800s cannot hold its BF16 weights plus one 32K trajectory's KV [I].",
         md_table(["model", "P/D", "MaxLen", "agents", "basic", "dualpath", "oracle", "speedup", "dualpath/oracle"], rows),

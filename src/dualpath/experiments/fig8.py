@@ -1,4 +1,4 @@
-"""Fig. 8 (PAPER.md 6.3): P/D ratio. DS 27B offline JCT on 1P1D, 2P1D and 1P2D with 512, 1024
+"""Fig. 8 (docs/paper.md §6.3): P/D ratio. DS 27B offline JCT on 1P1D, 2P1D and 1P2D with 512, 1024
 and 2048 agents [F], Basic and DualPath. MaxLen is [NF]; 64K, the dataset of the paper's
 motivation trace and of its DS 660B experiments, is used.
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from .common import (
     MODE_COLORS, Context, ExperimentOutput, Headline, finite_mean, grouped_bars, headline_table, md_table, pyplot, ratio,
-    save_figure, scale_note, with_hardware_only,
+    row_runs, save_figure, scale_note, with_hardware_only,
 )
 from .simrun import SimSpec, hardware_only, simulate
 
@@ -25,7 +25,7 @@ MODES = ("basic", "dualpath")
 MAX_LEN = 65536
 PAIRS = ((("1P1D", "basic"), ("1P2D", "basic")), (("1P1D", "dualpath"), ("2P1D", "basic")),
          (("2P1D", "dualpath"), ("1P2D", "dualpath")))
-PAPER_MEAN_SPEEDUP, PAPER_MAX_SPEEDUP = 1.64, 2.46  # PAPER.md 6.3 [P]
+PAPER_MEAN_SPEEDUP, PAPER_MAX_SPEEDUP = 1.64, 2.46  # docs/paper.md §6.3 [P]
 PAIR_TARGET, SPEEDUP_TARGET = 0.10, 0.20
 
 
@@ -68,30 +68,36 @@ def _spec(ctx: Context, pd: str, mode: str, n: int, hardware_only_knobs: bool) -
 def _runs(ctx: Context, hardware_only_knobs: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(JCT rows, alike pairs); `hardware_only_knobs`: every fitted knob at its hardware-only estimate."""
     jct: dict[tuple[str, str, int], float] = {}
+    run: dict[tuple[str, str, int], str] = {}  # SimSpec.run_id of each simulation
     table: list[dict[str, Any]] = []
     for n in agent_counts(ctx):
         for pd in PDS:
             for m in MODES:
-                jct[(pd, m, n)] = simulate(ctx, _spec(ctx, pd, m, n, hardware_only_knobs))["jct_s"]
+                spec = _spec(ctx, pd, m, n, hardware_only_knobs)
+                jct[(pd, m, n)], run[(pd, m, n)] = simulate(ctx, spec)["jct_s"], spec.run_id()
             table.append({"pd": pd, "agents": n, "jct_basic_s": jct[(pd, "basic", n)],
                           "jct_dualpath_s": jct[(pd, "dualpath", n)],
-                          "speedup": ratio(jct[(pd, "basic", n)], jct[(pd, "dualpath", n)])})
+                          "speedup": ratio(jct[(pd, "basic", n)], jct[(pd, "dualpath", n)]),
+                          "runs": {m: run[(pd, m, n)] for m in MODES}})
     pairs = []
     for n in agent_counts(ctx):
         for a, b in PAIRS:
             pairs.append({"agents": n, "a": f"{a[1]} {a[0]}", "b": f"{b[1]} {b[0]}",
-                          "jct_a_s": jct[(*a, n)], "jct_b_s": jct[(*b, n)], "a_over_b": ratio(jct[(*a, n)], jct[(*b, n)])})
+                          "jct_a_s": jct[(*a, n)], "jct_b_s": jct[(*b, n)], "a_over_b": ratio(jct[(*a, n)], jct[(*b, n)]),
+                          "runs": [run[(*a, n)], run[(*b, n)]]})
     return table, pairs
 
 
 def _headlines(table: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> list[Headline]:
     speedups = [r["speedup"] for r in table]
-    headlines = [Headline(NAME, f"{p['a']} / {p['b']} JCT @ {p['agents']} agents (alike)", p["a_over_b"], 1.0, PAIR_TARGET)
-                 for p in pairs]
+    headlines = [Headline(NAME, f"{p['a']} / {p['b']} JCT @ {p['agents']} agents (alike)", p["a_over_b"], 1.0, PAIR_TARGET,
+                          runs=frozenset(p["runs"])) for p in pairs]
+    # the mean and the max are statistics of every run (not of the pair headlines): simulated, on all of them
     return headlines + [
-        Headline(NAME, "mean speedup over basic (all P/D and agent counts)", finite_mean(speedups), PAPER_MEAN_SPEEDUP, SPEEDUP_TARGET),
+        Headline(NAME, "mean speedup over basic (all P/D and agent counts)", finite_mean(speedups), PAPER_MEAN_SPEEDUP, SPEEDUP_TARGET,
+                 runs=row_runs(table)),
         Headline(NAME, "max speedup over basic", max(speedups), PAPER_MAX_SPEEDUP, SPEEDUP_TARGET,
-                 note="target 20% as for the mean (the paper gives none)")]
+                 note="target 20% as for the mean (the paper gives none)", runs=row_runs(table))]
 
 
 def _figure(ctx: Context, table: list[dict[str, Any]]) -> str:

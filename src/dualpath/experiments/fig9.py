@@ -1,4 +1,4 @@
-"""Fig. 9 (PAPER.md 6.2): append-length and generation-length sensitivity. DS 660B 2P4D, 64K
+"""Fig. 9 (docs/paper.md §6.2): append-length and generation-length sensitivity. DS 660B 2P4D, 64K
 MaxLen, 1024 agents; every round's append (or, separately, generation) multiplied by x1, x1.5,
 x2, x3 and the trajectory cut at MaxLen (`WorkloadConfig.append_scale` / `gen_scale`)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from .common import (
     MODE_COLORS, MODE_LABELS, Context, ExperimentOutput, Headline, grouped_bars, headline_table, md_table, pyplot, ratio,
-    save_figure, scale_note, with_hardware_only,
+    row_runs, save_figure, scale_note, with_hardware_only,
 )
 from .simrun import SimSpec, hardware_only, simulate
 
@@ -16,7 +16,7 @@ NAME = "fig9"
 TITLE = "Fig. 9: append and generation length scaling (DS 660B)"
 MODEL, PD, MAX_LEN = "ds-v3.2-660b", "2P4D", 65536
 MODES = ("dualpath", "basic", "oracle")
-PAPER_APPEND_SPEEDUP = {1.0: 1.83, 1.5: 1.94, 2.0: 2.00, 3.0: 1.91}  # PAPER.md 6.2 [F]: Basic / Ours
+PAPER_APPEND_SPEEDUP = {1.0: 1.83, 1.5: 1.94, 2.0: 2.00, 3.0: 1.91}  # docs/paper.md §6.2 [F]: Basic / Ours
 PAPER_RANGE = (1.82, 1.99)  # [P]
 TARGET = 0.15  # as Fig. 7's speedups (same kind of number, same [F] precision)
 
@@ -48,17 +48,18 @@ def run(ctx: Context) -> ExperimentOutput:
     table: list[dict[str, Any]] = []
     for kind in ("append", "gen"):
         for s in scales(ctx):
-            results = {m: simulate(ctx, _spec(ctx, kind, s, m)) for m in MODES}
+            specs = {m: _spec(ctx, kind, s, m) for m in MODES}
+            results = {m: simulate(ctx, spec) for m, spec in specs.items()}
             jct = {m: r["jct_s"] for m, r in results.items()}
             table.append({"scaled": kind, "scale": s, **{f"jct_{m}_s": jct[m] for m in MODES},
                           "speedup": ratio(jct["basic"], jct["dualpath"]),
-                          "turns": results["dualpath"]["num_turns"]})
+                          "turns": results["dualpath"]["num_turns"], "runs": {m: spec.run_id() for m, spec in specs.items()}})
     hw_table = []  # the headlines' runs with every fitted knob at its hardware-only estimate
     for s in scales(ctx):
-        jct = {m: simulate(ctx, hardware_only(_spec(ctx, "append", s, m)))["jct_s"]
-               for m in ("dualpath", "basic")}
+        specs = {m: hardware_only(_spec(ctx, "append", s, m)) for m in ("dualpath", "basic")}
+        jct = {m: simulate(ctx, spec)["jct_s"] for m, spec in specs.items()}
         hw_table.append({"scaled": "append", "scale": s, "jct_dualpath_s": jct["dualpath"], "jct_basic_s": jct["basic"],
-                         "speedup": ratio(jct["basic"], jct["dualpath"])})
+                         "speedup": ratio(jct["basic"], jct["dualpath"]), "runs": {m: spec.run_id() for m, spec in specs.items()}})
     headlines = with_hardware_only(_headlines(table), _headlines(hw_table))
     fig = _figure(ctx, table)
     x3 = next((r for r in table if r["scaled"] == "append" and r["scale"] == 3.0), None)
@@ -80,10 +81,11 @@ def _headlines(table: list[dict[str, Any]]) -> list[Headline]:
     note = ("long appends make DualPath prefill-bound and modelled prefill (prefill_mfu 14.5%, a fleet-average lower "
             "bound) is slower than the testbed's; see the fig9 section")
     return [Headline(NAME, f"append x{r['scale']:g}: basic / dualpath JCT", r["speedup"], PAPER_APPEND_SPEEDUP[r["scale"]],
-                     TARGET, source="[F]", note=note) for r in table if r["scaled"] == "append" and r["scale"] in PAPER_APPEND_SPEEDUP]
+                     TARGET, source="[F]", note=note, runs=row_runs([r]))
+            for r in table if r["scaled"] == "append" and r["scale"] in PAPER_APPEND_SPEEDUP]
 
 
-PAPER_X3 = {"dualpath": 2000.0, "basic": 3700.0}  # PAPER.md 6.2 [F]: JCT at append x3
+PAPER_X3 = {"dualpath": 2000.0, "basic": 3700.0}  # docs/paper.md §6.2 [F]: JCT at append x3
 
 
 def _x3_note(r: dict[str, Any]) -> str:

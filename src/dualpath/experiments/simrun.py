@@ -18,6 +18,7 @@ Table 3) simulate them once and an interrupted suite resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -40,12 +41,12 @@ from .knobs import hardware_only_assignments
 if TYPE_CHECKING:
     from .common import Context
 
-# PAPER.md 6.4: steady-state check over "a 150 s sliding window"; we use it as the window of the
+# docs/paper.md §6.4: steady-state check over "a 150 s sliding window"; we use it as the window of the
 # TTFT SLO check (a run fails if any window's mean TTFT is over the SLO).
 ONLINE_WINDOW_S = 150.0
-TTFT_SLO_S = 4.0  # PAPER.md 6.4
-TPOT_SLO_S = 0.050  # PAPER.md 6.4
-# PAPER.md 6.4 compares TTFT with "its value 30 minutes earlier": a fixed-horizon run projects its
+TTFT_SLO_S = 4.0  # docs/paper.md §6.4
+TPOT_SLO_S = 0.050  # docs/paper.md §6.4
+# docs/paper.md §6.4 compares TTFT with "its value 30 minutes earlier": a fixed-horizon run projects its
 # fitted TTFT trend this far past the horizon (a run the paper would have continued).
 PROJECTION_S = 1800.0
 PROBE_VERSION = 2  # part of the cache key: bump when `probe` changes what it records
@@ -73,6 +74,14 @@ class SimSpec:
             return f"{base} {self.aps:.3g} APS{knobs}"
         extra = "" if self.append_scale == self.gen_scale == 1.0 else f" A x{self.append_scale:g} G x{self.gen_scale:g}"
         return f"{base} {self.num_agents} agents{extra}{knobs}"
+
+    def run_id(self) -> str:
+        """The run's identity in a headline's `runs`: model, P/D, MaxLen, mode, agents and every
+        other field that differs from its default, exact (the label rounds APS). The suite's runs
+        share one seed, so two headlines with the same id rest on the same simulation."""
+        defaults = {f.name: f.default for f in dataclasses.fields(SimSpec) if f.default is not dataclasses.MISSING}
+        extra = [f"{k}={v!r}" for k, v in asdict(self).items() if k in defaults and v != defaults[k]]
+        return " ".join([self.model, self.pd, f"MaxLen {self.max_len_tokens}", self.mode, f"{self.num_agents} agents", *extra])
 
 
 def hardware_only(spec: SimSpec) -> SimSpec:
@@ -233,7 +242,7 @@ def snic_windows(sim: Simulator) -> dict[str, list[float]]:
 
 def attention_series(sim: Simulator) -> dict[str, Any]:
     """Attention-time Max/Avg across a group's GPUs per forward (Fig. 14), binned by the balance
-    window, and its mean over the first 5% of the run (PAPER.md 6.6)."""
+    window, and its mean over the first 5% of the run (docs/paper.md §6.6)."""
     pts = sorted(p for g in sim.prefill_groups.values() for p in g.attention_balance)
     duration = sim.loop.now_s
     if not pts or duration <= 0:
@@ -358,7 +367,7 @@ def _mean(a: np.ndarray) -> float:
 
 
 def meets_slo(result: dict[str, Any]) -> bool:
-    """PAPER.md 6.4's SLO and stopping rule on a fixed horizon, on means: every 150 s window's mean
+    """docs/paper.md §6.4's SLO and stopping rule on a fixed horizon, on means: every 150 s window's mean
     TTFT <= 4 s (the paper stops a run once TTFT exceeds 4 s), the TTFT trend projected 30 minutes
     past the horizon <= 4 s (a run still drifting would have been continued until it did or
     settled), and the mean TPOT <= 50 ms."""

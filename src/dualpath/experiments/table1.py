@@ -1,4 +1,4 @@
-"""Table 1 (PAPER.md 4.1): cache-compute ratio, GB of KV loaded per PFLOP of prefill, at 16K-64K
+"""Table 1 (docs/paper.md §4.1): cache-compute ratio, GB of KV loaded per PFLOP of prefill, at 16K-64K
 context with a 429-token append (`core.cost.cache_compute_ratio_gb_per_pflop`). Pure arithmetic:
 the same at every scale."""
 
@@ -11,7 +11,7 @@ from .common import Context, ExperimentOutput, Headline, headline_table, md_tabl
 NAME = "table1"
 TITLE = "Table 1: cache-compute ratio (GB/PFLOP)"
 CONTEXTS = (16384, 32768, 49152, 65536)
-# PAPER.md 4.1 Table 1 [P]: (16K, 64K) ends of each model's range.
+# docs/paper.md §4.1 Table 1 [P]: (16K, 64K) ends of each model's range.
 PAPER = {
     "ds-v3.2-660b": ("DeepSeek-V3.2 660B", 13.0, 36.0),
     "ds-v3-660b": ("DeepSeek-V3 660B", 4.8, 5.8),
@@ -21,11 +21,11 @@ PAPER = {
 }
 TARGET = 0.10
 DS_V3_NOTE = (
-    "known miss: HARDWARE.md 6 and tests/core/test_cost.py count FP8 latent KV (656 B/layer) and dense "
+    "known miss: docs/hardware.md §6 and tests/core/test_cost.py count FP8 latent KV (656 B/layer) and dense "
     "MQA-mode attention and get 4.37 / 5.16; the paper's V3 accounting is not published and the same "
     "convention reproduces the four other rows"
 )
-QUOTED_V32 = 22.0  # PAPER.md 4.1 [P]: "about 22 GB/PFLOP" at the trace's mean context 32.7K
+QUOTED_V32 = 22.0  # docs/paper.md §4.1 [P]: "about 22 GB/PFLOP" at the trace's mean context 32.7K
 
 
 def printed_half_step(x: float) -> float:
@@ -76,9 +76,10 @@ def run(ctx: Context) -> ExperimentOutput:
         table.append(row)
         for ctx_k, paper in (("16k", p16), ("64k", p64)):
             note = DS_V3_NOTE if name == "ds-v3-660b" else ""
-            headlines.append(Headline(NAME, f"{label} @ {ctx_k.upper()}", row[f"ctx_{ctx_k}"], paper, TARGET, note=note))
+            headlines.append(Headline(NAME, f"{label} @ {ctx_k.upper()}", row[f"ctx_{ctx_k}"], paper, TARGET, note=note,
+                                      evidence="arithmetic"))
     v32_mean = cache_compute_ratio_gb_per_pflop(get_model("ds-v3.2-660b"), 32721 - 429)
-    headlines.append(Headline(NAME, "DeepSeek-V3.2 @ 32.7K (trace mean)", v32_mean, QUOTED_V32, TARGET))
+    headlines.append(Headline(NAME, "DeepSeek-V3.2 @ 32.7K (trace mean)", v32_mean, QUOTED_V32, TARGET, evidence="arithmetic"))
     fig = _figure(ctx, table)
     implied = implied_rows()
     md = _markdown(table, headlines, implied)
@@ -111,7 +112,7 @@ def _markdown(table: list[dict], headlines: list[Headline], implied: list[dict])
             "{:.3f} ({:.3f}-{:.3f})".format(r["implied_attn_mflop_per_key"], *r["implied_attn_mflop_per_key_range"])]
            for r in implied]
     return "\n\n".join([
-        "Formula (PAPER.md 4.1 [I], HARDWARE.md 6): C cached tokens loaded at the Table-1 KV convention, "
+        "Formula (docs/paper.md §4.1 [I], docs/hardware.md §6): C cached tokens loaded at the Table-1 KV convention, "
         "429 appended tokens each costing F(C) = linear + attention over C keys (DSA: top-k plus indexer).",
         md_table(["model", "16K", "32K", "48K", "64K", "paper"], rows),
         headline_table(headlines),

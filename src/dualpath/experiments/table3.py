@@ -1,4 +1,4 @@
-"""Table 3 (PAPER.md 6.7): DualPath at scale. Offline: 2P4D with 2K agents against 48P96D (1,152
+"""Table 3 (docs/paper.md §6.7): DualPath at scale. Offline: 2P4D with 2K agents against 48P96D (1,152
 GPUs) with 48K agents, JCT; online: 2P4D at 0.4 APS against 44P88D at 8.8 APS, TTFT / TTST / TPOT
 (means, with Fig. 10's warm-up, horizon and measurement); scheduler decisions per second and CPU
 time per decision (the simulator's `scheduler.decisions` and `policy_wall_s`).
@@ -96,14 +96,14 @@ def _rows(ctx: Context, sizes: tuple[str, ...], hardware_only_knobs: bool) -> li
     for size, spec in _specs(ctx, "offline", sizes, hardware_only_knobs):
         r = simulate(ctx, spec)
         table.append({"kind": "offline", "size": size, "pd": spec.pd, "agents": spec.num_agents, "aps": None, "jct_s": r["jct_s"],
-                      "paper_jct_s": PAPER_OFFLINE[size], **_scheduler(r)})
+                      "paper_jct_s": PAPER_OFFLINE[size], **_scheduler(r), "run": spec.run_id()})
     for size, spec in _specs(ctx, "online", sizes, hardware_only_knobs):
         r = simulate(ctx, spec)
         on = r["probe"]["online"]
         table.append({"kind": "online", "size": size, "pd": spec.pd, "agents": spec.num_agents, "aps": online_shapes(ctx)[size][1],
                       "ttft_mean_s": on["ttft_mean_s"], "ttst_mean_s": on["ttst_mean_s"], "tpot_mean_s": on["tpot_mean_s"],
                       "ttft_window_max_s": on["ttft_window_max_s"],
-                      **{f"paper_{k}_s": v for k, v in PAPER_ONLINE[size].items()}, **_scheduler(r)})
+                      **{f"paper_{k}_s": v for k, v in PAPER_ONLINE[size].items()}, **_scheduler(r), "run": spec.run_id()})
     return table
 
 
@@ -115,22 +115,23 @@ def _headlines(table: list[dict[str, Any]]) -> list[Headline]:
     if len(off) == 2:
         headlines.append(Headline(NAME, f"offline JCT {off['large']['pd']} / {off['small']['pd']}",
                                   ratio(off["large"]["jct_s"], off["small"]["jct_s"]), 1.0, SCALE_TARGET,
-                                  note="paper: 3,201 / 3,167 = 1.011, 'near-linear'"))
+                                  note="paper: 3,201 / 3,167 = 1.011, 'near-linear'", runs=frozenset(r["run"] for r in off.values())))
     for size in onl:
         for k in ("ttft", "ttst", "tpot"):
             headlines.append(Headline(NAME, f"online {k.upper()} mean, {onl[size]['pd']} at {onl[size]['aps']:g} APS",
                                       onl[size][f"{k}_mean_s"], PAPER_ONLINE[size][k], ONLINE_TARGET,
-                                      note=f"target: Fig. 10's 25%; {MISS_NOTES[k]} (see the table3 section)"))
+                                      note=f"target: Fig. 10's 25%; {MISS_NOTES[k]} (see the table3 section)",
+                                      runs=frozenset([onl[size]["run"]])))
     if len(onl) < 2:
         return headlines
     paper_ttft_ratio = PAPER_ONLINE["large"]["ttft"] / PAPER_ONLINE["small"]["ttft"]
     headlines.append(Headline(NAME, f"online TTFT {onl['large']['pd']} / {onl['small']['pd']} (similar latency at scale)",
                               ratio(onl["large"]["ttft_mean_s"], onl["small"]["ttft_mean_s"]), paper_ttft_ratio, ONLINE_TARGET,
-                              note="paper: 1.847 / 1.739"))
+                              note="paper: 1.847 / 1.739", runs=frozenset(r["run"] for r in onl.values())))
     busiest = max(table, key=lambda r: r["scheduler_cores"] if math.isfinite(r["scheduler_cores"]) else -1.0)
     headlines.append(Headline(NAME, f"scheduler CPU cores (policy wall / simulated s, {busiest['pd']} {busiest['kind']})",
                               busiest["scheduler_cores"], PAPER_SCHEDULER_CORES, 0.0, kind="max",
-                              by_construction=SCHEDULER_BY_CONSTRUCTION))
+                              by_construction=SCHEDULER_BY_CONSTRUCTION, runs=frozenset([busiest["run"]])))
     return headlines
 
 

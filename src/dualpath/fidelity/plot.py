@@ -1,5 +1,6 @@
-"""The fidelity figure: per mode, the runtime (mean, with its repeats) and the simulator side by
-side for each metric, normalised to the runtime's mean; and the TTFT CDF of both worlds."""
+"""The fidelity figure: per mode, the runtime (mean, with its repeats), the predicted and the
+replayed simulation side by side for each metric, normalised to the runtime's mean; and the TTFT
+CDF of the runtime's runs and the prediction."""
 
 from __future__ import annotations
 
@@ -20,31 +21,35 @@ def plot_fidelity(report: dict[str, Any], path: str | Path) -> None:
     modes = list(report["modes"])
     fig, axes = plt.subplots(2, len(modes), figsize=(6 * len(modes), 8), squeeze=False)
     for j, mode in enumerate(modes):
-        m = report["modes"][mode]["metrics"]
+        r = report["modes"][mode]
+        stats = r["runtime"]
         ax = axes[0][j]
         x = np.arange(len(_SHOWN))
-        real = [1.0 if m[k]["runtime_mean"] else 0.0 for k in _SHOWN]
-        sim = [m[k]["sim"] / m[k]["runtime_mean"] if m[k]["runtime_mean"] else 0.0 for k in _SHOWN]
-        ax.bar(x - 0.2, real, 0.4, label="runtime (mean)")
-        ax.bar(x + 0.2, sim, 0.4, label="simulator")
+        real = [1.0 if stats[k]["mean"] else 0.0 for k in _SHOWN]
+        ax.bar(x - 0.27, real, 0.27, label="runtime (mean)")
+        for off, name in ((0.0, "predicted"), (0.27, "replayed")):
+            e = r["errors"][name]
+            ax.bar(x + off, [e[k]["sim"] / stats[k]["mean"] if stats[k]["mean"] else 0.0 for k in _SHOWN], 0.27,
+                   label=f"simulator, {name}")
         for i, k in enumerate(_SHOWN):
-            runs = m[k]["runtime_runs"]
-            if m[k]["runtime_mean"]:
-                ax.plot([i - 0.2] * len(runs), [r / m[k]["runtime_mean"] for r in runs], "k.", ms=4)
+            if stats[k]["mean"]:
+                runs = stats[k]["runs"]
+                ax.plot([i - 0.27] * len(runs), [v / stats[k]["mean"] for v in runs], "k.", ms=4)
         ax.set_xticks(x, [k.replace("_s", "").replace("_", " ") for k in _SHOWN], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("relative to the runtime's mean")
         ax.set_title(f"{mode}")
         ax.legend(fontsize=8)
         ax = axes[1][j]
         samples = report["modes"][mode]["ttft_samples"]
-        for label, values in [("simulator", samples["sim"])] + [(f"runtime #{i + 1}", v) for i, v in enumerate(samples["runtime"])]:
+        for label, values in [("simulator, predicted", samples["sim"])] + [(f"runtime #{i + 1}", v) for i, v in enumerate(samples["runtime"])]:
             v = np.sort(np.asarray(values, dtype=float))
             if v.size:
                 ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label)
         ax.set_xlabel("TTFT s")
         ax.set_ylabel("CDF")
         ax.legend(fontsize=8)
-    fig.suptitle(f"fidelity: {report['workload']} workload, {report['model']} ({report['repeat']} runtime repeat(s))")
+    fig.suptitle(f"fidelity: {report['workload']}, {report['model']} ({report['repeat']} runtime repeat(s); "
+                 f"calibrated on {', '.join(report['calibration']['workloads']) or 'drift only'})", fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -1,13 +1,18 @@
 """The simulator's `local` preset: the local runtime cluster as the simulator sees it.
 
-Every value is what the runtime really is or measured without looking at a run of it:
-  - step times: the compute profile of this machine (runtime/apps/calibrate.py, the file the demo
-    reads; `dualpath calibrate` prints it), a fit of prefill and decode step times;
+What it takes from a measurement, and from where:
+  - step times: the compute profile of this machine (runtime/apps/calibrate.py: the file
+    `dualpath calibrate` caches and prints, the one the demo reads), a least-squares fit of prefill
+    and decode steps each timed alone; scaled per role by the speed the caller passes. `dualpath
+    fidelity` passes (fidelity/calibration.py) the drift timed right before each scored run (the
+    profile's warm points timed again) times the contention measured on calibration workloads'
+    runs, never on the scored runs; the scored runs' own speed is only the `replayed` diagnostic;
+  - the model's KV bytes per token and attention FLOPs (core/models.py, checked against the
+    runtime's loader by tests/sim/test_local_preset.py).
+Everything else is the runtime's configuration, not a measurement:
   - the emulated SNIC and CNIC rates of the run (runtime/apps/emulation.py), one engine per node;
   - the runtime config: block size, host buffers, the PE landing zone, the DE's KV tokens, the
     scheduler config (alpha, beta, quota, basic batch, lane weights), the quota's attention rate;
-  - the model's KV bytes per token and attention FLOPs (core/models.py, checked against the
-    runtime's loader by tests/sim/test_local_preset.py);
   - storage reads: one reader per node, strict FIFO (the engine's reader thread);
   - each engine's CNIC: one link for both directions, FIFO per lane, every copy paced by the
     engine that makes it (the engine's LinkArbiter, runtime/transport/arbiter.py; config.py:
@@ -22,7 +27,8 @@ Every value is what the runtime really is or measured without looking at a run o
   - host buffers: placement takes the prompt's slots in the DE buffer (and the PE buffer on the PE
     path) or holds its FIFO, as the router's `Placement.allocate_regions` (config.py:
     buffers_at_placement; sim/persists.py: PlacementGate).
-Not modelled (so counted in the reported error, not tuned away; docs/experiments.md sections 24-26):
+Not modelled (so counted in the reported error, not tuned away; the scored runs are in
+docs/results/fidelity/):
 per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
 (RuntimeConfig.max_decode_batch), the store's own write time, and the D2H copy of a generated
 block when it fills (booked at the turn's end). The runtime sends one pass's assignments to an

@@ -1,19 +1,21 @@
-"""`dualpath fidelity`: one workload, the local runtime cluster (repeated) and the simulator's
-`local` preset (preset.py), per mode; the errors per metric (compare.py).
+"""`dualpath fidelity`: does the simulator predict runs it never saw?
 
 Numbered path:
-  1. The workload (workloads.py: `demo`, `agents`, `tiny`, `mooncake`, or a file) and its emulated
-     rates, derived from this machine's compute profile as the demo derives them
-     (runtime/apps/demo.py: plan_demo); a trace's time scale from those rates (`_replan`).
-  2. The runtime: `repeat` fresh clusters, each running every mode in turn on a fresh store, with
-     the scheduler's decisions recorded (runtime/apps/demo.py: run_demo).
-  3. The simulator: the same work arriving as the replay sends it (trajectories at t = 0, a trace
-     at its scaled timestamps), one run per mode on the `local` preset, its decisions recorded
-     (sim/dispatch.py). Its step times are the profile's at the machine's speed during that mode's
-     runtime runs, measured from their own forwards (speed.py); the speed checked before the runs
-     is the `sim_start_speed` ablation.
-  4. compare.py: per mode and metric, the runtime's mean and spread, the simulator's value, the
-     relative error against the goal; the decisions' agreement request by request.
+  1. The scored workload and the calibration workloads (workloads.py), each with its emulated rates
+     derived from this machine's compute profile as the demo derives them (runtime/apps/demo.py:
+     plan_demo; a trace's time scale from those rates and its `load`, `_replan`). A workload never
+     calibrates its own prediction.
+  2. Calibration: each calibration workload runs once per mode on the local runtime cluster, the
+     profile's drift timed right before (calibration.py). Its forwards give each mode's contention.
+  3. The scored runs: `repeat` fresh clusters, each running every mode in turn on a fresh store, the
+     drift timed right before each, the scheduler's decisions recorded.
+  4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, per
+     mode at four speeds: `predicted` (the profile x the scored runs' drift x the calibration's
+     contention: nothing measured from the scored runs), `replayed` (the scored runs' own model time,
+     speed.py: a diagnostic), `start_speed` (drift only, no contention: an ablation), and
+     `shared_cnics` (predicted, with the paper presets' CNICs in place of the runtime's arbiters).
+  5. compare.py: per mode and metric, the runtime's mean and spread, each simulation's error and
+     the goal's verdict; for a missed goal the cause the runs measured; the decisions' agreement.
 """
 
 from __future__ import annotations
@@ -28,90 +30,160 @@ from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
 from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
-from .compare import compare_decisions, compare_mode
+from .calibration import CalibrationRuns, DriftCheck, predicted_speed
+from .compare import causes, compare_decisions, errors, runtime_stats
 from .preset import local_sim_config
-from .speed import at_speed, in_run_speed
-from .workloads import fidelity_workload, trace_turn_costs
+from .speed import ROLES, at_speed, in_run_speed
+from .workloads import WorkloadSpec, fidelity_workload, parse_workload, trace_turn_costs
 
-# A trace slice's arrivals span the time basic mode needs for it (the rates'
-# first-order prediction, emulation.py): requests arrive faster than basic serves them, the
-# paper's loaded regime, without sending everything at once. Chosen, not fitted.
-TRACE_SPAN_OVER_BASIC_JCT = 1.0
+DEFAULT_CALIBRATION = ("demo",)  # used when the scored workload is not the demo
+DEMO_CALIBRATION = ("mooncake",)  # the demo's own prediction calibrates on the trace slice
+
 
 async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: str = "smollm2-135m",
-                       device: str = "cpu", rounds: int | None = None,
-                       on_turn: Callable[..., None] | None = None) -> dict[str, Any]:
-    from ..runtime.apps.demo import calibrate_for, demo_config, plan_demo, run_demo
+                       device: str = "cpu", calibrate_on: Sequence[str] | None = None,
+                       on_turn: Callable[..., None] | None = None, timeline: bool = False) -> dict[str, Any]:
+    """The report (module docstring). `timeline`: each mode's report holds `timeline`, the Chrome
+    trace of the predicted simulation beside the first scored runtime run (metrics/timeline.py)."""
+    from ..runtime.apps.demo import calibrate_for
     from ..runtime.model import load_model
 
     if repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {repeat}")
     for m in modes:
         parse_mode(m)
+    spec = parse_workload(workload)
+    cal_specs = _calibration_specs(spec, calibrate_on)
     window = load_model(model, device="cpu").model.config.max_position_tokens
-    trajs = fidelity_workload(workload, window, rounds, RuntimeConfig(model=model).block_tokens)  # bad input: before timing
-    cal, kvbpt, block = calibrate_for(model, device)
-    plan = plan_demo(cal, kvbpt, block, DEMO_AGENTS, rounds, None)
-    if trajs is not None:  # the same rate rule on this workload's turns
-        plan = _replan(plan, trajs, kvbpt, block)
-    longest = _longest_context(plan.trajectories)
-    if longest > window:
-        raise InputError(f"a trajectory of {longest} tokens does not fit {model}'s {window}-token window")
-    t0 = time.perf_counter()
-    runtime = [await run_demo(tuple(modes), model=model, device=device, plan=plan, record_decisions=True,
-                              on_turn=on_turn, seed=i) for i in range(repeat)]
-    runtime_wall_s = time.perf_counter() - t0
-    source = f"profile {cal.path} (dualpath calibrate)"
-    start_cfg = local_sim_config(demo_config(modes[0], plan.rates, model), cal.profile, kvbpt, source=source)
-    report: dict[str, Any] = {"workload": workload, "model": model, "device": device, "repeat": repeat,
-                              "rates": plan.rates.to_json(), "profile": None if cal.path is None else str(cal.path),
-                              "speed_now_over_cached": cal.speed_now_over_cached,
-                              **_workload_size(plan.trajectories),
-                              "runtime_wall_s": runtime_wall_s, "local_preset": asdict(start_cfg.local), "modes": {}}
+    base, kvbpt, block = calibrate_for(model, device, check=False)
+    drift = DriftCheck(model, device)
+    first_drift = drift(base)  # the rates of every plan: the profile at the machine's speed now
+    now = replace(base, profile=base.profile.scaled(first_drift))
+    plan = _plan(spec, now, kvbpt, block, model, window)  # bad input: before any run
+    cal_plans = [_plan(c, now, kvbpt, block, model, window) for c in cal_specs]
+    calib = await _calibrate(cal_specs, cal_plans, modes, model, device, drift, base, first_drift, on_turn)
+    scored, drifts, t0 = [], [], time.perf_counter()
+    for i in range(repeat):
+        drifts.append(first_drift if i == 0 and not cal_specs else drift(base))
+        scored.append(await _run(plan, modes, model, device, seed=i, on_turn=on_turn, timeline=timeline and i == 0))
+    report: dict[str, Any] = {
+        "workload": spec.key, "model": model, "device": device, "repeat": repeat,
+        "rates": plan.rates.to_json(), "profile": None if base.path is None else str(base.path),
+        **_workload_size(plan.trajectories), "runtime_wall_s": time.perf_counter() - t0,
+        "calibration": calib.to_json(base.profile, modes), "drift": drifts, "modes": {}}
+    source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
-        real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in runtime]
-        speed = in_run_speed(cal.profile, real_runs)  # speed.py: the machine during this mode's runs
-        runtime_cfg = demo_config(mode, plan.rates, model)
-        sim_cfg = local_sim_config(runtime_cfg, at_speed(cal.profile, speed), kvbpt,
-                                   source=f"{source}, at the runs' own speed {speed}")
-        at_start = local_sim_config(runtime_cfg, cal.profile, kvbpt, source=source)
-        report["modes"][mode] = _mode_report(mode, real_runs, sim_cfg, at_start, plan.trajectories)
-        report["modes"][mode].update(in_run_speed=speed, runtime_model_time=[r["model_time"] for r in real_runs])
+        real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in scored]
+        speeds = {"predicted": predicted_speed(calib.contention(base.profile, mode), drifts),
+                  "replayed": in_run_speed(base.profile, real_runs),
+                  "start_speed": predicted_speed(dict.fromkeys(ROLES, 1.0), drifts)}
+        runtime_cfg = _demo_config(mode, plan.rates, model)
+        cfgs = {name: local_sim_config(runtime_cfg, at_speed(base.profile, s), kvbpt, source=f"{source} at speed {s}")
+                for name, s in speeds.items()}
+        cfgs["shared_cnics"] = replace(cfgs["predicted"], cluster=replace(cfgs["predicted"].cluster,
+                                                                          cnic_as_runtime_arbiter=False))
+        report["modes"][mode] = _mode_report(real_runs, cfgs, speeds, mode, plan.trajectories, timeline)
+    report["local_preset"] = asdict(cfgs["predicted"].local)
+    report["profile_fit"] = {"prefill": asdict(base.profile.prefill_fit), "decode": asdict(base.profile.decode_fit)}
     return report
 
 
-def _mode_report(mode: str, real_runs: list[dict], sim_cfg: Any, start_cfg: Any,
-                 work: list[Trajectory] | TraceWorkload) -> dict[str, Any]:
-    """One mode: the simulator at the runs' own compute speed against the runtime, with two
-    ablations (errors only): the profile at the speed checked before the runs, and the paper
-    presets' CNICs (processor sharing, full duplex) in place of the runtime's arbiters (config.py)."""
-    sim_run, sim_log = _simulate(sim_cfg, mode, work)
+def _calibration_specs(spec: WorkloadSpec, calibrate_on: Sequence[str] | None) -> list[WorkloadSpec]:
+    names = calibrate_on if calibrate_on is not None else (DEMO_CALIBRATION if spec.name == "demo" else DEFAULT_CALIBRATION)
+    specs = [parse_workload(n) for n in names if n != "none"]
+    for c in specs:
+        if c.key == spec.key:
+            raise InputError(f"workload {spec.key!r} cannot calibrate its own prediction: pass --calibrate-on "
+                             f"another workload (or none: the speed checked before each run only)")
+    return specs
+
+
+async def _calibrate(specs: Sequence[WorkloadSpec], plans: Sequence[Any], modes: Sequence[str], model: str,
+                     device: str, drift: DriftCheck, base: Any, first_drift: float,
+                     on_turn: Callable[..., None] | None) -> CalibrationRuns:
+    """Each calibration workload once per mode, on a cluster of its own (calibration.py)."""
+    calib, t0 = CalibrationRuns(), time.perf_counter()
+    for i, (spec, plan) in enumerate(zip(specs, plans)):
+        d = first_drift if i == 0 else drift(base)
+        res = await _run(plan, modes, model, device, seed=1000 + i, on_turn=on_turn)
+        calib.add(spec.key, res["runs"], d)
+    calib.wall_s = time.perf_counter() - t0
+    return calib
+
+
+async def _run(plan: Any, modes: Sequence[str], model: str, device: str, seed: int,
+               on_turn: Callable[..., None] | None, timeline: bool = False) -> dict[str, Any]:
+    from ..runtime.apps.demo import run_demo
+
+    return await run_demo(tuple(modes), model=model, device=device, plan=plan, record_decisions=True,
+                          on_turn=on_turn, seed=seed, record_timeline=timeline)
+
+
+def _demo_config(mode: str, rates: Any, model: str) -> RuntimeConfig:
+    from ..runtime.apps.demo import demo_config
+
+    return demo_config(mode, rates, model)
+
+
+def _plan(spec: WorkloadSpec, calibration: Any, kvbpt: int, block: int, model: str, window: int) -> Any:
+    """The workload and its rates (the demo's rule), checked against the model's `window` tokens."""
+    from ..runtime.apps.demo import plan_demo
+
+    trajs = fidelity_workload(spec, window, block)
+    rounds = None
+    if spec.name == "demo":
+        rounds = int(spec.number("rounds", int)) or None  # 0: as many as fit plan_demo's target
+    plan = plan_demo(calibration, kvbpt, block, DEMO_AGENTS, rounds, None)
+    if trajs is not None:  # the same rate rule on this workload's turns
+        load = spec.number("load") if spec.name == "mooncake" else 1.0
+        try:
+            plan = _replan(plan, trajs, kvbpt, block, load)
+        except ValueError as e:  # emulation.py: a workload with nothing to load
+            raise InputError(f"workload {spec.key!r}: {e}") from None
+    longest = _longest_context(plan.trajectories)
+    if longest > window:
+        raise InputError(f"a trajectory of {longest} tokens does not fit {model}'s {window}-token window")
+    return plan
+
+
+def _mode_report(real_runs: list[dict], cfgs: dict[str, Any], speeds: dict[str, dict[str, float]], mode: str,
+                 work: list[Trajectory] | TraceWorkload, timeline: bool = False) -> dict[str, Any]:
+    """One mode: the runtime's statistics, each simulation's errors, the causes of the prediction's
+    misses, the decisions of both worlds (and the two worlds' timelines side by side)."""
+    from ..metrics.timeline import merge_traces
+    from ..runtime.apps.demo import runtime_trace
+
+    stats = runtime_stats(real_runs)
+    sims = {name: _simulate(cfg, mode, work, timeline and name == "predicted") for name, cfg in cfgs.items()}
+    errs = {name: errors(stats, run) for name, (run, _, _) in sims.items()}
+    pred_run, pred_log, pred_trace = sims["predicted"]
     logs = [[Decision(**d) for d in r.pop("decisions")] for r in real_runs]
-    shared_cnics = replace(sim_cfg, cluster=replace(sim_cfg.cluster, cnic_as_runtime_arbiter=False))
-    ablations = {"sim_shared_cnics": shared_cnics, "sim_start_speed": start_cfg}
-    out: dict[str, Any] = {"metrics": compare_mode(real_runs, sim_run)}
-    for name, cfg in ablations.items():
-        run, _ = _simulate(cfg, mode, work)
-        out[name] = {k: {"sim": v["sim"], "rel_error": v["rel_error"]}
-                     for k, v in compare_mode(real_runs, run).items() if "rel_error" in v}
-    out.update({"decisions": compare_decisions(logs, sim_log), "sim_wall_s": sim_run["wall_s"],
-                "decision_logs": {"sim": [asdict(d) for d in sim_log], "runtime": [[asdict(d) for d in log] for log in logs]},
-                "ttft_samples": {"sim": sim_run.get("ttft_samples_s", []),
-                                 "runtime": [r.get("ttft_samples_s", []) for r in real_runs]},
-                # per request, the hit tokens placement fixed (the decision's may be fewer or more)
-                "placed_hits": {"sim": sim_run.get("placed_hits", {}),
-                                "runtime": [r.pop("placed_hits", {}) for r in real_runs]}})
+    out = {
+        "runtime": stats, "errors": errs, "speed": speeds,
+        "causes": causes(errs["predicted"], errs["replayed"], speeds),
+        "decisions": compare_decisions(logs, pred_log), "sim_wall_s": pred_run["wall_s"],
+        "runtime_model_time": [r["model_time"] for r in real_runs],
+        "decision_logs": {"sim": [asdict(d) for d in pred_log], "runtime": [[asdict(d) for d in log] for log in logs]},
+        "ttft_samples": {"sim": pred_run.get("ttft_samples_s", []),
+                         "runtime": [r.get("ttft_samples_s", []) for r in real_runs]},
+        # per request, the hit tokens placement fixed (the decision's may be fewer or more)
+        "placed_hits": {"sim": pred_run.get("placed_hits", {}), "runtime": [r.pop("placed_hits", {}) for r in real_runs]},
+    }
+    if timeline:
+        out["timeline"] = merge_traces(pred_trace, runtime_trace(real_runs[0]))
     return out
 
 
-def _replan(plan: Any, trajs: list[Trajectory] | TraceWorkload, kvbpt: int, block: int) -> Any:
-    """The demo's rate rule on this workload; a trace's time scale from the resulting rates."""
+def _replan(plan: Any, trajs: list[Trajectory] | TraceWorkload, kvbpt: int, block: int, load: float = 1.0) -> Any:
+    """The demo's rate rule on this workload; a trace's arrivals span the rates' predicted basic JCT
+    over `load` (1.0: requests arrive as fast as basic mode serves them, the paper's loaded regime,
+    without sending everything at once)."""
     from ..runtime.apps.emulation import derive_rates, trajectory_turns
 
     if isinstance(trajs, TraceWorkload):
         rates = derive_rates(plan.calibration.profile, trace_turn_costs(trajs.records, block), kvbpt)
         span_s = trajs.records[-1].timestamp_s - trajs.records[0].timestamp_s
-        scale = TRACE_SPAN_OVER_BASIC_JCT * rates.predicted_basic_jct_s / span_s if span_s > 0 else 0.0
+        scale = rates.predicted_basic_jct_s / load / span_s if span_s > 0 else 0.0
         return replace(plan, trajectories=replace(trajs, time_scale=scale), rates=rates)
     turns = [c for t in trajs for c in trajectory_turns([(s.append_tokens, s.gen_tokens) for s in t.turns], block)]
     return replace(plan, trajectories=trajs, rates=derive_rates(plan.calibration.profile, turns, kvbpt))
@@ -139,9 +211,13 @@ def _sim_workload(work: list[Trajectory] | TraceWorkload) -> tuple[list[Any], li
     return list(work), [0.0] * len(work)
 
 
-def _simulate(cfg: Any, mode: str, work: list[Trajectory] | TraceWorkload) -> tuple[dict, list[Decision]]:
+def _simulate(cfg: Any, mode: str, work: list[Trajectory] | TraceWorkload,
+              timeline: bool = False) -> tuple[dict, list[Decision], dict | None]:
+    from ..metrics.timeline import NULL_TIMELINE, Timeline
+    from ..sim.runner import sim_trace
+
     agents, arrivals = _sim_workload(work)
-    sim = Simulator(cfg, parse_mode(mode), agents, arrivals)
+    sim = Simulator(cfg, parse_mode(mode), agents, arrivals, timeline=Timeline() if timeline else NULL_TIMELINE)
     log = DecisionLog()
     sim.driver.decisions = log
     result = sim.run()
@@ -151,4 +227,4 @@ def _simulate(cfg: Any, mode: str, work: list[Trajectory] | TraceWorkload) -> tu
     steps = sum(g.num_steps for g in sim.decode_groups.values())
     result["de_step_s"] = sum(g.busy_s for g in sim.decode_groups.values()) / steps if steps else float("nan")
     result["de_batch_mean"] = sum(g.seq_steps for g in sim.decode_groups.values()) / steps if steps else float("nan")
-    return result, log.decisions
+    return result, log.decisions, sim_trace(sim) if timeline else None

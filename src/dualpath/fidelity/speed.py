@@ -1,15 +1,14 @@
-"""The machine's compute speed during a runtime run, measured from the run's own forwards.
+"""The machine's compute speed during runtime runs, measured from the runs' own forwards.
 
-The compute profile (runtime/apps/calibrate.py) is timed once and checked again when a run starts
-(`check_speed`); a shared machine's speed then drifts within a run (docs/experiments.md section 25:
-the check's factor read 1.133 and 0.990 twenty minutes apart). Each engine sums, over its forwards,
-its model time and the terms of the profile's fit (protocol.py: Counters.fit_terms). Their ratio to
-the profile's prediction for the same forwards is the speed during the run, per role:
+Each engine sums, over its forwards, its model time and the terms of the profile's fit
+(protocol.py: Counters.fit_terms). Their ratio to the profile's prediction for the same forwards is
+the speed during the runs, per role:
 
     speed = sum(model seconds) / sum(fixed_s + per_item_s * items + per_ctx_s * ctx + per_key_s * keys)
 
-It reads only forward times (a model measurement, as the profile is), never a request's latency or
-the run's JCT, so the `local` preset may use it (issue 15: no value fitted to the comparison).
+It reads only forward times, never a request's latency or a run's JCT. `dualpath fidelity` reads it
+from calibration runs (calibration.py: the contention its prediction uses) and from the scored runs
+(the `replayed` diagnostic only: a prediction never takes it from the runs it is scored on).
 """
 
 from __future__ import annotations

@@ -2,5 +2,6 @@
 
 from .recorder import TurnRecorder
 from .summary import Distribution, distribution, snic_balance, turn_latencies
+from .timeline import NULL_TIMELINE, Timeline
 
-__all__ = ["Distribution", "TurnRecorder", "distribution", "snic_balance", "turn_latencies"]
+__all__ = ["Distribution", "NULL_TIMELINE", "Timeline", "TurnRecorder", "distribution", "snic_balance", "turn_latencies"]

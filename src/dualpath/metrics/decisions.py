@@ -2,7 +2,7 @@
 predicts the real system; `dualpath fidelity` compares the two logs request by request).
 
 A decision is complete when a pass picks a request's DE and read side (its PE was picked by an
-earlier or the same pass, PAPER.md 3.1-3.4). `dualpath sim --decisions F` and `dualpath run
+earlier or the same pass, docs/paper.md §3.1-3.4). `dualpath sim --decisions F` and `dualpath run
 --decisions F` write one JSONL file per mode (`decisions_path`); `fidelity` keeps both worlds' logs
 in its report (`modes.<mode>.decision_logs`). One object per decision:
 

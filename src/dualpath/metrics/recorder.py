@@ -6,7 +6,7 @@ Definitions (both worlds):
 - TTST = second token - first token (PD transfer, H2D into DE HBM, first decode step).
 - TPOT = (finish - second token) / (gen - 2), for turns that generate at least 3 tokens.
 - JCT (offline) = time the last agent finishes; per agent: its finish - its arrival.
-Breakdown of TTFT (PAPER.md 6.4, Fig. 12): scheduling = arrival -> PE assigned (global queue);
+Breakdown of TTFT (docs/paper.md §6.4, Fig. 12): scheduling = arrival -> PE assigned (global queue);
 allocation = PE assigned -> DE assigned with HBM reserved; read = wait in the read queue + the read;
 prefill = ready -> first token (batch wait + forwards).
 """

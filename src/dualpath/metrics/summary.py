@@ -32,7 +32,7 @@ def distribution(values: Sequence[float] | np.ndarray) -> Distribution:
 def turn_latencies(arrival_s: Sequence[float] | np.ndarray, first_s: Sequence[float] | np.ndarray,
                    second_s: Sequence[float] | np.ndarray, finish_s: Sequence[float] | np.ndarray,
                    gen_tokens: Sequence[int] | np.ndarray) -> dict[str, dict[str, float]]:
-    """The one definition of a turn's latencies, for both worlds (PAPER.md 6.3): TTFT = first
+    """The one definition of a turn's latencies, for both worlds (docs/paper.md §6.3): TTFT = first
     token - arrival; TTST = second token - first token (turns with >= 2 tokens); TPOT = the mean
     gap after the second token, (finish - second) / (tokens - 2) (turns with >= 3 tokens)."""
     arrival, first = np.asarray(arrival_s, dtype=float), np.asarray(first_s, dtype=float)
@@ -47,7 +47,7 @@ def turn_latencies(arrival_s: Sequence[float] | np.ndarray, first_s: Sequence[fl
 
 
 def snic_balance(window_bytes: np.ndarray, capacity_bytes_per_window: float, min_utilisation: float) -> float:
-    """Mean over windows of Max/Avg across SNICs of the bytes read in the window (PAPER.md 6.6:
+    """Mean over windows of Max/Avg across SNICs of the bytes read in the window (docs/paper.md §6.6:
     1.0 = perfect). `window_bytes` is [num_windows, num_snics]. Windows whose mean utilisation is
     below `min_utilisation` are skipped (the ratio means nothing on an idle system). NaN if none."""
     if window_bytes.size == 0:

@@ -29,7 +29,7 @@ router re-admits it under the next incarnation and tells the others (`EngineUp`,
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .transport.messages import message
 
@@ -263,6 +263,9 @@ class Counters:
     # link time this engine's CNIC arbiter lost because its thread fell behind the link's schedule
     # (the host could not copy at the emulated rate then, e.g. its cores were computing; arbiter.py)
     cnic_stalled_s: float = 0.0
+    # the engine's timeline spans since its last Counters (RuntimeConfig.record_timeline), each
+    # [track, name, start_s, end_s, rid or None, args or None] on its CLOCK_MONOTONIC (metrics/timeline.py)
+    spans: list = field(default_factory=list)
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

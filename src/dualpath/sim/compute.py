@@ -13,7 +13,7 @@ Decode step of a DE group (continuous batching, lockstep):
         + max(linear FLOPs / num_gpus / (peak * decode_mfu), weights per GPU / (HBM * hbm_eff))
 
 Every efficiency is a calibration knob with a source in `ComputeKnobs`. The fixed per-layer cost
-is the expert-parallel dispatch + combine latency; PAPER.md's Fig. 3 batching curve (x2.6 at 5
+is the expert-parallel dispatch + combine latency; Fig. 3's batching curve (docs/paper.md §4.1) (x2.6 at 5
 requests, x2.9 at 10, x3.0 at 20) is then mostly the DP-attention structure itself: one request
 occupies one GPU's attention while the group's linear work is shared (`fig3_relative_throughput`).
 """
@@ -26,7 +26,7 @@ from ..config import ComputeKnobs
 from ..core.hardware import GpuSpec
 
 
-FIG3_CONTEXT_TOKENS = 30_000  # PAPER.md 4.1, Fig. 3 right: 30K context, 300 appended tokens
+FIG3_CONTEXT_TOKENS = 30_000  # docs/paper.md §4.1, Fig. 3 right: 30K context, 300 appended tokens
 FIG3_APPEND_TOKENS = 300
 
 
@@ -40,7 +40,7 @@ class StepTimes:
         raise NotImplementedError
 
     def quota_attention_s(self, cached_tokens: int, compute_tokens: int) -> float:
-        """One batch entry's cost against the compute quota (PAPER.md 3.5), in seconds."""
+        """One batch entry's cost against the compute quota (docs/paper.md §3.5), in seconds."""
         raise NotImplementedError
 
     def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
@@ -94,11 +94,11 @@ class ComputeModel(StepTimes):
 
     # --- prefill -------------------------------------------------------------------------
     def attention_time_s(self, cached_tokens: int, compute_tokens: int) -> float:
-        """Predicted attention time of one batch entry: the compute-quota cost (PAPER.md 3.5)."""
+        """Predicted attention time of one batch entry: the compute-quota cost (docs/paper.md §3.5)."""
         return chunk_attention_flops(self.model, cached_tokens, compute_tokens) / self._attn_rate
 
     def quota_attention_s(self, cached_tokens: int, compute_tokens: int) -> float:
-        """The quota counts predicted attention time (PAPER.md 3.5)."""
+        """The quota counts predicted attention time (docs/paper.md §3.5)."""
         return self.attention_time_s(cached_tokens, compute_tokens)
 
     def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
@@ -127,14 +127,14 @@ class ComputeModel(StepTimes):
 
     def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
         """Prompt tokens one GPU processes per second on a steady stream of such requests, every
-        GPU of the group taking `batch_requests` per forward: the profile behind beta (PAPER.md 3.2)."""
+        GPU of the group taking `batch_requests` per forward: the profile behind beta (docs/paper.md §3.2)."""
         attn = self.attention_time_s(context_tokens - miss_tokens, miss_tokens) * batch_requests
         t = self.prefill_forward_s(attn, miss_tokens * batch_requests * self.gpus_per_group)
         return context_tokens * batch_requests / t
 
     def fig3_relative_throughput(self, requests_per_forward: int) -> float:
         """Token throughput of a group forward with n requests of 30K context + 300 new tokens
-        (spread over the GPUs), relative to one request: PAPER.md Fig. 3 right [F] reads 2.6 / 2.9 /
+        (spread over the GPUs), relative to one request: docs/paper.md §4.1 Fig. 3 right [F] reads 2.6 / 2.9 /
         3.0 at 5 / 10 / 20."""
         def forward_s(n: int) -> float:
             per_gpu = -(-n // self.gpus_per_group)

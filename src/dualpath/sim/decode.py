@@ -1,6 +1,6 @@
 """A decode engine group (one node, GPUs in lockstep) running continuous batching.
 
-Numbered path of one request on the DE side (PAPER.md 1.3 steps 8-9 / 6-7, 1.4):
+Numbered path of one request on the DE side (docs/paper.md §1.3 steps 8-9 / 6-7, §1.4):
   1. `kv_landed` (simulator): the full prompt KV is in the DE buffer; it is copied into the DE's HBM
      (loopback on the DE's CNIC, KV lane), then the buffer space is freed.
   2. `join`: the request enters the running batch; it needs gen_tokens - 1 steps (the first token
@@ -54,16 +54,27 @@ class DecodeGroup:
         self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=False)  # None: no EP bytes on the CNICs
         if self.ep is not None:
             self.ep.watch(self._links_changed)
+        self._steps = ctx.timeline.steps([e.track for e in node.engines], "decode")  # a span per step, per GPU
+        self._step_args = self._batch_args  # bound once: `_advance` hands it over without a new object
 
     def _advance(self) -> None:
         now = self.ctx.loop.now_s
         if self.num_running and self.step_s > 0:
             dt = now - self.updated_s
+            p0 = self.progress_steps
             self.progress_steps += dt / self.step_s
+            self._steps.advance(self.updated_s, now, p0, self.progress_steps, self.step_s, self._step_args)
             self.num_steps += dt / self.step_s
             self.seq_steps += dt / self.step_s * self.num_running
             self.busy_s += dt
         self.updated_s = now
+
+    def _batch_args(self) -> list[dict]:
+        """Per GPU, the running requests (the timeline's `decode` args, metrics/timeline.py)."""
+        rids: list[list] = [[] for _ in self.running_per_gpu]
+        for entry in self._heap:
+            rids[entry[3]].append(entry[2].rid)
+        return [{"batch": len(r), "requests": r} for r in rids]
 
     def _restep(self) -> None:
         cm = self.ctx.compute

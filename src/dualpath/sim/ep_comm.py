@@ -1,5 +1,5 @@
 """Expert-parallel dispatch + combine of one node's GPUs on their CNICs, the latency-critical lane
-(issue 16.6; bytes from core/ep_traffic.py).
+(bytes from core/ep_traffic.py; what the lanes buy: `dualpath bench lanes --sim`).
 
 How it is timed. The unloaded all-to-all is already in every forward and step as the calibrated
 fixed cost `ComputeKnobs.ep_latency_per_layer_s` (DeepEP's measured kernels, which are bandwidth

@@ -18,7 +18,7 @@ The blocks a DE persists are the runtime's (`runtime/engine/decode.py:_persist_f
 at the copy, the prompt's full blocks beyond the hit; then each block whose every position has
 KV, so a turn's last full block counts only up to its last token but one (that token's KV is
 computed by the next turn; the `local` preset's rule, the paper presets count the whole context,
-PAPER.md A.4). The runtime queues each generated block as it fills; the simulator names them
+docs/paper.md §1.5). The runtime queues each generated block as it fills; the simulator names them
 when the turn finishes and persists.py writes them from the times they filled.
 
 `hit_model_for` picks the model from the workload: agent trajectories get `TrajectoryHits`, a
@@ -101,7 +101,7 @@ class HitModel:
 
 
 class TrajectoryHits(HitModel):
-    """Hits within a trajectory, as the paper's client computes them (PAPER.md 1.5, A.4): a turn
+    """Hits within a trajectory, as the paper's client computes them (docs/paper.md §1.5, the paper's A.4): a turn
     hits every block of the agent's earlier turns that is queued or written; nothing is evicted;
     agents share nothing. Keys: agent * 2^24 + block index. `last_token_next_turn`: the runtime's
     rule, a turn's last token has no KV until the next turn computes it, so the block it ends is

@@ -2,7 +2,7 @@
 
 Every mode but the oracle runs on `NetworkKvIo`: the hit is read from storage, a request reserves
 DE-buffer room for its prompt KV, the prompt KV crosses the DE's CNIC into HBM (H2D), and each
-persist books its bytes on the DE node's SNIC. The oracle (PAPER.md 6.1: "zero I/O overhead") runs
+persist books its bytes on the DE node's SNIC. The oracle (docs/paper.md §6.1: "zero I/O overhead") runs
 on `FreeKvIo`: nothing is read, reserved, moved or booked. So the oracle is a free network and
 unbounded buffers, not a branch inside each mechanism; the prefill group picks its own pipeline
 the same way (prefill.py: `pipeline_for`).

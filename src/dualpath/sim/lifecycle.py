@@ -1,5 +1,5 @@
 """What the simulator's components share, and the turn's hooks they call: no component holds or
-imports the `Simulator` (REDESIGN.md).
+imports the `Simulator`, so no import cycle runs back to it (tests/core/test_imports.py).
 
 `SimContext` is frozen and built once: the event loop, the network, the compute model, the mode's
 features and KV I/O model (kv_io.py), the config and the sizes every component reads. `TurnLifecycle` is the numbered path of a
@@ -23,6 +23,7 @@ from typing import Optional
 from mypy_extensions import trait
 
 from ..config import Features, SimConfig
+from ..metrics.timeline import Timeline
 from .compute import StepTimes
 from .events import EventLoop
 from .kv_io import KvIo
@@ -41,6 +42,7 @@ class SimContext:
     pe_kv_hbm_bytes: float  # a PE GPU's HBM for KV (the non-layerwise batch limit)
     storage_egress: Optional[Link]  # the storage cluster's egress link, None = unlimited
     io: KvIo  # the network and buffers the mode's KV moves through (kv_io.py; the oracle's are free)
+    timeline: Timeline  # spans of the run (metrics/timeline.py); NULL_TIMELINE when not recorded
 
 
 @trait

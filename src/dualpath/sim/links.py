@@ -10,7 +10,7 @@ runtime/transport/arbiter.py) serves each lane's flows one at a time in the orde
 the lane's head gets the lane's whole share, the flows behind it wait at rate 0 (with one class,
 one queue for both lanes). A flow may cross at most one FIFO link, so a head never waits on another.
 
-With one FIFO class (`LaneWeights.one_class`, the ablation of issue 16.6) every flow of the link
+With one FIFO class (`LaneWeights.one_class`, the ablation of `dualpath bench lanes --sim`) every flow of the link
 gets an equal share whatever its lane. A link may carry a saturating KV flood (`kv_flood`), and
 latency-critical bursts whose timing is modelled by their sender (sim/ep_comm.py) reserve their mean
 rate, which the KV lane cannot use (`lc_reserved_bytes_per_s`).
@@ -54,7 +54,7 @@ class Link:
         self.flows: tuple[dict[int, "Flow"], dict[int, "Flow"]] = ({}, {})  # by Lane value
         self.served_bytes = [0.0, 0.0]
         self._flow_rate = [capacity_bytes_per_s, capacity_bytes_per_s]  # what one flow of a lane gets now
-        # ablation (issue 16.6): a backlogged KV flow that never ends, the KV class saturated; it
+        # ablation (`dualpath bench lanes --sim`): a backlogged KV flow that never ends, the KV class saturated; it
         # takes its share like any KV flow, its bytes are not counted
         self.kv_flood = kv_flood
         # the mean rate of latency-critical bursts booked on this link (sim/ep_comm.py): the KV
@@ -69,7 +69,7 @@ class Link:
 
     def lc_burst_rate(self) -> float:
         """Rate a latency-critical burst starting now would get: with two classes its lane's share
-        (all of it when KV is idle, 99% under contention, PAPER.md 2.3); with one FIFO class, one
+        (all of it when KV is idle, 99% under contention, docs/paper.md §2.3); with one FIFO class, one
         flow's share among every flow on the link (processor sharing)."""
         n_lc, n_kv = len(self.flows[0]) + 1, len(self.flows[1]) + self.kv_flood
         cap = self.capacity_bytes_per_s
@@ -115,7 +115,8 @@ class Link:
 
 
 class Flow:
-    __slots__ = ("fid", "size_bytes", "left_bytes", "lane", "links", "rate", "updated_s", "version", "eta_s", "on_done", "tag")
+    __slots__ = ("fid", "size_bytes", "left_bytes", "lane", "links", "rate", "updated_s", "version", "eta_s", "on_done", "tag",
+                 "start_s")
 
     def __init__(self, fid: int, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[["Flow"], None], tag: Any) -> None:
         self.fid = fid
@@ -125,6 +126,7 @@ class Flow:
         self.links = links
         self.rate = 0.0
         self.updated_s = 0.0
+        self.start_s = 0.0  # when it started (the timeline's spans, metrics/timeline.py)
         self.version = 0
         self.eta_s = float("inf")  # time of the pending completion event (may be early, never late)
         self.on_done = on_done
@@ -160,7 +162,7 @@ class Network:
             raise ValueError("a flow may cross at most one FIFO link")
         self._next_fid += 1
         flow = Flow(self._next_fid, float(size_bytes), lane, links, on_done, tag)
-        flow.updated_s = self.loop.now_s
+        flow.updated_s = flow.start_s = self.loop.now_s
         self.started_bytes[flow.lane] += flow.size_bytes
         self.num_active += 1
         for link in links:

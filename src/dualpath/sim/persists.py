@@ -1,4 +1,5 @@
-"""Persists that take time, and placement that waits for them, as the runtime does (issue 15).
+"""Persists that take time, and placement that waits for them, as the runtime does (so
+`dualpath fidelity` scores the simulator on the runtime's own mechanism).
 
 Two parts, both switched on by `ClusterConfig.persist_waits_for_snic_write` (the `local` preset;
 off, a queued block counts as written at once and nothing waits, the paper presets' model):
@@ -37,6 +38,7 @@ from collections import deque
 from typing import Callable
 
 from ..core.snapshot import ReadSide
+from ..metrics.timeline import ROUTER, SIDES
 from .events import PRIO_SCHEDULE
 from .hits import HitModel
 from .lifecycle import SimContext, TurnLifecycle
@@ -77,9 +79,10 @@ class PersistWrites:
                 self.persisted_bytes += ctx.io.persist(de.node.snic_out, self.block_bytes, d2h, self._copied, ([k], de.node))
             return
         self.persisted_bytes += ctx.io.persist(de.node.snic_out, len(keys) * self.block_bytes, d2h)
-        if not self.timed:
+        if not self.timed:  # stored at once: each block's span takes no time
             for k in keys:
                 self.hits.written(k)
+                ctx.timeline.span(de.node.write_track, "persist", ctx.loop.now_s, ctx.loop.now_s)
         else:
             self._write(keys, de.node)
 
@@ -102,20 +105,25 @@ class PersistWrites:
 
     def _copied(self, flow: Flow) -> None:
         keys, node = flow.tag
-        self._write(keys, node)
+        self._write(keys, node, queued_s=flow.start_s)
 
-    def _write(self, keys: list[int], node: Node, ready_s: list[float] | None = None) -> None:
+    def _write(self, keys: list[int], node: Node, ready_s: list[float] | None = None, queued_s: float | None = None) -> None:
+        """The writer takes `keys` when ready (now, or each at `ready_s`); `queued_s`: when they were
+        queued, if before (a D2H copy came between), for the timeline's `persist` spans."""
         loop = self.ctx.loop
         w = self._writers.get(node.nid)
         if w is None:
             w = self._writers[node.nid] = _Writer(self.block_bytes)
         rate = self.rate_bytes_per_s
         for i, k in enumerate(keys):
-            start = max(loop.now_s if ready_s is None else ready_s[i], w.free_at_s)
+            ready = loop.now_s if ready_s is None else ready_s[i]
+            start = max(ready, w.free_at_s)
             level = min(self.block_bytes, w.level_bytes + rate * (start - w.stamp_s)) - self.block_bytes
             w.level_bytes, w.stamp_s = level, start
             w.free_at_s = start + (-level / rate if level < 0 else 0.0)
             loop.call_at(max(loop.now_s, w.free_at_s), self._written, k)
+            wait_s = start - (ready if queued_s is None else queued_s)
+            self.ctx.timeline.span(node.write_track, "persist", start, w.free_at_s, None, {"wait_s": wait_s})
 
     def _written(self, key: int) -> None:
         self.num_written += 1
@@ -220,6 +228,8 @@ class PlacementGate:
         return True
 
     def _place(self, req: SimRequest, read_node: Node) -> None:
+        self.ctx.timeline.instant(ROUTER, "placed", self.ctx.loop.now_s, req.rid,
+                                  {"hit_tokens": req.hit_tokens, "side": SIDES[req.side]})
         if self.ctx.io.tokens_to_read(req) == 0:  # nothing to read, a free network, or recomputed
             self.life.prefill_ready(req)
         else:

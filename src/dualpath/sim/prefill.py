@@ -1,6 +1,6 @@
 """A prefill engine group (one node, all GPUs in lockstep: DP attention + EP).
 
-Numbered path of one forward (PAPER.md 1.3, 3.5):
+Numbered path of one forward (docs/paper.md §1.3, §3.5):
   1. `try_start`: when the group is idle, each GPU takes its ready requests in FIFO order within
      the budgets (DualPath: compute quota on predicted attention time; basic: tokens per forward,
      plus HBM when prefill is not layerwise), the last one possibly chunked. A request whose
@@ -20,12 +20,14 @@ Numbered path of one forward (PAPER.md 1.3, 3.5):
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Iterator
 
 from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import Budget, form_prefill_batch, prefill_budgets
 from ..core.snapshot import BatchCandidate, ReadSide
+from ..metrics.timeline import ROUTER
 from .ep_comm import ep_comm_for
 from .events import PRIO_COMPLETE
 from .lifecycle import SimContext, TurnLifecycle
@@ -34,10 +36,11 @@ from .state import Engine, Node, SimRequest
 
 
 class Forward:
-    __slots__ = ("entries", "pending", "compute_s", "pd_flows", "tokens_per_gpu")
+    __slots__ = ("entries", "pending", "compute_s", "pd_flows", "tokens_per_gpu", "start_s")
 
-    def __init__(self, entries: list[tuple[Engine, SimRequest, int]], compute_s: float) -> None:
+    def __init__(self, entries: list[tuple[Engine, SimRequest, int]], compute_s: float, start_s: float) -> None:
         self.entries = entries
+        self.start_s = start_s
         self.pending = 0
         self.compute_s = compute_s
         self.pd_flows = 0
@@ -114,7 +117,7 @@ class PrefillGroup:
             self.attention_balance.append((ctx.loop.now_s, max_attn_s * len(self.node.engines) / sum_attn_s))
         self.busy = True
         self.num_forwards += 1
-        fwd = Forward(entries, ctx.compute.prefill_forward_s(max_attn_s, total_tokens))
+        fwd = Forward(entries, ctx.compute.prefill_forward_s(max_attn_s, total_tokens), ctx.loop.now_s)
         if self.ep is not None:
             fwd.tokens_per_gpu = [0] * len(self.node.engines)
             for eng, _, ntok in entries:
@@ -143,32 +146,39 @@ class PrefillGroup:
         for eng, req, _ in fwd.entries:
             if req.cached_tokens == 0:
                 continue
-            acc = per_gpu.setdefault(eng.eid, [eng, 0, 0, {}])
+            acc = per_gpu.setdefault(eng.eid, [eng, 0, 0, {}, [], []])  # + the requests of each flow (timeline)
             nbytes = req.cached_tokens * kvbpt
             if req.side is ReadSide.DECODE:
                 assert req.de is not None
                 acc[2] += nbytes
-                src = acc[3].setdefault(req.de.eid, [req.de, 0])
+                acc[5].append(req.rid)
+                src = acc[3].setdefault(req.de.eid, [req.de, 0, []])
                 src[1] += nbytes
+                src[2].append(req.rid)
             else:
                 acc[1] += nbytes
-        for eng, local, remote, sources in per_gpu.values():
+                acc[4].append(req.rid)
+        for eng, local, remote, sources, local_rids, remote_rids in per_gpu.values():
             self.stream_bytes += local + remote
             if local:
                 fwd.pending += 1
-                ctx.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done, fwd)
+                ctx.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done,
+                              (fwd, eng.cnic_track, "h2d", {"requests": local_rids}))
             if remote and ctx.cfg.cluster.cnic_as_runtime_arbiter:  # each DE's arbiter writes its part
-                for src, nbytes in sources.values():
+                for src, nbytes, rids in sources.values():
                     fwd.pending += 1
-                    ctx.net.start(nbytes, Lane.KV, (src.cnic_out,), self._stream_done, fwd)
+                    ctx.net.start(nbytes, Lane.KV, (src.cnic_out,), self._stream_done,
+                                  (fwd, src.cnic_track, "transfer", {"requests": rids, "direction": "DE->PE"}))
             elif remote:
                 fwd.pending += 1
-                for src, nbytes in sources.values():
+                for src, nbytes, _ in sources.values():
                     ctx.net.book(src.cnic_out, Lane.KV, nbytes)
-                ctx.net.start(remote, Lane.KV, (eng.cnic_in,), self._stream_done, fwd)
+                ctx.net.start(remote, Lane.KV, (eng.cnic_in,), self._stream_done,
+                              (fwd, eng.cnic_track, "transfer", {"requests": remote_rids, "direction": "DE->PE"}))
 
     def _stream_done(self, flow: Flow) -> None:
-        fwd = flow.tag
+        fwd, track, name, args = flow.tag  # args: the timeline's (metrics/timeline.py)
+        self.ctx.timeline.span(track, name, flow.start_s, self.ctx.loop.now_s, None, args)
         fwd.pending -= 1
         if fwd.pending == 0:
             self.pipeline.loaded(self, fwd)
@@ -227,10 +237,12 @@ class PrefillGroup:
             for req, b in reqs:
                 if not ctx.cfg.cluster.cnic_as_runtime_arbiter:  # the runtime's DE arbiter moves none of it
                     ctx.net.book(req.de.cnic_in, Lane.KV, b)
-            ctx.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs))
+            ctx.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs, eng))
 
     def _pd_done(self, flow: Flow) -> None:
-        fwd, reqs = flow.tag
+        fwd, reqs, eng = flow.tag
+        self.ctx.timeline.span(eng.cnic_track, "transfer", flow.start_s, self.ctx.loop.now_s, None,
+                               partial(_transfer_args, reqs))
         for req, nbytes in reqs:
             req.pending_pd -= 1
             req.delivered_bytes += nbytes
@@ -252,10 +264,12 @@ class PrefillGroup:
             if req.remaining_tokens > 0:
                 req.to(Phase.PREFILL_READY)
                 continue
+            self.ctx.timeline.instant(ROUTER, "first_token", self.ctx.loop.now_s, req.rid)
             self.life.prefill_computed(req)
 
     def _release(self, fwd: Forward) -> None:
         for eng in {id(e): e for e, _, _ in fwd.entries}.values():
+            self.ctx.timeline.span(eng.track, "prefill", fwd.start_s, self.ctx.loop.now_s, None, partial(_forward_args, fwd, eng))
             if any(r.computed for r in eng.batch_queue):
                 eng.batch_queue = deque(r for r in eng.batch_queue if not r.computed)
         self.busy = False
@@ -264,7 +278,7 @@ class PrefillGroup:
 
 # --- how a forward's KV moves around its compute: one pipeline per mode, chosen once ------------
 class Pipeline:
-    """Layerwise (PAPER.md 3.3): the cached KV streams in and the new KV streams out while the
+    """Layerwise (docs/paper.md §1.1, §1.3): the cached KV streams in and the new KV streams out while the
     layers compute; the forward ends when compute and the incoming streams are done, and the GPU
     does not wait for the outgoing streams."""
 
@@ -323,6 +337,16 @@ class FreePipeline(Pipeline):
                 req.delivered_bytes += req.hit_tokens * kvbpt
         if fwd.pending == 0:
             g._forward_done(fwd)
+
+
+def _forward_args(fwd: Forward, eng: Engine) -> dict:
+    """A forward's timeline args on one GPU (metrics/timeline.py): its requests and new tokens."""
+    mine = [(req, ntok) for e, req, ntok in fwd.entries if e is eng]
+    return {"requests": [req.rid for req, _ in mine], "tokens": sum(ntok for _, ntok in mine)}
+
+
+def _transfer_args(reqs: list[tuple[SimRequest, int]]) -> dict:
+    return {"requests": [req.rid for req, _ in reqs], "direction": "PE->DE", "bytes": sum(b for _, b in reqs)}
 
 
 def _memory_budget(ctx: SimContext) -> Budget | None:

@@ -1,4 +1,4 @@
-"""Storage reads (PAPER.md 1.3 steps 1-2): hit KV as Full Blocks, storage -> SNIC -> host buffer.
+"""Storage reads (docs/paper.md §1.3 steps 1-2): hit KV as Full Blocks, storage -> SNIC -> host buffer.
 
 Numbered path of one read:
   1. `enqueue`: the request joins its read-side node's FIFO read queue; the node's read queue
@@ -86,6 +86,7 @@ class StorageReads:
         node.read_queue_tokens -= req.hit_tokens
         self.bytes_by_side[req.side] += flow.size_bytes
         req.t_read_end = ctx.loop.now_s
+        ctx.timeline.span(node.read_track, "read", req.t_read_start, req.t_read_end, req.rid)
         if req.side is ReadSide.DECODE:
             req.delivered_bytes += flow.size_bytes  # hit KV now sits in the DE buffer
         self.life.prefill_ready(req)

@@ -59,7 +59,7 @@ def _mean(a: np.ndarray) -> float:
 
 
 def _attention_balance(sim: FinishedRun) -> float:
-    """Mean over forwards of max/avg attention time across a group's GPUs (PAPER.md 6.6, Fig. 14)."""
+    """Mean over forwards of max/avg attention time across a group's GPUs (docs/paper.md §6.6, Fig. 14)."""
     ratios = [r for g in sim.prefill_groups.values() for _, r in g.attention_balance]
     return float(np.mean(ratios)) if ratios else float("nan")
 

@@ -103,17 +103,19 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
 
 def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None,
               turns_csv: str | Path | None = None, replay: TraceReplay = TraceReplay(),
-              decisions: str | Path | None = None) -> dict[str, Any]:
+              decisions: str | Path | None = None, timeline: str | Path | None = None) -> dict[str, Any]:
     """One simulation per mode on the same workload; `turns_csv` also writes every finished turn
     of every mode (TurnRecorder.write_csv); `decisions`, every scheduling decision of each mode
-    (metrics/decisions.py: decisions_path); `replay` applies to a Mooncake trace."""
+    (metrics/decisions.py: decisions_path); `timeline`, each mode's spans as a Chrome trace
+    (metrics/timeline.py: timeline_path); `replay` applies to a Mooncake trace."""
     from ..metrics.decisions import DecisionLog, decisions_path, write_jsonl
+    from ..metrics.timeline import NULL_TIMELINE, Timeline, timeline_path, write_trace
 
     features = [(m, parse_mode(m)) for m in modes]
     work = load_workload(cfg, replay)
     runs = []
     for i, (name, feat) in enumerate(features):
-        sim = Simulator(cfg, feat, work.agents, work.arrivals_s)
+        sim = Simulator(cfg, feat, work.agents, work.arrivals_s, NULL_TIMELINE if timeline is None else Timeline())
         if decisions is not None:
             sim.driver.decisions = DecisionLog()
         cb = None if progress is None else (lambda done, total, _n=name: progress(_n, done, total))
@@ -124,11 +126,18 @@ def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = 
             sim.recorder.write_csv(turns_csv, name, append=i > 0)
         if sim.driver.decisions is not None:
             result["decisions_file"] = str(write_jsonl(sim.driver.decisions.decisions, decisions_path(decisions, name)))
+        if timeline is not None:
+            result["timeline_file"] = str(write_trace(sim_trace(sim), timeline_path(timeline, name)))
     return {
         "config": cfg.to_dict(),
         "workload": work.stats,
         "runs": runs,
     }
+
+
+def sim_trace(sim: Simulator) -> dict[str, Any]:
+    """The Chrome trace of a finished run built with `timeline=Timeline()` (metrics/timeline.py)."""
+    return sim.ctx.timeline.to_chrome("sim")
 
 
 def run_mode(cfg: SimConfig, mode: str, replay: TraceReplay = TraceReplay(), with_progress: bool = True) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The simulator: a modelled PD-disaggregated cluster driven by the shared core policy.
 
-Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details):
+Numbered path of one agent turn (docs/structure.md; module docstrings hold the details):
   1. `_start_turn`: the turn's request (context + append, generate g) joins the global queue.
   2. `Dispatch` (dispatch.py) runs `core.scheduler.GlobalScheduler`'s pass: PE by Algorithm 1,
      DE in two phases, `resolve_hit` (the agent's durable prefix), the read side.
@@ -10,7 +10,7 @@ Numbered path of one agent turn (DESIGN.md 4; module docstrings hold the details
   5. `kv_landed`: the prompt KV is whole in the DE buffer -> H2D into DE HBM -> `DecodeGroup.join`
      (decode.py; `after_step`: both when the DE's step ends, with `decode_waits_for_step_end`).
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
-     agent's next turn (tool and think time are zero, PAPER.md 4.2).
+     agent's next turn (tool and think time are zero, docs/paper.md §4.2).
 The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and
 6; persists.py writes them and, between 2 and 3, holds placement while a hit block is written.
 
@@ -31,7 +31,7 @@ from ..core.policy import PrefillThresholds, RecomputeRule
 from ..core.scheduler import derive_thresholds
 from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
-from ..metrics import TurnRecorder
+from ..metrics import NULL_TIMELINE, Timeline, TurnRecorder
 from .compute_measured import compute_for
 from .decode import DecodeGroup
 from .dispatch import Dispatch
@@ -50,7 +50,7 @@ _TOL_BYTES = 1.0
 
 
 class Simulator(TurnLifecycle):
-    def __init__(self, cfg: SimConfig, features: Features, trajectories: Sequence[Any], arrivals_s: Sequence[float]) -> None:
+    def __init__(self, cfg: SimConfig, features: Features, trajectories: Sequence[Any], arrivals_s: Sequence[float], timeline: Timeline = NULL_TIMELINE) -> None:
         if len(trajectories) != len(arrivals_s):
             raise InputError("need one arrival time per trajectory")
         self.cfg = cfg
@@ -69,7 +69,7 @@ class Simulator(TurnLifecycle):
         self._build_topology()
         self.io = kv_io_for(features.io_free, self.net, self.kv_bytes_per_token)  # the mode's network, once
         self.ctx = ctx = SimContext(self.loop, self.net, self.compute, features, cfg, self.kv_bytes_per_token,
-                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io)
+                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io, timeline)
         self.reads = StorageReads(ctx, self)
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
@@ -107,7 +107,7 @@ class Simulator(TurnLifecycle):
                             if cl.cnic_as_runtime_arbiter else
                             [Link(f"cnic_{d}{eid}", ns.cnic_bytes_per_s, w, cl.cnic_kv_flood) for d in ("out", "in")])
                 self.links += dict.fromkeys((out, inn))
-                eng = Engine(eid, node, g, hbm, out, inn)
+                eng = Engine(eid, node, g, hbm, out, inn, eid - (0 if is_pe else cl.num_prefill_nodes * ns.gpus_per_node))
                 node.engines.append(eng)
                 self.engines_by_id[eid] = eng
             self.nodes.append(node)
@@ -129,7 +129,7 @@ class Simulator(TurnLifecycle):
             raise InputError("the longest trajectory's KV does not fit a node's DRAM buffer")
 
     def _profile_thresholds(self) -> PrefillThresholds:
-        """alpha and beta "profiled in advance" (PAPER.md 3.2): alpha from the SNIC rate; beta from
+        """alpha and beta "profiled in advance" (docs/paper.md §3.2): alpha from the SNIC rate; beta from
         the compute model on the workload's mean turn, in batches the compute quota allows."""
         sched = self.cfg.scheduler
         snic = self.cfg.cluster.node.snic_read_bytes_per_s
@@ -239,6 +239,7 @@ class Simulator(TurnLifecycle):
             self._join(req)
 
     def _h2d_done(self, flow: Flow) -> None:
+        self.ctx.timeline.span(flow.tag.chosen_de.cnic_track, "h2d", flow.start_s, self.loop.now_s, flow.tag.rid)
         if self.gate.holds_buffers:  # `local`: its blocks are queued for persist before its buffer frees, as the runtime's DE
             self._join(flow.tag)
             self._release_de_buffer(flow.tag)

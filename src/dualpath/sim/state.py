@@ -12,6 +12,7 @@ from typing import Any
 from ..core.phase import Phase, check_transition
 from ..core.request import RequestId
 from ..core.snapshot import EngineLoad, QueuedRequest, ReadSide
+from ..metrics.timeline import engine_tracks, snic_tracks
 from .links import Link
 
 
@@ -87,11 +88,13 @@ class Engine:
 
     __slots__ = (
         "eid", "node", "index", "num_seqs", "num_tokens", "hbm_total_bytes", "hbm_free_bytes", "cnic_out", "cnic_in",
-        "batch_queue", "_load",
+        "batch_queue", "_load", "track", "cnic_track",
     )
 
-    def __init__(self, eid: int, node: "Node", index: int, hbm_total_bytes: float, cnic_out: Link, cnic_in: Link) -> None:
+    def __init__(self, eid: int, node: "Node", index: int, hbm_total_bytes: float, cnic_out: Link, cnic_in: Link,
+                 role_index: int) -> None:
         self.eid = eid
+        self.track, self.cnic_track = engine_tracks(node.is_prefill, role_index)  # the timeline's, within the role
         self.node = node
         self.index = index
         self.num_seqs = 0
@@ -128,11 +131,12 @@ class Node:
 
     __slots__ = (
         "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
-        "read_queue", "read_queue_tokens", "reads_active", "waiters",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters", "read_track", "write_track",
     )
 
     def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
         self.nid = nid
+        self.read_track, self.write_track = snic_tracks(nid)  # the timeline's (metrics/timeline.py)
         self.is_prefill = is_prefill
         self.engines: list[Engine] = []
         self.snic_in = snic_in

@@ -1,6 +1,6 @@
 """The testbed's shape, pure: which namespaces, links, addresses and traffic classes a run needs.
 
-Emulated hosts on one machine (issue 16.3). Every host is a Linux network namespace:
+Emulated hosts on one machine, so a run crosses real links without a cluster. Every host is a Linux network namespace:
 
     storage host  <-- SNIC link per node -->  node hosts (one per engine: p0.., d0..)
     node hosts    <-- CNIC link per node -->  fabric (a namespace holding one bridge, the switch)
@@ -10,7 +10,7 @@ is capped, as a full-duplex NIC is. Each capped end carries two classes, and the
 picks one (transport/tcp.py marks them): EF (46) for the latency-critical lane and CS1 (8) for KV.
 Unmarked traffic goes to the KV class.
 
-How the qdisc stands for InfiniBand's VL arbitration (PAPER.md 2.3). The paper gives the
+How the qdisc stands for InfiniBand's VL arbitration (docs/paper.md §2.3). The paper gives the
 high-priority VL ~99% of the weight in a weighted round robin, and the low VL takes what is left.
 HTB does the same with two sibling classes. Their guaranteed `rate`s are the link rate split by
 the lane weights (99:1, LaneWeights), so under contention each class gets its share. Both `ceil`s

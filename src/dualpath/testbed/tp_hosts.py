@@ -13,7 +13,7 @@ its collectives in the latency-critical class, marked by the kernel.
 3. `gso_commands`: the kernel hands a qdisc TCP segments of up to 64 KiB (GSO), which HTB sends
    whole: at tens of MB/s one KV segment holds a link for milliseconds, and a latency-critical
    message behind it waits that long, where a fabric arbitrates its VLs per packet (IB MTU 4 KiB,
-   PAPER.md 2.3). Capping GSO makes the emulated links arbitrate smaller units, at the price of
+   docs/paper.md §2.3). Capping GSO makes the emulated links arbitrate smaller units, at the price of
    the kernel handling more packets (CPU the emulation takes from the engines on a small machine).
 4. `rate_commands`: the links' classes re-rated in place (`tc class change`), for a bench that
    derives its rate from a measurement on the running testbed.

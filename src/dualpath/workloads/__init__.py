@@ -4,7 +4,11 @@ Module map: `trajectory` (one agent's rounds), `jsonl_format` (our trajectory fi
 `generator` (Table 2-calibrated synthetic trajectories), `calibration` (check and refit, run as
 `python -m dualpath.workloads.calibration`), `mooncake` (trace loader, block rechunking,
 conversation inference), `arrivals` (offline and Poisson), `stats` (Table 2 style statistics).
+`MOONCAKE_SLICE`: the first 10 minutes of the Mooncake conversation trace, shipped with the
+package (data/README.md: origin, license, what was cut).
 """
+
+from pathlib import Path
 
 from dualpath.workloads.arrivals import offline_arrivals, poisson_arrivals
 from dualpath.workloads.generator import CALIBRATED, GeneratorParams, generate, params_for
@@ -27,9 +31,12 @@ from dualpath.workloads.stats import (
 )
 from dualpath.workloads.trajectory import Trajectory
 
+MOONCAKE_SLICE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_slice.jsonl"
+
 __all__ = [
     "CALIBRATED",
     "GeneratorParams",
+    "MOONCAKE_SLICE",
     "MooncakeRecord",
     "Rechunker",
     "Trajectory",

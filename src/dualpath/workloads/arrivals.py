@@ -1,8 +1,8 @@
-"""When agents start (PAPER.md 6.1 offline, 6.4 online).
+"""When agents start (docs/paper.md §6.1 offline, §6.4 online).
 
 Offline (RL rollout): all agents launch at once. Online: agents arrive as a Poisson process at
 `agents_per_s` (the paper's APS); each then replays its rounds back to back, with zero tool
-latency and think time (PAPER.md 4.2).
+latency and think time (docs/paper.md §4.2).
 """
 
 from __future__ import annotations

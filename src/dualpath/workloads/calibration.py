@@ -1,4 +1,4 @@
-"""Check (and refit) the generator against PAPER.md Table 2.
+"""Check (and refit) the generator against Table 2 (docs/paper.md §4.2).
 
     python -m dualpath.workloads.calibration                 # check: seed 7, 500 trajectories
     python -m dualpath.workloads.calibration --seed 3 --num 500
@@ -6,7 +6,9 @@
 
 The fit minimises the squared relative errors of the five Table 2 columns (turns, total,
 context, per-trajectory append and gen) over the six `GeneratorParams` with Nelder-Mead in log
-space, on one fixed set of draws (common random numbers) so the objective is smooth.
+space, on one fixed set of draws (common random numbers) so the objective is smooth. The fitted
+values are knobs of kind `fitted (Table 2)` (the comment above `generator.CALIBRATED`), listed with
+every other calibration knob in `dualpath repro`'s report (experiments/knobs.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dualpath.workloads.generator import (
 )
 from dualpath.workloads.stats import stats_from_rounds, trajectory_stats
 
-# PAPER.md 4.2, Table 2: MaxLen -> (turns, total, context, append, gen), per-trajectory means.
+# docs/paper.md §4.2, Table 2: MaxLen -> (turns, total, context, append, gen), per-trajectory means.
 TABLE2: dict[int, tuple[float, float, float, float, float]] = {
     32 * 1024: (60, 28_639, 17_183, 608, 148),
     48 * 1024: (106, 42_607, 25_120, 474, 172),

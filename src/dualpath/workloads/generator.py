@@ -1,4 +1,4 @@
-"""Synthetic coding-agent trajectories calibrated to PAPER.md Table 2.
+"""Synthetic coding-agent trajectories calibrated to Table 2 (docs/paper.md §4.2).
 
 Model (per trajectory k; LN(m, s) = lognormal with median m and log-sd s):
 
@@ -17,7 +17,7 @@ Model (per trajectory k; LN(m, s) = lognormal with median m and log-sd s):
 Counts are rounded to the nearest integer. The four per-trajectory draws are quasi-random
 (shifted Halton) over the set, so a 500-trajectory set matches its targets for any seed.
 
-Why not i.i.d. rounds: PAPER.md 4.2's caveat. Table 2's Append and Gen are per-trajectory
+Why not i.i.d. rounds: docs/paper.md §4.2's caveat. Table 2's Append and Gen are per-trajectory
 averages, inflated in short trajectories by the first prompt. This model matches all five
 columns. `python -m dualpath.workloads.calibration` prints (seed 7, 500 trajectories; "per
 round" averages over all rounds of all trajectories; hit = `stats` prefix_hit_ratio, 64-token
@@ -39,7 +39,7 @@ Other MaxLens: between anchors each parameter is interpolated piecewise linearly
 and stop_median scaled by MaxLen / anchor, so trajectories keep their shape relative to the
 window. MaxLen must be in [4K, 256K].
 
-More agents than the base set (PAPER.md 4.2): agents 0..base_set_size-1 are the base set;
+More agents than the base set (docs/paper.md §4.2): agents 0..base_set_size-1 are the base set;
 agent k >= base_set_size copies a base trajectory drawn with the seed and prepends a synthetic
 round of `extra_prefix_tokens` random tokens (default 64 = one block, so no two agents share a
 full block) with g = 1, then is cut at MaxLen.
@@ -60,18 +60,19 @@ from dualpath.workloads.trajectory import Trajectory
 
 MIN_MAX_LEN_TOKENS = 4 * 1024  # below this the scaled first prompt is one tool output long
 MAX_MAX_LEN_TOKENS = 256 * 1024
-BASE_SET_SIZE = 500  # PAPER.md 4.2: each dataset holds 500 trajectories
-# One 64-token block (PAPER.md 1.5) of random tokens: makes every extra agent's prefix unique.
+BASE_SET_SIZE = 500  # docs/paper.md §4.2: each dataset holds 500 trajectories
+# choice: one 64-token block (docs/paper.md §1.5) of random tokens as the synthetic first round of a
+# reused trajectory (docs/paper.md §4.2 gives no length): makes every extra agent's prefix unique.
 EXTRA_PREFIX_TOKENS = 64
 
-# Fixed shape parameters (not calibrated: Table 2 gives means only, PAPER.md 4.2 [NF]).
+# choice: fixed shape parameters (not fitted: Table 2 gives means only, docs/paper.md §4.2 [NF]).
 FIRST_PROMPT_SIGMA = 0.5
 FIRST_PROMPT_CAP_FRACTION = 0.25
 APPEND_TURN_SIGMA = 1.0
 GEN_RATE_SIGMA = 0.25
 GEN_TURN_SIGMA = 0.6
 GEN_CAP_FRACTION = 0.125
-MAX_TURNS_UP_TO_64K = 1000
+MAX_TURNS_UP_TO_64K = 1000  # choice: the harness's round limit up to 64K MaxLen (the paper gives none)
 _ROWS_PER_CHUNK = 256  # bounds the (rows x max_turns) work arrays
 _HALTON_BASES = (2, 3, 5, 7)  # one prime per latent
 
@@ -88,7 +89,7 @@ class GeneratorParams:
     stop_sigma: float
 
 
-# Fitted by Nelder-Mead on the three Table 2 targets plus per-trajectory Append and Gen
+# fitted (Table 2): Nelder-Mead on the three Table 2 targets plus per-trajectory Append and Gen
 # (12,000 trajectories, common random numbers, seed 7).
 # Refit: python -m dualpath.workloads.calibration --fit
 # Check (500 trajectories, seed 7):              python -m dualpath.workloads.calibration
@@ -247,7 +248,7 @@ def generate(
 ) -> tuple[Trajectory, ...]:
     """`num_agents` trajectories (agent ids 0..num_agents-1); same arguments, same result.
 
-    append_scale / gen_scale (PAPER.md 6.2, Fig. 9): every base round's append (gen) is
+    append_scale / gen_scale (docs/paper.md §6.2, Fig. 9): every base round's append (gen) is
     multiplied and rounded (gen stays >= 1), then the trajectory is cut at MaxLen again. The
     synthetic first round of extra agents is not scaled. The base set does not depend on
     num_agents, so the first base_set_size agents are the same for every agent count.

@@ -8,7 +8,7 @@ Each non-empty line is one JSON object::
 - `rounds` (non-empty list): round i is `[append_tokens, gen_tokens]`, both integers, with
   append_tokens >= 0 (new prompt tokens, mostly tool output; round 0 holds the task prompt) and
   gen_tokens >= 1 (tokens the replay forces the model to generate). Round i's prompt is every
-  earlier append and generation plus its own append (PAPER.md 4.2, A.3).
+  earlier append and generation plus its own append (docs/paper.md §4.2, the paper's A.3).
 - `arrival_s` (optional number >= 0): when the agent starts, in seconds from the start of the
   run. Without it the experiment's arrival process decides (offline: all at 0; online: Poisson).
 

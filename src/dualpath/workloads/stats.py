@@ -1,13 +1,13 @@
-"""Workload statistics in the terms of PAPER.md Table 2, and format detection.
+"""Workload statistics in the terms of Table 2 (docs/paper.md §4.2), and format detection.
 
 Definitions (trajectories). A trajectory's rounds are its requests; prompt_i = context_i +
 append_i, where context_i is every earlier append and generation (what round i sends).
 
 - `num_requests`: rounds over all trajectories; `num_agents`: trajectories.
-- Table 2 columns are per-trajectory values averaged over trajectories (PAPER.md 4.2 caveat):
+- Table 2 columns are per-trajectory values averaged over trajectories (docs/paper.md §4.2 caveat):
   `mean_turns`; `mean_total_tokens` (final length: all appends + all gens);
   `mean_context_tokens` (the trajectory's mean prompt per round; prompt includes the append,
-  as PAPER.md 4.1's 98.7% = 1 - 429 / 32.7K implies); `mean_append_tokens` and
+  as docs/paper.md §4.1's 98.7% = 1 - 429 / 32.7K implies); `mean_append_tokens` and
   `mean_output_tokens` (the trajectory's mean append and gen per round).
 - Request-weighted (every round counts once): `mean_input_tokens` (prompt; the request-weighted
   counterpart of mean_context_tokens), `request_mean_append_tokens`, `request_mean_output_tokens`.

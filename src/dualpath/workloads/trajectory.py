@@ -1,4 +1,4 @@
-"""One agent's trajectory: the rounds it replays (PAPER.md 4.2, A.3).
+"""One agent's trajectory: the rounds it replays (docs/paper.md §4.2, the paper's A.3).
 
 Round i sends Context_i + A_i, where Context_i = A_0, G_0, ..., A_{i-1}, G_{i-1} (all earlier
 appends and generations), and generates exactly g_i tokens. Lengths only: token ids are never

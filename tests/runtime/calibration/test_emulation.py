@@ -57,7 +57,7 @@ def test_fit_recovers_a_linear_and_attention_cost():
 
 
 def test_decode_fit_is_bilinear_in_batch_and_longest_context():
-    """The SmolLM2 grid measured here (docs/experiments.md section 8) costs 6.5 us per context token
+    """The SmolLM2 grid measured on the development machine (`dualpath calibrate`) costs 6.5 us per context token
     at batch 1 and 14 us per sequence-token at batch 8: a fit without the context-alone term misses
     batch 1. On the grid the bilinear fit recovers all four terms, and the profile predicts with it."""
     truth = lambda b, c: 0.047 + 0.004 * b + 5e-6 * c + 1.1e-5 * b * c

@@ -1,4 +1,4 @@
-"""Read or recompute on the real cluster (issue 11.3): a store that answers late is measured by
+"""Read or recompute on the real cluster (core/policy/recompute.py): a store that answers late is measured by
 the engines' readers, and the scheduler then computes a hit again instead of waiting for it; the
 tokens stay those of a full recompute (tiny model, real engine processes)."""
 

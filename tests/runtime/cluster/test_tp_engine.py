@@ -1,4 +1,4 @@
-"""Tensor-parallel engines in a cluster (issue 16.6): a 1P1D local cluster whose engines each run
+"""Tensor-parallel engines in a cluster (config_tp.py): a 1P1D local cluster whose engines each run
 two ranks (RuntimeConfig.tp) serves a conversation with the tokens of one rank per engine, and the
 router's latency-critical ledger counts the collectives' bytes; bad `--tp` is one error line."""
 

@@ -1,5 +1,5 @@
-"""Tensor parallelism over two ranks (issue 16.6, runtime half): rank 0 in this process, rank 1 the
-real worker process over loopback gloo. The split MLP gives the same greedy tokens as one process,
+"""Tensor parallelism over two ranks (model traffic for the latency-critical lane): rank 0 in this
+process, rank 1 the real worker process over loopback gloo. The split MLP gives the same greedy tokens as one process,
 its collectives carry the bytes the protocol says, and rank 1 never outlives rank 0."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Remote writes against hostile or mistaken peers: every bad frame closes only its own connection,
 the registered region stays untouched, the target keeps serving; the token is checked by
-challenge-response; without a token the target stays on loopback (issue 11 item 5)."""
+challenge-response; without a token the target stays on loopback, since anyone on the network could write its regions."""
 
 import socket
 import threading

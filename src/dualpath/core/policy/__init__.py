@@ -1,4 +1,4 @@
-"""Scheduling policy (PAPER.md section 3), pure: frozen snapshots in, frozen decisions out."""
+"""Scheduling policy (docs/paper.md §3), pure: frozen snapshots in, frozen decisions out."""
 
 from .batching import Budget, form_prefill_batch, prefill_budgets
 from .decode import distribute_to_groups, select_decode

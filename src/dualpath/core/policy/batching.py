@@ -1,4 +1,4 @@
-"""Intra-engine batching for a PE forward (PAPER.md 3.5).
+"""Intra-engine batching for a PE forward (docs/paper.md §3.5).
 
 Requests join the batch in FIFO order while every budget holds. For the first request that
 would break a budget, the largest chunk 1 <= c < remaining that still fits is found by binary
@@ -36,7 +36,7 @@ def _compute_tokens(cached: int, bsz: int) -> float:
 
 def prefill_budgets(dualpath_scheduler: bool, quota_cost: CostFn, quota_limit: float, tokens_per_forward: int,
                     memory: Budget | None) -> list[Budget]:
-    """The one budget rule of a PE forward, for both worlds (PAPER.md 3.5). DualPath: the compute
+    """The one budget rule of a PE forward, for both worlds (docs/paper.md §3.5). DualPath: the compute
     quota, `quota_cost` (predicted attention of an entry, in the unit of `quota_limit`) summed
     within `quota_limit`. Without the DualPath scheduler: `tokens_per_forward` computed tokens.
     Then the engine's memory for the batch's cached KV, when it has a limit (`memory`)."""

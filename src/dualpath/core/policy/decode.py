@@ -1,4 +1,4 @@
-"""DE selection in two phases (PAPER.md 3.3). Does not keep global FIFO order across groups.
+"""DE selection in two phases (docs/paper.md §3.3). Does not keep global FIFO order across groups.
 
 Phase 1 (across groups): when a DE group fetches, the global DE queue is drained; each request
 goes to the private queue of the group with the least total tokens (sum of tok_e), which grows
@@ -20,7 +20,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ..snapshot import Assignment, GroupAssignment, GroupLoad, QueuedRequest
 
-Z_FACTOR_DEFAULT = 1.05  # PAPER.md 3.3 (its origin is not explained in the paper)
+Z_FACTOR_DEFAULT = 1.05  # docs/paper.md §3.3 (its origin is not explained in the paper)
 
 
 def distribute_to_groups(group_tokens: Mapping[int, int], queue: Iterable[QueuedRequest]) -> tuple[GroupAssignment, ...]:

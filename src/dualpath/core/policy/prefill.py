@@ -1,4 +1,4 @@
-"""PE selection: Algorithm 1 of the paper (PAPER.md 3.2).
+"""PE selection: Algorithm 1 of the paper (docs/paper.md §3.2).
 
 Runs when a PE group's leader fetches. Requests leave the global queue strictly FIFO. Engines
 fall in three categories by their node's disk-read queue and their own unfinished tokens:
@@ -23,7 +23,7 @@ from ..snapshot import Assignment, EngineLoad, QueuedRequest
 @dataclass(frozen=True, slots=True)
 class PrefillThresholds:
     """alpha: tokens a node can read from storage in 3 s; beta: tokens one GPU can process in
-    5 s (PAPER.md 3.2 and 5: alpha = 3 s of reads, beta = 5 s of GPU processing). Both are
+    5 s (docs/paper.md §3.2 and §5: alpha = 3 s of reads, beta = 5 s of GPU processing). Both are
     profiled by the caller and given here in tokens."""
 
     alpha_tokens: int

@@ -1,4 +1,4 @@
-"""Read-path choice (PAPER.md 3.4): once a request has its PE and DE, its whole hit KV is read on
+"""Read-path choice (docs/paper.md §3.4): once a request has its PE and DE, its whole hit KV is read on
 the side whose node has the shorter disk-read queue (tokens). Ties go to the PE side, which
 needs no extra CNIC hop."""
 

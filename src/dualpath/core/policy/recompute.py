@@ -1,4 +1,4 @@
-"""Read or recompute (issue 11.3): a hit whose read would take longer than computing its tokens
+"""Read or recompute, for a degraded store: a hit whose read would take longer than computing its tokens
 again is recomputed instead. Pure: the world supplies its read rate and its store's latency.
 
 The rule, per request, once its read side is chosen:
@@ -8,7 +8,7 @@ The rule, per request, once its read side is chosen:
     recompute   iff recompute_s < read_s
 
 The queue of reads ahead is not counted. Queued reads at full bandwidth are the regime DualPath
-balances across its two paths (PAPER.md 3.4); counting them would turn that design point into
+balances across its two paths (docs/paper.md §3.4); counting them would turn that design point into
 recomputation and spend the PE compute the cache saves. What the rule catches is a store that
 answers late: a latency that is large next to the request's own transfer (a stalled or degraded
 store, injected in tests). The per-token recompute cost is first order: prompt tokens per second

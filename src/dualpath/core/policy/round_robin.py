@@ -1,5 +1,5 @@
 """Round-robin baseline (the "without DualPath scheduler" arm of the ablation, and the
-load-balance comparison of PAPER.md 6.6).
+load-balance comparison of docs/paper.md §6.6).
 
 PE: engines in a fixed rotation, skipping those over the same unfinished-token cap beta as
 Algorithm 1 (without a cap every queued request would be pushed onto PEs at once); read queues

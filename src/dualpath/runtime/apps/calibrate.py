@@ -1,6 +1,6 @@
 """This machine's compute profile for a model: measured once, cached, read by the demo and `calibrate`.
 
-The profile is the runtime's "profiled curve" (PAPER.md 3.2, 3.5) written down: prefill step times
+The profile is the runtime's "profiled curve" (docs/paper.md §3.2, §3.5) written down: prefill step times
 by (new tokens, cached tokens) and decode step times by (batch, context), measured with the model,
 device and torch thread count an engine really uses, in a process pinned to a prefill engine's CPU
 set. A least-squares fit over the grid gives
@@ -13,7 +13,7 @@ item (model/llama.py: `prefill_layer`), so its keys add up; a decode step gather
 KV padded to the longest one, L (`decode_step`: [B, L] with a mask), so it is a function of the
 batch and the longest context, bilinear: the term in L alone is the per-step work that grows with
 the padded length whatever the batch (the mask, the gather's index). Without it the fit missed
-the measured batch-1 steps by -19%..+9% (docs/experiments.md section 8). The file is JSON:
+the measured batch-1 steps by -19%..+9% (`dualpath calibrate` prints each step beside its fit). The file is JSON:
 
     {"schema": "dualpath.profile/3",
      "key": {"machine": ..., "model": <model fingerprint>, "device": ..., "threads": ...},
@@ -48,7 +48,7 @@ PROFILE_SCHEMA = "dualpath.profile/3"  # /3: decode on a 3x3 grid, bilinear (an 
 PREFILL_GRID = ((32, 0), (192, 0), (512, 0), (64, 512), (32, 1536), (128, 1536))
 # (batch, longest context tokens): up to 8 sequences (the agents workload's 8 agents decoding
 # together) of up to 2,048 tokens (fidelity/workloads.py: CPU_CONTEXT_TOKENS); a fit past its grid
-# was 19% fast on the agents workload (docs/experiments.md section 8). A full 3x3 grid, so that the
+# was 19% fast on the agents workload (`dualpath fidelity --workload agents`). A full 3x3 grid, so that the
 # four bilinear terms are pinned by more points than terms on both axes.
 DECODE_GRID = tuple((b, c) for b in (1, 4, 8) for c in (256, 1024, 2048))
 DECODE_STEPS = 3
@@ -256,8 +256,8 @@ def check_speed(calibration: Calibration, model: str, cpus: Sequence[int] | None
     """A reused profile at this machine's speed now: its warm grid points timed again (in a process
     pinned like the measurement's) and every step scaled by the median ratio. A profile cached on a
     quiet machine would otherwise derive the demo's rates for a machine faster than the loaded one
-    that runs it (docs/experiments.md section 6, "the speed check": the tiny demo lost its effect under 4 CPU hogs
-    with a quiet machine's profile, and kept it with one measured under the same load)."""
+    that runs it: the tiny demo lost its effect under 4 CPU hogs with a quiet machine's profile, and kept it
+    with one measured under the same load (four `while :; do :; done` loops, then `dualpath demo --model tiny`)."""
     if not calibration.reused:
         return calibration
     profile = calibration.profile

@@ -28,6 +28,7 @@ from ...config import DEMO_AGENTS, RuntimeConfig
 from ...config_tp import TensorParallelConfig
 from ...core.request import TurnSpec
 from ...metrics.decisions import DecisionLog
+from ...metrics.timeline import Timeline
 from ...workloads import Trajectory
 from .calibrate import Calibration, check_speed, load_or_measure
 from ..clock import MonotonicClock
@@ -131,13 +132,16 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
                        record_decisions: bool = False) -> dict[str, Any]:
     """Trajectories (all at t = 0) or a Mooncake trace (open loop). `record_decisions`: the
     result's "decisions" holds the scheduler's decisions (metrics/decisions.py) with times from
-    the replay's start."""
+    the replay's start. A cluster that records timelines (RuntimeConfig.record_timeline): the
+    result's "timeline" is the run's Chrome trace (`runtime_trace`)."""
     cfg = cluster.cfg
     clock = MonotonicClock()
     router = cluster.router
     vocab = router.tokenizer.vocab_size
     if record_decisions:
         router.metrics.decisions = DecisionLog(router.clock.now_s())
+    if cfg.record_timeline:  # the router's instants, and the engines' spans as their Counters bring them
+        router.metrics.timeline = Timeline(router.clock.now_s(), router.clock.now_s)
     t0 = time.perf_counter()
     cb = None if on_turn is None else (lambda n: on_turn(n, storage_read_bytes(router)))  # turns done, bytes per node
     records = await replay_workload(router, trajectories, vocab, clock, cfg.seed, cb, cold)
@@ -170,6 +174,8 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     result["de_step_s"] = sum(c.busy_s for c in de) / forwards if forwards else float("nan")
     result["de_batch_mean"] = sum(c.forward_items for c in de) / forwards if forwards else float("nan")
     result["de_served_mid_step"] = sum(c.served_mid_step for c in de)  # engine/mid_step.py
+    if cfg.record_timeline:  # after the sleep above: the engines' last spans came with their last Counters
+        result["timeline"] = router.metrics.timeline.to_chrome("runtime")
     if record_decisions:
         result["decisions"] = [asdict(d) for d in router.metrics.decisions.decisions]
         result["ttft_samples_s"] = [r.first_s - r.arrival_s for r in records]
@@ -177,15 +183,24 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     return result
 
 
+def runtime_trace(run: dict[str, Any]) -> dict[str, Any]:
+    """The Chrome trace of one mode's run (a run of `run_demo(record_timeline=True)` or of
+    `run_workload` on a recording cluster), taken out of the run's result (metrics/timeline.py)."""
+    if "timeline" not in run:
+        raise ValueError("this run recorded no timeline: run it with record_timeline=True")
+    return run.pop("timeline")
+
+
 async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_per_s: float | None = None,
                    model: str = "smollm2-135m", seed: int = 0,
                    on_turn: Callable[[str, int, int, Mapping[str, int]], None] | None = None,
                    num_agents: int = DEMO_AGENTS, rounds: int | None = None, device: str = "cpu",
                    plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False,
-                   tp: TensorParallelConfig | None = None) -> dict:
+                   tp: TensorParallelConfig | None = None, record_timeline: bool = False) -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
-    `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates."""
+    `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates.
+    `record_timeline`: each run's "timeline" is its Chrome trace (`runtime_trace`)."""
     if plan is None:
         cal, kv_bytes, bt = calibrate_for(model, device)
         plan = plan_demo(cal, kv_bytes, bt, num_agents, rounds, snic_bytes_per_s)
@@ -195,7 +210,8 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
     total = num_turns(trajectories)
     runs = []
     t0 = time.perf_counter()
-    cluster_cfg = replace(demo_config(modes[0], rates, model), seed=seed, device=device, tp=tp or TensorParallelConfig())
+    cluster_cfg = replace(demo_config(modes[0], rates, model), seed=seed, device=device, tp=tp or TensorParallelConfig(),
+                          record_timeline=record_timeline)
     async with LocalCluster(cluster_cfg) as cluster:
         startup_s = time.perf_counter() - t0
         cpu_note = cluster.cpu_plan.note

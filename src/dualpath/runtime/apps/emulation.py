@@ -9,15 +9,15 @@ computes, not from MB/s tuned on one CPU:
 
 so that, on the workload, one SNIC needs LOAD_OVER_COMPUTE times the PE's compute time to load the
 hits. LOAD_OVER_COMPUTE = 4.4 is DeepSeek-V3.2's at the paper's 64K MaxLen: a turn needs 34.9 GB of
-KV per PFLOP of prefill (HARDWARE.md 6, C = 65,536), and one 400 Gbps SNIC supplies 7.9 GB per
-PFLOP to a node of 8 Hopper GPUs at 40% MFU (HARDWARE.md 6; 40% is Fig. 1's GPU utilisation with
-one read path, PAPER.md 6.8): 34.9 / 7.9 = 4.4. (At the trace mean, 32K, it is 21.2 / 7.9 = 2.7.)
+KV per PFLOP of prefill (docs/hardware.md §6, C = 65,536), and one 400 Gbps SNIC supplies 7.9 GB per
+PFLOP to a node of 8 Hopper GPUs at 40% MFU (docs/hardware.md §6; 40% is Fig. 1's GPU utilisation with
+one read path, docs/paper.md §6.8): 34.9 / 7.9 = 4.4. (At the trace mean, 32K, it is 21.2 / 7.9 = 2.7.)
 
-CNIC: a paper node has g = 8 GPUs, each with its own CNIC as fast as the node's one SNIC (PAPER.md
-1.2). An emulated node here is one engine standing for the whole node, so its CNIC carries the
+CNIC: a paper node has g = 8 GPUs, each with its own CNIC as fast as the node's one SNIC (docs/paper.md
+§1.2). An emulated node here is one engine standing for the whole node, so its CNIC carries the
 node's eight: CNIC = CNIC_PER_SNIC * SNIC. (With CNIC = SNIC the PE path's H2D and PD copies would
 put 2x the SNIC's bytes on one CNIC, breaking the paper's bottleneck-free condition 2Bs/g <= B,
-PAPER.md 1.6, which holds only for g >= 2s.)
+docs/paper.md §1.6, which holds only for g >= 2s.)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ...config import CNIC_PER_SNIC
 from ...core.request import usable_hit_tokens
 from .calibrate import ComputeProfile
 
-LOAD_OVER_COMPUTE = 4.4  # HARDWARE.md 6: 34.9 GB/PFLOP (DS-V3.2, 64K) / 7.9 GB/PFLOP (1 SNIC, 40% MFU)
+LOAD_OVER_COMPUTE = 4.4  # fitted (Fig. 1): docs/hardware.md §6: 34.9 GB/PFLOP (DS-V3.2, 64K) / 7.9 GB/PFLOP (1 SNIC, Fig. 1's 40% MFU)
 
 
 @dataclass(frozen=True, slots=True)

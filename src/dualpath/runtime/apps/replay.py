@@ -1,6 +1,6 @@
 """Replay agentic trajectories (or a Mooncake trace) against a router, the paper's way.
 
-Trajectories (PAPER.md A.3): round i sends the whole context (every earlier append and generated
+Trajectories (docs/paper.md §4.2): round i sends the whole context (every earlier append and generated
 token) plus A_i new tokens and asks for exactly g_i tokens (min_tokens = max_tokens, EOS
 ignored). Token ids are synthetic: each agent's appends are seeded random ids from the ordinary
 part of the vocabulary, so agents never share a prefix while each agent's turns do.

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 from ...config import RuntimeConfig, parse_pd
 from ...metrics.decisions import DecisionLog, decisions_path, write_jsonl
+from ...metrics.timeline import Timeline, timeline_path, write_trace
 from ...workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
@@ -32,15 +33,18 @@ def trace_config(model: str, pd: str, mode: str, max_len: int, snic_mb_s: float 
 
 
 async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, max_len: int, time_scale: float,
-                    on_turn: OnTurn | None = None, decisions: Path | None = None) -> dict:
+                    on_turn: OnTurn | None = None, decisions: Path | None = None, timeline: Path | None = None) -> dict:
     """Replay the trace's first `limit` agents (trajectory JSONL) or requests (Mooncake) on a
-    running cluster; the summary of one mode."""
+    running cluster; the summary of one mode. `timeline` (a cluster that records them,
+    RuntimeConfig.record_timeline): the run's Chrome trace is written to `timeline_path(timeline, mode)`."""
     fmt = detect_format(path)
     clock = MonotonicClock()
     router = cluster.router
     vocab = router.tokenizer.vocab_size
     if decisions is not None:
         router.metrics.decisions = DecisionLog(router.clock.now_s())
+    if timeline is not None:
+        router.metrics.timeline = Timeline(router.clock.now_s(), router.clock.now_s)
     t0 = time.perf_counter()
     if fmt is WorkloadFormat.TRAJECTORY:
         trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
@@ -56,6 +60,9 @@ async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, ma
     result = summarise(records, router.metrics.summary(), wall, n)
     if decisions is not None:
         result["decisions_file"] = str(write_jsonl(router.metrics.decisions.decisions, decisions_path(decisions, mode)))
+    if timeline is not None:  # after the sleep above: the engines' last spans came with their last Counters
+        trace = router.metrics.timeline.to_chrome("runtime")
+        result["timeline_file"] = str(write_trace(trace, timeline_path(timeline, mode)))
     result["mode"] = mode
     return result
 
@@ -63,10 +70,11 @@ async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, ma
 async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
                     snic_mb_s: float | None, device: str = "cpu",
                     on_turn: OnTurn | None = None, decisions: Path | None = None,
-                    ray_address: str | None = None) -> dict:
+                    ray_address: str | None = None, timeline: Path | None = None) -> dict:
     """One fresh cluster per mode; `on_turn(mode, turns done, total, storage bytes read per node)`
     after every finished turn; `decisions`: every scheduling decision of each mode as JSONL
-    (metrics/decisions.py: decisions_path); `ray_address` (local | auto | HOST:PORT): the engines
+    (metrics/decisions.py: decisions_path); `timeline`: each mode's spans as a Chrome trace
+    (metrics/timeline.py: timeline_path); `ray_address` (local | auto | HOST:PORT): the engines
     are Ray actors that join the router over TCP (ray_engines.py), placed before each mode starts."""
     detect_format(path)  # neither format: one line before any cluster starts
     runs = []
@@ -77,19 +85,22 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
 
             ray = stack.enter_context(ray_session(ray_address)).ray
         for mode in modes:
-            cfg = trace_config(model, pd, mode, max_len, snic_mb_s, device)
+            cfg = replace(trace_config(model, pd, mode, max_len, snic_mb_s, device), record_timeline=timeline is not None)
             if ray is None:
                 async with LocalCluster(cfg) as cluster:
-                    runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions))
+                    runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions,
+                                                timeline))
             else:
                 host = "127.0.0.1" if ray_address == "local" else ray.util.get_node_ip_address()  # as `serve --ray`
-                runs.append(await _replay_on_ray(ray, host, cfg, path, mode, limit, max_len, time_scale, on_turn, decisions))
+                runs.append(await _replay_on_ray(ray, host, cfg, path, mode, limit, max_len, time_scale, on_turn, decisions,
+                                                 timeline))
     return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device,
                        **({"ray": ray_address} if ray_address else {})}, "runs": runs}
 
 
 async def _replay_on_ray(ray: Any, host: str, cfg: RuntimeConfig, path: Path, mode: str, limit: int, max_len: int,
-                         time_scale: float, on_turn: OnTurn | None, decisions: Path | None) -> dict:
+                         time_scale: float, on_turn: OnTurn | None, decisions: Path | None,
+                         timeline: Path | None = None) -> dict:
     """One mode with the engines as Ray actors: placed first (an InputError naming what no node
     holds), started once the router has bound, watched and restarted as `serve --ray` does."""
     from .ray_engines import RayEngines, restart_config
@@ -101,6 +112,6 @@ async def _replay_on_ray(ray: Any, host: str, cfg: RuntimeConfig, path: Path, mo
         cluster = LocalCluster(cfg, engines_listen=f"tcp://{host}:0",
                                on_router_ready=lambda endpoint: engines.start_for(endpoint, cluster))
         async with cluster:
-            return await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions)
+            return await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions, timeline)
     finally:
         engines.stop()

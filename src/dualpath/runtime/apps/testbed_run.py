@@ -5,7 +5,7 @@ As `demo --testbed` (testbed_demo.py) with the trace in place of the demo's work
 1. A reference first: the same trace on a local cluster of the same shape at real speed; its tokens'
    digest is what every testbed run must give.
 2. `testbed up` for the P/D shape with a router host; every node's SNIC link at `--snic-mb-s`, its
-   CNIC at CNIC_PER_SNIC x that (PAPER.md 1.2), HTB with the two lanes. No token bucket in any
+   CNIC at CNIC_PER_SNIC x that (docs/paper.md §1.2), HTB with the two lanes. No token bucket in any
    process.
 3. Per mode, on a fresh store: the storage service in the storage host, the driver (router + the
    replay, testbed_driver.py) in the router host, one `dualpath engine` per node host.

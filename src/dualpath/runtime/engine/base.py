@@ -2,7 +2,8 @@
 
 An engine process runs one control loop on its main thread. Everything that completes elsewhere
 (a storage read on the reader thread, a copy on the CNIC arbiter's thread) posts a message to the
-engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`.
+engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`. Its timeline
+(metrics/timeline.py) travels with its Counters. One concept, what both roles share, past 400 lines.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from ...config import RuntimeConfig
 from ...core.blocks import BlockLayout
 from ...core.lanes import Lane
+from ...metrics.timeline import NULL_TIMELINE, Timeline, engine_tracks, snic_tracks
 from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
 from ..transport.integrity import FlipInjector, piece_sums
@@ -113,6 +115,7 @@ class EngineBase:
         self.itemsize = torch.tensor([], dtype=self.dtype).element_size()
         self.layout = BlockLayout(self.mcfg.num_layers, cfg.block_tokens, self.mcfg.kv_bytes_per_token_per_layer(self.dtype))
         self.clock = MonotonicClock()
+        self.timeline = Timeline(clock=self.clock.now_s) if cfg.record_timeline else NULL_TIMELINE
         self.features = cfg.features
         io_free = self.features.io_free
         self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if io_free else cfg.cnic_rate, cfg.scheduler.lane_weights,
@@ -130,6 +133,9 @@ class EngineBase:
         self.inbox = Inbox(spec.endpoint, token=self.token)
         self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
         self.node = spec.engine  # every engine is its own node on this runtime
+        pe = spec.role == EngineRole.PREFILL  # the timeline's tracks: the engine's index within its role
+        self.track, self.cnic_track = engine_tracks(pe, spec.engine - (0 if pe else cfg.num_prefill))
+        self.snic_read_track, self.snic_write_track = snic_tracks(self.node)
         self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
                                 urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
@@ -187,6 +193,7 @@ class EngineBase:
         self.store = self._open_store(msg.store_root)
         for k in self.counters:  # counters are per mode
             self.counters[k] = 0
+        self.timeline.drain()  # spans too: the last mode's went with its Counters
         st = self.arbiter.stats()
         self._lane_base, self._stalled_base_s = st.sent_bytes, st.stalled_s
         self._tp_base_bytes = tp_payload_bytes(self.tp)
@@ -279,6 +286,7 @@ class EngineBase:
             if busy_since is None:
                 busy_since = self.clock.now_s()
             rid, digests, node, offsets = job
+            read_s = self.timeline.now_s()
             buf = self.buffers[node]
             ok = 0
             for d, off in zip(digests, offsets):
@@ -293,25 +301,28 @@ class EngineBase:
                     break  # a block that fails its checksum is never used: the hit ends here
                 ok += 1
             self.counters["storage_read_bytes"] += ok * fbb
+            self.timeline.until_now(self.snic_read_track, "read", read_s, rid)
             self.to_self(ReadFinished(rid, ok, ok * fbb))
             self._reads.task_done()
 
-    def persist(self, digest: bytes, payload: np.ndarray) -> None:
-        """Write one Full Block (a private copy) to storage through the node's SNIC."""
-        self._writes.put((digest, payload))
+    def persist(self, digest: bytes, payload: np.ndarray, queued_s: float) -> None:
+        """Write one Full Block (a private copy) to storage through the node's SNIC (announced at `queued_s`)."""
+        self._writes.put((digest, payload, queued_s))
 
     def _write_loop(self) -> None:
         while True:
             job = self._writes.get()
             if job is None:
                 return
-            digest, payload = job
+            digest, payload, queued_s = job
+            write_s = self.timeline.now_s()
             self.snic_write.consume(len(payload))
             try:
                 stored = self.store.put(digest, payload) in STORED_OUTCOMES
             except OSError:
                 stored = False  # e.g. ENOSPC: the block is not persisted, serving goes on
             self.counters["storage_write_bytes"] += len(payload)
+            self.timeline.until_now(self.snic_write_track, "persist", write_s, None, {"wait_s": write_s - queued_s})
             self.to_router(Persisted(self.spec.engine, bytes(digest), stored))
             self._writes.task_done()
 
@@ -361,7 +372,7 @@ class EngineBase:
                                 forward_items=int(self.counters["forward_items"]),
                                 served_mid_step=int(self.counters["served_mid_step"]),
                                 fit_terms=(float(c["fit_items"]), float(c["fit_ctx"]), float(c["fit_keys"])),
-                                cnic_stalled_s=float(st.stalled_s - self._stalled_base_s)))
+                                cnic_stalled_s=float(st.stalled_s - self._stalled_base_s), spans=self.timeline.drain()))
 
     def close(self) -> None:
         self._stop = True

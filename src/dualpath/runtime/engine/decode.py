@@ -26,6 +26,7 @@ import torch
 
 from ...core.blocks import ROOT_DIGEST, block_digest
 from ...core.snapshot import ReadSide
+from ...metrics.timeline import DE_TO_PE
 from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
 from .mid_step import StepInterleave
@@ -153,8 +154,14 @@ class DecodeEngine(EngineBase):
         spans = layer_spans(self.layout, r.assign.de_offsets, m.layer, 0, m.num_tokens)
         region = ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer)
         rid, layer = m.rid, m.layer
+        self.timeline.begin(("stream", rid))
         self.peers.write(m.reply_to, m.reply_data, self.buffers[self.node], spans, region, contiguous(0, region.nbytes),
-                         lambda _sums: None, reply=lambda sums: LayerReady(rid, layer, sums))
+                         lambda _sums: self._layer_sent(rid, layer), reply=lambda sums: LayerReady(rid, layer, sums))
+
+    def _layer_sent(self, rid: int, layer: int) -> None:
+        """A pulled layer's bytes are sent (the link's thread); the last layer's end the stream's span."""
+        if layer == self.mcfg.num_layers - 1:
+            self.timeline.end(("stream", rid), self.cnic_track, "transfer", rid, DE_TO_PE)
 
     # --- 3. prompt into the KV cache ------------------------------------------------------------
     def _prompt_ready(self, m: PromptReady) -> None:
@@ -178,8 +185,13 @@ class DecodeEngine(EngineBase):
         dst_spans = [(b * fbb, fbb) for b in table]
         rid = m.rid
         r.pending_copies += 1
-        self.copy(self.buffers[self.node], src_spans, self.cache_bytes, dst_spans,
-                  lambda _res: self.to_self(CopyDone(rid, CopyKind.H2D, None)))
+        self.timeline.begin(("h2d", rid))
+        self.copy(self.buffers[self.node], src_spans, self.cache_bytes, dst_spans, lambda _res: self._h2d_copied(rid))
+
+    def _h2d_copied(self, rid: int) -> None:
+        """The prompt is in the KV cache (on the link's thread): the `h2d` span ends, the loop is told."""
+        self.timeline.end(("h2d", rid), self.cnic_track, "h2d", rid)
+        self.to_self(CopyDone(rid, CopyKind.H2D, None))
 
     def _recompute_prompt(self, r: DecodeRequest) -> None:
         """The prompt's KV from its tokens, written into its region as the PE would have (a PD
@@ -216,7 +228,7 @@ class DecodeEngine(EngineBase):
         # only a request that has not joined the batch yet can be pulled from or read for
         waiting = len(running) < len(self.reqs) and self.cfg.de_serves_mid_step
         longest = max((self.cache.num_tokens(r.assign.rid) for r in running), default=0)
-        t0, served0 = time.perf_counter(), self.interleave.serve_s
+        t0, served0, step_s = time.perf_counter(), self.interleave.serve_s, self.timeline.now_s()
         logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],
                                         self.interleave.poll if waiting else None)
         self.counters["busy_s"] += time.perf_counter() - t0 - (self.interleave.serve_s - served0)  # model time alone
@@ -239,6 +251,8 @@ class DecodeEngine(EngineBase):
             self.to_router(Token(r.assign.rid, tok, idx, done, reason))
             if done:
                 self._finish(r)
+        self.timeline.until_now(self.track, "decode", step_s, None,
+                                lambda: {"batch": len(running), "requests": [r.assign.rid for r in running]})
         self.counters["served_mid_step"] += self.interleave.drain()
 
     def _done(self, r: DecodeRequest, last: int) -> bool:
@@ -248,7 +262,7 @@ class DecodeEngine(EngineBase):
         return eos_allowed and last in self.eos
 
     def _persist_full_blocks(self, r: DecodeRequest) -> None:
-        """Persist blocks whose every position has KV in the cache (PAPER.md 1.4): prompt blocks
+        """Persist blocks whose every position has KV in the cache (docs/paper.md §1.4): prompt blocks
         beyond the hit, then each generated block as it fills. The hit blocks are already stored."""
         bt = self.cfg.block_tokens
         have = self.cache.num_tokens(r.assign.rid) // bt
@@ -261,6 +275,7 @@ class DecodeEngine(EngineBase):
         queued = r.digests[max(r.persisted_blocks, r.hit_blocks):have]
         if queued:
             self.to_router(PersistQueued(self.spec.engine, queued))
+        queued_s = self.timeline.now_s()  # the persist spans' wait counts from the announcement
         while r.persisted_blocks < have:
             b = r.persisted_blocks
             r.persisted_blocks += 1
@@ -270,8 +285,8 @@ class DecodeEngine(EngineBase):
             digest, rid = r.digests[b], r.assign.rid
             r.pending_copies += 1
 
-            def done(_res, d=digest, s=staging, rid=rid) -> None:
-                self.persist(d, s)
+            def done(_res, d=digest, s=staging, rid=rid, q=queued_s) -> None:
+                self.persist(d, s, q)
                 self.to_self(CopyDone(rid, CopyKind.D2H, None))
 
             self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)

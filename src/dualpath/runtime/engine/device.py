@@ -3,13 +3,13 @@
 `RuntimeConfig.device` is one of
 - `cpu` (the default; what CI runs);
 - `cuda`: engine e on GPU e mod the number of visible GPUs, so one engine per GPU when there are
-  enough, as in the paper's deployment (PAPER.md 1.2: one engine per GPU, 8 per node);
+  enough, as in the paper's deployment (docs/paper.md §1.2: one engine per GPU, 8 per node);
 - `cuda:N`: every engine on GPU N.
 The spelling is checked when the config is built (`config.parse_device`); whether the GPU exists
 is checked here, once, before any engine process starts, so a missing GPU is one clear error
 instead of a traceback in every spawned engine.
 
-What moves across the device boundary (PAPER.md 1.3, the CNIC-centric copies):
+What moves across the device boundary (docs/paper.md §1.3, the CNIC-centric copies):
 - PE: the cached KV arrives in host memory (the landing zone) and is copied to the GPU layer by
   layer inside `Llama.prefill_layer`; each layer's new KV is copied back to host bytes
   (`layer_kv_to_bytes`) to go to the DE buffer.

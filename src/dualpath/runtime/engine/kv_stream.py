@@ -14,7 +14,7 @@ The PE's forward is, for each layer: wait for that layer's cached KV, compute, s
     stream.wait_for_save()                     # 5. whole-KV mode: HBM holds the KV until it left
 
 Loads. The landing zone ("HBM") holds `depth` layers of the batch's cached KV, one slot per layer
-mod depth: 2 in layerwise mode (layer l + 1 loads while layer l computes, PAPER.md 3.3), every
+mod depth: 2 in layerwise mode (layer l + 1 loads while layer l computes, docs/paper.md §1.3), every
 layer otherwise (the whole cached KV loads before compute). PE path: this engine's CNIC arbiter
 copies the layer from the node's host buffer; DE path: a `LayerPull` asks the DE, whose arbiter
 writes it here and answers `LayerReady`, which the engine hands to `layer_ready`.
@@ -114,6 +114,8 @@ class PrefillKvStream:
         if pending is not None and msg.rid in pending:
             pending.discard(msg.rid)
             self._sums[(msg.layer, msg.rid)] = msg.sums
+            if msg.layer == self._num_layers - 1:  # a PE-path item's cached KV is in (`_issue_item` began it)
+                self._engine.timeline.end(("h2d", msg.rid), self._engine.cnic_track, "h2d", msg.rid)
 
     def _verify(self, layer: int, rids: list[int]) -> list[int]:
         """Check the loads of `rids` that landed against their sender's sums; ask the failed ones
@@ -171,6 +173,7 @@ class PrefillKvStream:
         """Load layer `layer` of `r`'s cached KV into the landing zone at `at_bytes`."""
         eng, a = self._engine, r.assign
         if r.pe_path:
+            eng.timeline.begin(("h2d", a.rid))
             spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, r.cached)
             dst = self._landing[at_bytes : at_bytes + r.cached * self._bytes_per_token_layer]
             rid = a.rid
@@ -222,6 +225,7 @@ class PrefillKvStream:
         the request's `pd_sums` for the DE."""
         r.pending_pd += 1
         msg, a, eng = CopyDone(r.assign.rid, CopyKind.PD, layer), r.assign, self._engine
+        eng.timeline.begin(("pd", a.rid))  # ended by the engine's CopyDone handling when none is pending
         region = ShmRegion(a.de_segment, 0, max(off + n for off, n in dst_spans))
         r.pd_sums += eng.peers.write(a.de_endpoint, a.de_data, src, src_spans, region, dst_spans,
                                      lambda _sums: eng.to_self(msg))

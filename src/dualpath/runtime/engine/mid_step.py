@@ -1,6 +1,6 @@
 """Messages that reach a decode engine while its decode step runs.
 
-On the paper's DE the layer streams of the DE read path (PAPER.md 3.3) are RDMA writes by the
+On the paper's DE the layer streams of the DE read path (docs/paper.md §1.3) are RDMA writes by the
 node's CNIC: they do not wait for the GPU to finish a decode step. This runtime's DE has one control
 loop, so without help a `LayerPull` that arrives during a step waits for the step's end, and a PE
 that pulls its cached KV layer by layer waits up to one decode step per layer. The decode step

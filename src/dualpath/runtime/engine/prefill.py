@@ -31,6 +31,7 @@ from ...core.measured import PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS, causal_keys
 from ...core.policy import Budget, form_prefill_batch, prefill_budgets
 from ...core.snapshot import BatchCandidate
 from ...core.request import RequestId
+from ...metrics.timeline import PE_TO_DE
 from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
@@ -54,10 +55,11 @@ class PrefillEngine(EngineBase):
         self.queue: deque[PrefillRequest] = deque()
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
         self.tbpl = self.layout.kv_bytes_per_token_per_layer
+        self._in_forward: set[int] = set()  # the running forward's requests (the timeline's `transfer`)
         self.on_reconfigured()
 
     def on_reconfigured(self) -> None:
-        """Batch budgets and load depth follow the mode (PAPER.md 3.5; layerwise or not)."""
+        """Batch budgets and load depth follow the mode (docs/paper.md §3.5; layerwise or not)."""
         cfg = self.cfg
         depth = 2 if self.features.layerwise_prefill else self.mcfg.num_layers
         landing = Budget("landing_bytes", lambda c, n: c * self.tbpl * depth, self.landing_bytes)
@@ -71,7 +73,7 @@ class PrefillEngine(EngineBase):
         self.landing = None
         self.kv.release_views()
 
-    # --- profile: the "profiled curve" behind the quota and beta (PAPER.md 3.2, 3.5) -------------
+    # --- profile: the "profiled curve" behind the quota and beta (docs/paper.md §3.2, §3.5) -------------
     def attention_flops(self, cached: int, n: int) -> float:
         m = self.mcfg
         keys = n * (cached + 1) + n * (n - 1) / 2  # causal: token i sees cached + i + 1 keys
@@ -187,7 +189,8 @@ class PrefillEngine(EngineBase):
 
     # --- forward: per layer, wait for its KV, compute, save (kv_stream.py) ----------------------
     def _forward(self, batch: list[tuple[PrefillRequest, int]]) -> None:
-        t_start = time.perf_counter()
+        t_start, fwd_s = time.perf_counter(), self.timeline.now_s()
+        self._in_forward = {r.assign.rid for r, _ in batch}
         stream = self.kv
         stream.start_load(batch)
         state = self.model.begin_prefill([(r.cached, r.prompt[r.cached : r.cached + n]) for r, n in batch])
@@ -203,6 +206,10 @@ class PrefillEngine(EngineBase):
         logits = self.model.finish_prefill(state)
         compute_s += time.perf_counter() - t0
         stream.flush_saves()
+        self._in_forward = set()  # every PD copy of the forward is out: a request with none pending is sent
+        for r, _ in batch:
+            if r.pending_pd == 0:
+                self._pd_sent(r.assign.rid)
         self.counters["busy_s"] += compute_s
         self.counters["forwards"] += 1
         self.counters["forward_items"] += len(batch)
@@ -219,12 +226,20 @@ class PrefillEngine(EngineBase):
                 self._first_token(r, logits[i])
         stream.wait_for_save()
         self.last_forward_s = time.perf_counter() - t_start
+        self.timeline.until_now(self.track, "prefill", fwd_s, None,
+                                lambda: {"requests": [r.assign.rid for r, _ in batch], "tokens": sum(n for _, n in batch)})
+
+    def _pd_sent(self, rid: int) -> None:
+        """Every PD copy of the request's last forward has landed: its `transfer` span ends."""
+        self.timeline.end(("pd", rid), self.cnic_track, "transfer", rid, PE_TO_DE)
 
     def _copy_done(self, msg: CopyDone) -> None:
         r = self.reqs.get(msg.rid)
         if r is None:
             return
         r.pending_pd -= 1
+        if r.pending_pd == 0 and msg.rid not in self._in_forward:  # mid-forward, more layers follow
+            self._pd_sent(msg.rid)
         if r.pending_pd == 0 and r.computed:
             self._finish(r)
 

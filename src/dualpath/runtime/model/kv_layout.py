@@ -1,4 +1,4 @@
-"""One layer's K and V in the Layer Block byte layout (PAPER.md 1.5, core/blocks.py).
+"""One layer's K and V in the Layer Block byte layout (docs/paper.md §1.5, core/blocks.py).
 
 Per token and layer the bytes are [2 (K then V), num_kv_heads, head_dim] elements of the KV
 dtype, so n tokens of one layer are one contiguous [n, 2, num_kv_heads, head_dim] array and a

@@ -4,7 +4,7 @@ embeddings. Numerically the same as Hugging Face `LlamaForCausalLM`.
 Three ways to run it (all without autograd):
 
 1. `forward(token_ids)`: full recompute, no cache; the reference the other two are tested against.
-2. Layerwise prefill (PAPER.md: the GPU holds only one layer's KV of the batch at a time):
+2. Layerwise prefill (docs/paper.md §1.1: the GPU holds only one layer's KV of the batch at a time):
      state = begin_prefill(items)                       # embeddings of every item's new tokens
      for layer in range(num_layers):
          new_kv = prefill_layer(state, layer, cached_kv)   # cached_kv: this layer's hit KV per item

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from ...metrics import turn_latencies
 from ...metrics.decisions import DecisionLog
+from ...metrics.timeline import NULL_TIMELINE, ROUTER, SIDES, Timeline
 from ...metrics.prometheus import Family, Sample, family, summary_samples
 from ..protocol import INTEGRITY_COUNTERS, Counters
 
@@ -47,6 +48,9 @@ class RouterMetrics:
         # metrics/decisions.py; None (the default): not recorded. engine id -> index within its role
         self.decisions: DecisionLog | None = None
         self.engine_index: dict[int, int] = {}
+        # the run's spans (metrics/timeline.py): the router's instants and the engines' spans from
+        # their Counters; NULL_TIMELINE (the default): not recorded
+        self.timeline: Timeline = NULL_TIMELINE
 
     def arrived(self, rid: int) -> None:
         self.reqs[rid] = _Req(self.clock.now_s())
@@ -57,6 +61,7 @@ class RouterMetrics:
     def de_assigned(self, rr: Any, side: int, read_tokens: int, recompute: bool = False) -> None:
         """A pass chose the DE and read side of `rr` (a RouterRequest): the decision log's line."""
         self.num_recomputed_hits += recompute
+        self.timeline.name(rr.rid, rr.req.request_id)  # the engines' spans name requests by rid
         if self.decisions is not None:
             self.decisions.record(rr.req.request_id, self.clock.now_s(), self.engine_index[rr.pe.engine],
                                   self.engine_index[rr.de.engine], side, read_tokens)
@@ -64,12 +69,15 @@ class RouterMetrics:
     def placed(self, rid: int, hit_tokens: int, side: int) -> None:
         r = self.reqs[rid]
         r.hit_tokens, r.side = hit_tokens, int(side)
+        self.timeline.mark(ROUTER, "placed", rid, {"hit_tokens": hit_tokens, "side": SIDES[side]})
 
     def read_done(self, rid: int, on_prefill_side: bool, nbytes: int) -> None:
         self.bytes_by_side[0 if on_prefill_side else 1] += nbytes
 
     def token(self, rid: int, index: int, now_s: float) -> None:
         self.reqs[rid].token_s.append(now_s)
+        if index == 0:
+            self.timeline.instant(ROUTER, "first_token", now_s, rid)
 
     def finished(self, rid: int) -> None:
         self.reqs[rid].finished = True
@@ -90,6 +98,7 @@ class RouterMetrics:
 
     def counters(self, c: Counters) -> None:
         self.engine_counters[c.engine] = c
+        self.timeline.add(c.spans)
 
     # --- summaries ---------------------------------------------------------------------------------
     def store_faults(self) -> dict[str, int]:

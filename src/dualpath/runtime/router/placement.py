@@ -77,7 +77,7 @@ class Placement:
     def wait_for_persist(self, rr: Any, prompt: list[int], stored: int, now_s: float, wait_s: float,
                          on_first_wait: Callable[[], Any]) -> bool:
         """True while the block after the stored prefix of `rr` (a RouterRequest) is still being
-        written by a DE (PAPER.md A.4: a turn hits the client's whole earlier context). `Persisted`
+        written by a DE (docs/paper.md §1.5: a turn hits the client's whole earlier context). `Persisted`
         kicks the next pass; after `wait_s` the request goes on with what is stored (a write that
         never reports); `on_first_wait` arranges a pass for then."""
         if not self.blocked_by_persist(prompt, rr.digests, stored):

@@ -48,7 +48,7 @@ class ServerLimits:
     # Prefill backlog: prompt tokens admitted and not yet past their first token. 4 prompts of the
     # largest size (max_prompt_tokens), so one such prompt never blocks a queue on its own
     max_queued_prompt_tokens: int = 262_144
-    # PAPER.md Table 2: the longest agent context the paper serves is MaxLen 64K tokens
+    # docs/paper.md §4.2 (Table 2): the longest agent context the paper serves is MaxLen 64K tokens
     max_prompt_tokens: int = 65_536
     # A 65,536-token prompt is at most ~0.5 MB as JSON token ids (<= 7 bytes each) and ~1.6 MB as
     # text (~4 chars per BPE token, up to 6 bytes per char escaped as \\uXXXX): 8 MiB leaves 4x room

@@ -1,7 +1,7 @@
 """On-disk format of one stored Full Block.
 
 A block file is a fixed 4096-byte header followed by the payload (one Full Block,
-`BlockLayout.full_block_bytes` bytes: num_layers Layer Blocks back to back, PAPER.md 1.5).
+`BlockLayout.full_block_bytes` bytes: num_layers Layer Blocks back to back, docs/paper.md §1.5).
 The header is padded to 4096 bytes so the payload starts page-aligned and can be read with
 O_DIRECT straight into an aligned caller buffer.
 

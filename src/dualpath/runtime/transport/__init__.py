@@ -1,4 +1,4 @@
-"""Transport and traffic manager of the runtime (DESIGN.md 5, PAPER.md 2).
+"""Transport and traffic manager of the runtime (docs/paper.md §2; module map in docs/structure.md).
 
 - `token_bucket`: NIC rate emulation (SNIC, CNIC) with debt semantics; None = unlimited.
 - `drr`: byte-weighted deficit round robin over the two lanes (pure policy).

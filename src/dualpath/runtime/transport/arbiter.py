@@ -1,4 +1,4 @@
-"""One emulated link (a node's CNIC direction, or its SNIC) with two lanes (PAPER.md 2.2-2.3).
+"""One emulated link (a node's CNIC direction, or its SNIC) with two lanes (docs/paper.md §2.2-2.3).
 
 Lifecycle of a transfer:
 1. `submit(lane, nbytes, do_chunk)` queues it on its lane (FIFO) and returns a `TransferHandle`;

@@ -4,7 +4,7 @@ Pure (no clock, no threads): the arbiter pushes transfers and asks for the next 
 link time; only transfers that had arrived by then are eligible, so the schedule is the one an
 ideal link would follow however late the arbiter's thread runs.
 
-Rules (PAPER.md 2.3, DESIGN.md 5):
+Rules (docs/paper.md §2.3):
 - Each lane has a FIFO queue and a quantum of `chunk_bytes * weight / min(weights)` bytes
   (99:1 -> the latency-critical lane may send 99 chunks per KV chunk when both are backlogged).
 - The round-robin pointer visits lanes in `Lane` order; on arrival at a backlogged lane its

@@ -2,8 +2,8 @@
 
 On one host the control channels are ipc:// sockets in a private directory (mode 0700), so only
 this user's processes reach them. Beyond loopback a tcp:// channel must authenticate its peers
-(issue 11 item 5): every process of a deployment is given the same token file, as the storage
-service is (store/service.py), and derives from it
+(tests/runtime/transport/test_channel_auth.py): every process of a deployment is given the
+same token file, as the storage service is (store/service.py), and derives from it
 
   1. the server key pair: a CURVE secret key = SHA-256("dualpath server" || token), its public key
      by curve_public; every Inbox binds with it, so a client that does not know the token cannot

@@ -1,4 +1,4 @@
-"""A node's host buffer in shared memory, cut into fixed-size slots (DESIGN.md 5).
+"""A node's host buffer in shared memory, cut into fixed-size slots.
 
 Lifecycle:
 1. The owning process `HostBuffer.create(slot_bytes, num_slots)`: one POSIX shared-memory

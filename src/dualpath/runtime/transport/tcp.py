@@ -2,7 +2,7 @@
 
 On one host the `LinkArbiter` is the QoS point; between hosts a lane becomes packet marks:
 
-| lane             | DSCP (IP_TOS = DSCP << 2) | SO_PRIORITY | InfiniBand (PAPER.md 2.3) | RoCE (PAPER.md 2.4) |
+| lane             | DSCP (IP_TOS = DSCP << 2) | SO_PRIORITY | InfiniBand (docs/paper.md §2.3) | RoCE (docs/paper.md §2.4) |
 |------------------|---------------------------|-------------|---------------------------|---------------------|
 | LATENCY_CRITICAL | 46, EF (expedited)        | 6           | high-priority VL (VL0/1/3 in qos_vlarb_high) | a high-weight TC |
 | KV               | 8, CS1 (low-priority data)| 1           | low-priority VL (VL2, only in qos_vlarb_low) | a low-weight TC  |
@@ -15,7 +15,7 @@ NIC's traffic class (mqprio, and the VLAN PCP through egress-qos-map); 6 is the 
 unprivileged process may set (7 needs CAP_NET_ADMIN). With RDMA verbs the same lanes are the
 service level of the queue pair (ibv_qp_attr.ah_attr.sl) on InfiniBand and the GRH traffic class
 (ah_attr.grh.traffic_class = DSCP << 2) on RoCE, whose DSCP -> TC map (with PFC on the RDMA TCs)
-the operator configures as in PAPER.md 2.4.
+the operator configures as in docs/paper.md §2.4.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Token bucket: the rate of an emulated NIC (SNIC or CNIC) on one host (DESIGN.md 5).
+"""Token bucket: the rate of an emulated NIC (SNIC or CNIC) on one host.
 
 Debt semantics: `reserve(n)` always grants the n bytes at once and lets the level go negative;
 the returned wait is how long until the debt is paid, i.e. until the bytes have "passed" at the

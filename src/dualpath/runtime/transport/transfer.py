@@ -66,7 +66,7 @@ def _copy(dst: Any, src: Any) -> None:
 class SpanCopy:
     """Copy the bytes of `src_spans` in `src` into `dst_spans` in `dst`, in order. Either side is a
     flat uint8 numpy array (host buffers) or torch tensor (a KV cache, possibly on a GPU: this is
-    then the H2D or D2H copy of PAPER.md 1.3).
+    then the H2D or D2H copy of docs/paper.md §1.3).
 
     Both span lists are cut at each other's boundaries into aligned pieces once; `__call__`
     copies the pieces overlapping a chunk [offset, offset + nbytes) of the logical stream, so the

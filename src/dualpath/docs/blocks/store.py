@@ -1,0 +1,62 @@
+"""Store and transport: KV store reads against a plain read, the storage service against the local
+store, KV between engine processes through shared memory, and remote writes over TCP."""
+
+from __future__ import annotations
+
+from ..fmt import num, ratio, table
+from ..registry import block
+from ..results import Results
+
+
+@block("store_local", reads=("runtime/store.json",), command="dualpath bench store --json docs/results/runtime/store.json")
+def store_local(r: Results) -> str:
+    d = r.json("runtime/store.json")
+    rows = [["store reads", f"{d['store_read_gbps']:.2f}"],
+            ["a direct sequential read of a same-size file", f"{d['direct_read_gbps']:.2f}"],
+            ["**store / direct**", f"**{ratio(d['ratio'])}** (target >= {d['target_ratio']:g})"],
+            [f"{d['checksum']} verification, one thread", f"{d['checksum_gbps']:.1f}"]]
+    return (f"{d['num_blocks']} Full Blocks of {num(d['full_block_bytes'] / 1e6, 1)} MB "
+            f"({num(d['payload_bytes'] / 1e9, 2)} GB), "
+            f"{d['num_threads']} reader threads, page cache bypassed ({d['cache_bypass']}) on both sides.\n\n"
+            + table(["", "GB/s"], rows))
+
+
+@block("store_service", reads=("store/service_vs_local.json",),
+       command="dualpath bench store --service --total-mib 512 --json docs/results/store/service_vs_local.json")
+def store_service(r: Results) -> str:
+    d = r.json("store/service_vs_local.json")
+    labels = {"cold": "cold (page cache dropped: from the disk)", "warm": "warm (from the page cache)"}
+    rows = [[label, f"{d[state]['local_read_gbps']:.2f}", f"{d[state]['service_read_gbps']:.2f}",
+             f"**{ratio(d[state]['ratio'])}**"]
+            for state, label in labels.items()]
+    return (f"{d['num_blocks']} blocks of {num(d['full_block_bytes'] / 1e6, 1)} MB, {d['num_threads']} threads, "
+            f"{d['rounds']} alternating rounds per cache state, service and local store on the same disk; target "
+            f"service / local >= {d['target_ratio']:g} from the disk; checksum failures {d['service_checksum_failures']}.\n\n"
+            + table(["cache state", "local GB/s", "service GB/s", "service / local"], rows))
+
+
+@block("transport_shm", reads=("runtime/transport.json",),
+       command="dualpath bench transport --json docs/results/runtime/transport.json")
+def transport_shm(r: Results) -> str:
+    d = r.json("runtime/transport.json")
+    rows = [["engine -> engine through the host buffer and the arbiter", f"{d['transport_gbps']:.2f}",
+             f"**{ratio(d['ratio'])}** (median of {d['repeats']}: {ratio(d['ratio_median'])})"],
+            ["in-process memcpy of the same bytes", f"{d['memcpy_gbps']:.2f}", "1"],
+            ["in-process memcpy block by block", f"{d['memcpy_blockwise_gbps']:.2f}",
+             f"transport / this: {ratio(d['ratio_blockwise'])}"]]
+    return (f"{num(d['total_bytes'] / 2**20)} MiB in {num(d['block_bytes'] / 2**20)} MiB blocks from one engine process to "
+            f"another, {num(d['chunk_bytes'] / 1024)} KiB arbiter chunks; checksums of the received bytes match: "
+            f"{'yes' if d['checksum_ok'] else 'NO'}.\n\n" + table(["way", "GB/s", "vs memcpy"], rows))
+
+
+@block("remote_write", reads=("transport/remote_write.json",),
+       command="PYTHONPATH=src .venv/bin/python tools/bench_remote_write.py --json docs/results/transport/remote_write.json")
+def remote_write(r: Results) -> str:
+    d = r.json("transport/remote_write.json")
+    labels = {"memcpy": "memcpy into shared memory", "memcpy + arbiter": "memcpy through a LinkArbiter",
+              "remote": "remote write, loopback TCP", "remote + arbiter": "remote write through a LinkArbiter"}
+    base = d["rows"]["memcpy"]["gb_per_s"]
+    rows = [[labels.get(name, name), f"{row['seconds']:.3f}", f"{row['gb_per_s']:.2f}", ratio(row["gb_per_s"] / base)]
+            for name, row in d["rows"].items()]
+    return (f"{num(d['total_bytes'] / 2**30)} GiB in {num(d['chunk_bytes'] / 2**20)} MiB chunks, best of {d['repeat']}, "
+            f"{d['cpus']} CPUs; the target in a child process.\n\n" + table(["way", "s", "GB/s", "vs memcpy"], rows))
