@@ -45,6 +45,7 @@ COMPILED_MODULES = (
     "dualpath/metrics/timeline.py",
     "dualpath/sim/compute.py",
     "dualpath/sim/compute_measured.py",
+    "dualpath/sim/cpu_share.py",
     "dualpath/sim/decode.py",
     "dualpath/sim/events.py",
     "dualpath/sim/hits.py",

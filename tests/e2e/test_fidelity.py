@@ -45,33 +45,37 @@ def test_the_timeline_lays_both_worlds_side_by_side_with_the_same_names(run_dir,
             assert {"prefill", "decode", "read"} <= names, (mode, world, names)
 
 
-def _predicted_s(fit: dict, t: dict) -> float:
-    items, ctx, keys = t["fit_terms"]
-    return fit["fixed_s"] * t["forwards"] + fit["per_item_s"] * items + fit["per_ctx_s"] * ctx + fit["per_key_s"] * keys
-
-
 def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_checks_only(report):
-    """predicted = mean(drift before each scored run) x contention, where contention is the
-    calibration runs' model time over the drifted profile's seconds for their forwards
-    (fidelity/calibration.py); the replayed speed is the scored runs' own."""
+    """predicted = the SpeedModel fitted on the calibration runs' forwards, at their drift, moved to
+    the mean drift before the scored runs (fidelity/calibration.py); the replayed speed is the one
+    fitted on the scored runs' own forwards; start speed is the drift alone. Recomputed here from the
+    profile and the step records the report holds."""
+    from types import SimpleNamespace
+
+    from dualpath.fidelity.speed import SpeedModel, fit_speed
+    from dualpath.runtime.apps.calibrate import StepFit, StepTime
+
     cal = report["calibration"]
     assert cal["workloads"] == [CALIBRATION] and len(report["drift"]) == report["repeat"] == 2
     assert all(0.2 < d < 5 for d in report["drift"] + cal["drift"])
-    fits = report["profile_fit"]
+    fits, points = report["profile_fit"], report["profile_points"]
+    profile = SimpleNamespace(prefill_fit=StepFit(**fits["prefill"]), decode_fit=StepFit(**fits["decode"]),
+                              decode=[StepTime(**p) for p in points["decode"]])
+    mean = lambda xs: sum(xs) / len(xs)
     for mode, r in report["modes"].items():
-        runs = [(run, d) for run, d in zip(cal["runs"], cal["drift"]) if run["mode"] == mode]
-        assert len(runs) == 1 and runs[0][0]["workload"] == CALIBRATION
-        for role in ("prefill", "decode"):
-            busy = sum(run["model_time"][role]["busy_s"] for run, _ in runs)
-            pred = sum(d * _predicted_s(fits[role], run["model_time"][role]) for run, d in runs)
-            contention = busy / pred
-            assert cal["contention"][mode][role] == pytest.approx(contention)
-            mean_drift = sum(report["drift"]) / len(report["drift"])
-            assert r["speed"]["predicted"][role] == pytest.approx(mean_drift * contention)
-            assert r["speed"]["start_speed"][role] == pytest.approx(mean_drift)
-            scored = r["runtime_model_time"]
-            own = sum(t[role]["busy_s"] for t in scored) / sum(_predicted_s(fits[role], t[role]) for t in scored)
-            assert r["speed"]["replayed"][role] == pytest.approx(own)
+        runs = [(run["steps"], d) for run, d in zip(cal["runs"], cal["drift"]) if run["mode"] == mode]
+        assert len(runs) == 1 and runs[0][0]["decode"] and runs[0][0]["prefill"]
+        calibrated = fit_speed(profile, runs)
+        assert SpeedModel(**cal["speed"][mode]) == calibrated
+        want = calibrated.drifted(mean(report["drift"]), mean(cal["drift"]))
+        assert r["speed"]["predicted"] == pytest.approx(want.to_json())
+        assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(mean(report["drift"])).to_json())
+        own = fit_speed(profile, [(steps, 1.0) for steps in r["runtime_steps"]])
+        assert r["speed"]["replayed"] == pytest.approx(own.to_json())
+        for steps in r["runtime_steps"]:  # every forward of the scored runs, with what the profile needs
+            assert all(len(row) == 5 and row[2] > 0 for row in steps["prefill"])
+            assert all(len(row) == 7 and row[0] >= 1 and row[2] > 0 and row[5] >= 0 and 0 <= row[6] <= 1
+                           for row in steps["decode"])  # [batch, ctx, model_s, t0, t1, joins, io share]
 
 
 def test_errors_and_verdicts_come_from_the_runs(report):
@@ -119,15 +123,18 @@ def test_a_goal_is_judged_against_the_runtime_spread(error, spread, goal, want):
 
 def test_a_miss_names_whether_the_speed_or_the_model_caused_it():
     from dualpath.fidelity.compare import causes
+    from dualpath.fidelity.speed import SpeedModel
 
     row = lambda e, v: {"rel_error": e, "verdict": v}
     ok = {n: row(0.0, "met") for n in GOALS}
-    speeds = {"predicted": {"prefill": 1.2, "decode": 1.0}, "replayed": {"prefill": 1.4, "decode": 1.1}}
-    predicted = {**ok, "ttft_p50_s": row(-0.2, "missed"), "jct_s": row(0.09, "missed")}
-    replayed = {**ok, "jct_s": row(0.08, "missed")}
+    speeds = {"predicted": SpeedModel(prefill_scale=1.2).to_json(), "replayed": SpeedModel(prefill_scale=1.4).to_json()}
+    predicted = {**ok, "ttft_p50_s": row(-0.2, "missed"), "jct_s": row(0.09, "missed"),
+                 "tpot_mean_s": row(0.02, "spread exceeds goal")}
+    replayed = {**ok, "jct_s": row(0.08, "missed"), "tpot_mean_s": row(0.01, "spread exceeds goal")}
     got = causes(predicted, replayed, speeds)
-    assert set(got) == {"ttft_p50_s", "jct_s"}
-    assert got["ttft_p50_s"].startswith("speed:") and "1.400" in got["ttft_p50_s"]
+    assert set(got) == {"ttft_p50_s", "jct_s", "tpot_mean_s"}  # every goal the prediction does not hold
+    assert got["tpot_mean_s"].startswith("speed:")  # the replay is within the goal, however noisy the runs
+    assert got["ttft_p50_s"].startswith("speed:") and "x1.400" in got["ttft_p50_s"]
     assert got["jct_s"].startswith("model:") and "+8.0%" in got["jct_s"]
 
 

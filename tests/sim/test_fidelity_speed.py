@@ -1,41 +1,103 @@
-"""fidelity/speed.py: the runs' compute speed from their forwards, and the profile scaled by it."""
+"""fidelity/speed.py: the SpeedModel fitted from runtime forwards recovers the model that made them;
+the local preset runs the profile at it (core/measured.py: StepGrid); fidelity/calibration.py reads
+a run's forwards and its decode engine's KV traffic from its timeline."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from dualpath.fidelity.speed import at_speed, in_run_speed, predicted_s
-from dualpath.runtime.apps.calibrate import ComputeProfile, ProfileKey, StepFit
+from dualpath.core.measured import StepGrid
+from dualpath.fidelity.speed import SpeedModel, curve_s, decode_grid, fit_speed
+from dualpath.runtime.apps.calibrate import StepFit, StepTime
 
-PROFILE = ComputeProfile(ProfileKey("m", "x", "cpu", 1), (), (), StepFit(0.01, 1e-4, 1e-8),
-                         StepFit(0.02, 1e-3, 1e-7, 1e-6), "now", 1.0)
-
-
-def _run(pf_factor: float, df_factor: float, pf_terms=(500.0, 0.0, 4e5), df_terms=(40.0, 8000.0, 3e4)) -> dict:
-    """A run whose forwards took `factor` times the profile's prediction."""
-    return {"model_time": {
-        "prefill": {"busy_s": pf_factor * predicted_s(PROFILE.prefill_fit, 5, pf_terms), "forwards": 5, "fit_terms": list(pf_terms)},
-        "decode": {"busy_s": df_factor * predicted_s(PROFILE.decode_fit, 10, df_terms), "forwards": 10, "fit_terms": list(df_terms)}}}
+DECODE = [StepTime(b, c, 0.05 + 0.01 * b + 2e-5 * c + 4e-6 * b * c + (0.01 if (b, c) == (4, 1024) else 0.0))
+          for b in (1, 4, 8) for c in (256, 1024, 2048)]
+PROFILE = SimpleNamespace(prefill_fit=StepFit(0.02, 1e-3, 1e-8), decode_fit=StepFit(0.05, 0.01, 4e-6, 2e-5), decode=DECODE)
+TRUE = SpeedModel(prefill_scale=1.1, prefill_overhead_s=0.25, decode_scale=1.05, decode_io_slowdown=0.4,
+                  decode_join_s=0.03)
 
 
-def test_predicted_seconds_are_the_fit_over_the_summed_terms():
-    f = PROFILE.decode_fit
-    assert predicted_s(f, 10, (40, 8000, 3e4)) == pytest.approx(10 * 0.02 + 40 * 1e-3 + 8000 * 1e-6 + 3e4 * 1e-7)
+def _steps(drift: float, model: SpeedModel = TRUE) -> dict:
+    """A run's step records (fidelity/calibration.py: step_records) made by `model` at `drift`:
+    prefill forwards of 40-600 tokens; decode steps with none, half or all of their time under
+    their engine's KV traffic, some with a request joining."""
+    grid = decode_grid(PROFILE)
+    prefill, decode, t = [], [], 0.0
+    for i, tokens in enumerate((40, 600, 80, 300, 50, 450)):
+        keys = tokens * (tokens + 1) / 2 + 200 * tokens
+        s = model.prefill_scale * drift * curve_s(PROFILE, grid, "prefill", tokens, keys) + model.prefill_overhead_s
+        prefill.append([tokens, keys, s, t, t + s])
+        for j, (batch, ctx) in enumerate(((1, 300), (3, 900), (6, 1500), (2, 1900))):
+            io = (0.0, 1.0, 0.5, 0.0)[(i + j) % 4]
+            joins = 1 if (i + j) % 3 == 0 else 0
+            step = (model.decode_scale * drift * curve_s(PROFILE, grid, "decode", batch, ctx)
+                    * (1 + model.decode_io_slowdown * io) + model.decode_join_s * drift * joins)
+            start = t + s + j
+            decode.append([batch, ctx, step, start, start + step, joins, io])
+        t += s + 100.0
+    return {"prefill": prefill, "decode": decode}
 
 
-def test_speed_is_summed_model_time_over_summed_prediction_per_role():
-    assert in_run_speed(PROFILE, [_run(1.25, 0.8)]) == pytest.approx({"prefill": 1.25, "decode": 0.8})
-    a, b = _run(1.0, 1.0), _run(2.0, 3.0, df_terms=(80.0, 16000.0, 6e4))
-    pred_a = predicted_s(PROFILE.decode_fit, 10, (40.0, 8000.0, 3e4))
-    pred_b = predicted_s(PROFILE.decode_fit, 10, (80.0, 16000.0, 6e4))
-    want = (pred_a + 3.0 * pred_b) / (pred_a + pred_b)  # weighted by the prediction, not a mean of ratios
-    assert in_run_speed(PROFILE, [a, b])["decode"] == pytest.approx(want)
-    assert in_run_speed(PROFILE, [{}]) == {"prefill": 1.0, "decode": 1.0}  # nothing measured: unscaled
+def test_the_fit_recovers_the_speed_that_made_the_forwards():
+    got = fit_speed(PROFILE, [(_steps(1.0), 1.0), (_steps(1.2), 1.2)])
+    for name in ("prefill_scale", "prefill_overhead_s", "decode_scale", "decode_io_slowdown", "decode_join_s"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
 
 
-def test_the_profile_at_a_speed_scales_each_role_alone():
-    p = at_speed(PROFILE, {"prefill": 2.0, "decode": 0.5})
-    terms = (128.0, 0.0, 128 * 512 + 128 * 129 / 2)
-    assert predicted_s(p.prefill_fit, 1, terms) == pytest.approx(2.0 * predicted_s(PROFILE.prefill_fit, 1, terms))
-    assert p.decode_step_s(4, 1024) == pytest.approx(0.5 * PROFILE.decode_step_s(4, 1024))
-    assert p.prefill == PROFILE.prefill and p.key == PROFILE.key
+def test_terms_the_runs_do_not_show_are_left_out_not_made_negative():
+    plain = SpeedModel(prefill_scale=1.3, decode_scale=1.2)
+    got = fit_speed(PROFILE, [(_steps(1.0, plain), 1.0)])
+    assert got.prefill_scale == pytest.approx(1.3) and got.prefill_overhead_s == pytest.approx(0.0, abs=1e-9)
+    assert got.decode_scale == pytest.approx(1.2) and got.decode_io_slowdown == pytest.approx(0.0, abs=1e-9)
+    assert got.decode_join_s == pytest.approx(0.0, abs=1e-9)
+    assert fit_speed(PROFILE, []) == SpeedModel()  # nothing measured: the profile as it is
+
+
+def test_a_model_moves_to_another_drift_with_its_seconds():
+    d = TRUE.drifted(1.5, fitted_at_drift=1.2)
+    assert d.prefill_scale == pytest.approx(1.65) and d.decode_scale == pytest.approx(1.575)
+    assert d.prefill_overhead_s == pytest.approx(0.25 * 1.25) and d.decode_join_s == pytest.approx(0.03 * 1.25)
+    assert d.decode_io_slowdown == TRUE.decode_io_slowdown
+
+
+def test_decode_steps_interpolate_the_measured_grid_exactly_at_its_points():
+    grid = decode_grid(PROFILE)
+    for p in DECODE:
+        assert grid.step_s(p.tokens, p.context_tokens) == pytest.approx(p.seconds)
+    mid = grid.step_s(2.5, 640)  # halfway in batch (1..4) and in context (256..1024)
+    corners = [grid.step_s(b, c) for b in (1, 4) for c in (256, 1024)]
+    assert mid == pytest.approx(sum(corners) / 4)
+    assert grid.step_s(16, 2048) > grid.step_s(8, 2048)  # beyond the grid: the last segment, extrapolated
+    with pytest.raises(ValueError, match="grid"):
+        StepGrid.of([(1, 256, 0.1), (4, 256, 0.2), (1, 1024, 0.3)])
+    assert decode_grid(SimpleNamespace(prefill_fit=None, decode_fit=None)) is None  # no points: the fit
+
+
+def test_the_local_preset_runs_the_profile_at_the_speed():
+    from dualpath.config import RuntimeConfig
+    from dualpath.core.models import TINY
+    from dualpath.fidelity.preset import local_sim_config
+
+    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=1e6)
+    m = local_sim_config(rt, PROFILE, TINY.kv_bytes_per_token, "test", TRUE).local
+    assert m.prefill_fixed_s == pytest.approx(1.1 * 0.02) and m.prefill_overhead_s == 0.25
+    assert m.decode_step_s(4, 1024) == pytest.approx(1.05 * DECODE[4].seconds)  # the grid point, not the fit
+    assert m.decode_io_slowdown == 0.4 and m.decode_join_s == 0.03
+
+
+def test_step_records_read_forwards_joins_and_the_decode_engines_own_traffic():
+    from dualpath.fidelity.calibration import step_records
+    from dualpath.metrics.timeline import Timeline
+
+    tl = Timeline()  # a 1P1D cluster: PE0 is node 0, DE0 node 1
+    tl.span("PE0", "prefill", 0.0, 1.0, None, {"tokens": 100, "keys": 5050.0, "model_s": 0.9, "requests": ["a0t0"]})
+    tl.span("SNIC node0 read", "read", 0.0, 4.0, "a1t1")  # the PE's reads: not the DE's traffic
+    tl.span("CNIC DE0", "h2d", 2.0, 2.5, "a0t0")
+    tl.span("SNIC node1 write", "persist", 2.25, 3.0, None)
+    for t0, reqs in ((2.0, ["a0t0"]), (3.0, ["a0t0", "a1t0"]), (4.0, ["a1t0"])):
+        tl.span("DE0", "decode", t0, t0 + 1.0, None, {"batch": len(reqs), "ctx": 200, "model_s": 0.8, "requests": reqs})
+    got = step_records(tl.to_chrome("runtime"))
+    assert got["prefill"] == [[100, 5050.0, 0.9, 0.0, 1.0]]
+    assert [row[5:] for row in got["decode"]] == [[1, 1.0], [1, 0.0], [0, 0.0]]  # [2, 3): h2d then the write

@@ -16,6 +16,7 @@ from dualpath.errors import InputError
 from dualpath.fidelity.preset import local_sim_config
 from dualpath.metrics.decisions import DecisionLog
 from dualpath.metrics.timeline import NULL_TIMELINE
+from dualpath.sim.cpu_share import NO_CPU_SHARE
 from dualpath.sim.compute_measured import MeasuredCompute
 from dualpath.sim.simulator import Simulator
 from dualpath.workloads import Trajectory
@@ -97,8 +98,8 @@ def test_a_decode_step_takes_the_longest_running_context():
     per_key_s = 1e-5
     m = _machine(decode_fixed_s=0.0, decode_per_seq_s=0.0, decode_per_key_s=per_key_s, decode_per_ctx_s=0.0)
     loop, done = EventLoop(), {}
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None,
-                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False)),
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=NO_CPU_SHARE,
+                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False), local=m),
                           timeline=NULL_TIMELINE)
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.input_tokens, loop.now_s))
     eng = SimpleNamespace(index=0, track="DE0")
@@ -126,8 +127,8 @@ def test_a_request_joins_a_running_batch_when_its_step_ends(waits):
     step_s = 0.1
     m = _machine(decode_fixed_s=step_s, decode_per_seq_s=0.0, decode_per_key_s=0.0, decode_per_ctx_s=0.0)
     loop, done = EventLoop(), {}
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None,
-                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=waits)),
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=NO_CPU_SHARE,
+                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=waits), local=m),
                           timeline=NULL_TIMELINE)
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.name, loop.now_s))
     eng = SimpleNamespace(index=0, track="DE0")
@@ -142,6 +143,39 @@ def test_a_request_joins_a_running_batch_when_its_step_ends(waits):
     assert reqs["B"].t_second == pytest.approx(b_join_s + step_s)
     assert done["B"] == pytest.approx(b_join_s + 2 * step_s)
     assert done["C"] == pytest.approx(1.23 + 2 * step_s)  # an idle group: no wait, a fresh step
+
+
+def test_steps_slow_while_the_node_moves_kv_and_a_join_costs_its_measured_time_once():
+    """Steps of 0.1 s; the node writes a block to storage over [0.35, 0.55) with a slowdown of 1.0
+    (steps take 0.2 s meanwhile: sim/cpu_share.py); each join costs 0.05 s once. A (10 steps) joins
+    at 0: 0.05 + 0.35 s of steps reaches progress 3.0; 0.2 s beside the write does 1 step; the last
+    6 take 0.6 s: done at 1.15. B (2 steps) joining at 1.3, with no traffic: 1.3 + 0.05 + 0.2."""
+    import dualpath.sim.decode as decode_mod
+    from dualpath.sim.cpu_share import CpuShare
+    from dualpath.sim.events import EventLoop
+
+    if not decode_mod.__file__.endswith(".py"):
+        pytest.skip("the compiled build is imported; its classes take no stand-ins")
+    m = _machine(decode_fixed_s=0.1, decode_per_seq_s=0.0, decode_per_key_s=0.0, decode_per_ctx_s=0.0,
+                 decode_io_slowdown=1.0, decode_join_s=0.05)
+    loop, done = EventLoop(), {}
+    cpu = CpuShare(loop, 1.0)
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=cpu, timeline=NULL_TIMELINE,
+                          cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False), local=m))
+    life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.name, loop.now_s))
+    link = SimpleNamespace(flows=({}, {}), watchers=[])
+    eng = SimpleNamespace(index=0, track="DE0", cnic_out=link)
+    group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(nid=1, engines=[eng], snic_in=link, snic_out=link))
+    reqs = {name: SimpleNamespace(name=name, input_tokens=10, gen_tokens=gen, t_second=-1.0) for name, gen in (("A", 11), ("B", 3))}
+    loop.call_at(0.0, lambda r: group.join(r, eng), reqs["A"])
+    cpu.io_span(1, 0.35, 0.55)
+    cpu.io_span(0, 0.6, 0.9)  # another node's write: not this group's
+    loop.call_at(1.3, lambda r: group.join(r, eng), reqs["B"])
+    loop.run()
+    assert reqs["A"].t_second == pytest.approx(0.15)  # its first step, with the join's cost
+    assert done["A"] == pytest.approx(1.15)
+    assert done["B"] == pytest.approx(1.3 + 0.05 + 0.2)
+    assert not cpu.writing(1) and not cpu.writing(0)
 
 
 def test_preset_carries_the_runtime_config():

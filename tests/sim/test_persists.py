@@ -11,6 +11,7 @@ import pytest
 
 from dualpath.config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
 from dualpath.metrics.timeline import NULL_TIMELINE
+from dualpath.sim.cpu_share import NO_CPU_SHARE
 from dualpath.sim.events import EventLoop
 from dualpath.sim.hits import StoreHits, TraceRequest, TrajectoryHits
 from dualpath.sim.persists import PersistWrites, PlacementGate, filled_at_s
@@ -31,7 +32,7 @@ def _ctx(timed=True, wait_s=10.0, buffers=False):
     io = SimpleNamespace(persists_take_time=lambda: True, reserves_buffers=lambda: True,
                          persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
     return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster),
-                           kv_bytes_per_token=KVB, io=io, timeline=NULL_TIMELINE)
+                           kv_bytes_per_token=KVB, io=io, timeline=NULL_TIMELINE, cpu=NO_CPU_SHARE)
 
 
 class _Log:

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
+from ..fidelity.compare import describe_speed
 from ..progress import reporter
 from .io import console, out
 from .runtime import DeviceOption, _device
@@ -89,8 +90,7 @@ def print_fidelity(report: dict) -> None:
         table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", "", "", "", "", "")
         out.print(table)
         s = r["speed"]
-        out.print(f"{mode}: speed on the profile, prefill / decode: predicted {s['predicted']['prefill']:.3f} / "
-                  f"{s['predicted']['decode']:.3f}, the scored runs' own {s['replayed']['prefill']:.3f} / "
-                  f"{s['replayed']['decode']:.3f} (fidelity/calibration.py)")
+        out.print(f"{mode}: speed on the profile (fidelity/speed.py): predicted {describe_speed(s['predicted'])}; "
+                  f"the scored runs' own {describe_speed(s['replayed'])}")
         for name, why in r["causes"].items():
             out.print(f"{mode}: {name} missed: {why}")

@@ -1,27 +1,23 @@
 """The machine's speed for a prediction, measured without looking at the runs it predicts.
 
 The compute profile (`dualpath calibrate`, runtime/apps/calibrate.py) times each prefill and decode
-step alone, in a process pinned to an engine's CPU set. A prediction scales it by two factors:
+step alone, in a process pinned to an engine's CPU set. A prediction corrects it twice:
 
 1. Drift: a shared machine's speed moves within minutes. Right before every runtime run (the
    calibration's and the scored ones) the profile's warm points are timed again
    (`calibrate.check_speed`); `drift` is the median of now / cached. The prediction of the scored
    runs takes the mean of the drifts measured before them: a measurement made before each run,
    never of it.
-2. Contention: inside a running cluster an engine's forwards take longer than the profile timed
-   them alone; the other engine, the router and the client share the cores, caches and memory, and
-   how much they do differs by mode (a dualpath decode engine also reads and copies). Per mode and
-   role, it is measured on a calibration workload, which is never the scored one:
+2. Contention: inside a running cluster the engines' forwards take longer than the profile timed
+   them alone, by how much depending on the forward and on what runs beside it (speed.py: the
+   `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine moves
+   KV and the cost of a join). It is fitted, per mode, on the forwards of calibration workloads' runs, which are never
+   the scored workload, each at the drift measured before its run.
 
-       contention = sum(model seconds) / sum(drift_run * profile's seconds for the same forwards)
-
-   over the calibration runs of that mode (speed.py: the profile's seconds from each run's
-   `Counters.fit_terms`).
-
-So the predicted profile is the cached one times mean(drift of the scored runs) times the
-calibration's contention, per role. The scored runs' own model time gives the `replayed` speed
-(speed.py: `in_run_speed`), a diagnostic that says how much of an error is the speed and how much
-the model of everything else.
+So the prediction runs the profile at `SpeedModel` fitted on the calibration runs, moved from
+their drift to the scored runs' (`SpeedModel.drifted`). The same model fitted on the scored runs'
+own forwards gives the `replayed` diagnostic, which says how much of an error is the speed and how
+much the model of everything else.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from statistics import mean
 from typing import Any, Sequence
 
-from .speed import ROLES, predicted_s
+from .speed import SpeedModel, fit_speed
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,28 +62,75 @@ class CalibrationRuns:
             self.runs.append(run)
             self.drifts.append(drift)
 
-    def contention(self, profile: Any, mode: str) -> dict[str, float]:
-        """Per role, the mode's calibration model time over the drifted profile's seconds (module
-        docstring); 1.0 for a role none of its runs computed on."""
-        out: dict[str, float] = {}
-        for role, fit in zip(ROLES, (profile.prefill_fit, profile.decode_fit)):
-            busy = pred = 0.0
-            for run, drift in zip(self.runs, self.drifts):
-                t = run.get("model_time", {}).get(role) if run["mode"] == mode else None
-                if t:
-                    busy += t["busy_s"]
-                    pred += drift * predicted_s(fit, t["forwards"], t["fit_terms"])
-            out[role] = busy / pred if busy > 0 and pred > 0 else 1.0
-        return out
+    def speed(self, profile: Any, mode: str) -> SpeedModel:
+        """The mode's SpeedModel over its calibration runs, at their drift (speed.py)."""
+        return fit_speed(profile, [(r["steps"], d) for r, d in zip(self.runs, self.drifts) if r["mode"] == mode])
+
+    def mean_drift(self) -> float:
+        return mean(self.drifts) if self.drifts else 1.0
 
     def to_json(self, profile: Any, modes: Sequence[str]) -> dict[str, Any]:
         return {"workloads": sorted(set(self.workloads)), "drift": self.drifts, "wall_s": self.wall_s,
-                "contention": {m: self.contention(profile, m) for m in modes},
-                "runs": [{"workload": w, "mode": r["mode"], "jct_s": r["jct_s"], "model_time": r.get("model_time")}
-                         for w, r in zip(self.workloads, self.runs)]}
+                "speed": {m: self.speed(profile, m).to_json() for m in modes},
+                "runs": [{"workload": w, "mode": r["mode"], "jct_s": r["jct_s"], "model_time": r.get("model_time"),
+                          "steps": r.get("steps")} for w, r in zip(self.workloads, self.runs)]}
 
 
-def predicted_speed(contention: dict[str, float], drifts: Sequence[float]) -> dict[str, float]:
-    """Per role, the factor on the cached profile that predicts the scored runs."""
-    d = mean(drifts) if drifts else 1.0
-    return {role: d * contention[role] for role in ROLES}
+def step_records(trace: dict[str, Any]) -> dict[str, list[list[float]]]:
+    """A runtime run's forwards from its timeline (metrics/timeline.py; the engines' span args), in
+    time order: prefill [tokens, keys, model seconds, start s, end s]; decode [batch, longest
+    context, model seconds, start s, end s, joins (its requests that the engine's previous step
+    did not have), io (the fraction of the step its engine's KV traffic spanned: spans on the DE's
+    CNIC track and on its node's SNIC tracks)]. A local cluster numbers its prefill engines first,
+    so decode engine j is node (prefill engines + j) (metrics/timeline.py: snic_tracks)."""
+    from ..metrics.timeline import read_trace
+
+    spans, _ = read_trace(trace)
+    num_pe = len({s.track for s in spans if s.name == "prefill"})
+    io: dict[str, list[tuple[float, float]]] = {}  # per decode track, its engine's KV traffic
+    for s in spans:
+        track = _decode_track_of(s.track, num_pe)
+        if track is not None and s.name in ("read", "h2d", "transfer", "persist"):
+            io.setdefault(track, []).append((s.start_s, s.end_s))
+    out: dict[str, list[list[float]]] = {"prefill": [], "decode": []}
+    previous: dict[str, set] = {}  # per decode engine, the last step's requests
+    for s in sorted(spans, key=lambda s: s.start_s):
+        if s.name == "prefill":
+            out["prefill"].append([s.args["tokens"], s.args["keys"], s.args["model_s"], s.start_s, s.end_s])
+        elif s.name == "decode":
+            now = set(s.requests)
+            joins = len(now - previous.get(s.track, set()))
+            previous[s.track] = now
+            out["decode"].append([s.args["batch"], s.args["ctx"], s.args["model_s"], s.start_s, s.end_s, joins,
+                                  _covered(s.start_s, s.end_s, io.get(s.track, []))])
+    return out
+
+
+def _decode_track_of(track: str, num_pe: int) -> str | None:
+    """The decode engine whose KV traffic a link track carries (`CNIC DE<j>`, `SNIC node<n> ...`
+    with n = num_pe + j, either one's lanes `... (2)`), or None."""
+    name = track.split(" (")[0]
+    if name.startswith("CNIC DE"):
+        return name.removeprefix("CNIC ")
+    if name.startswith("SNIC node"):
+        node = int(name.split()[1].removeprefix("node"))
+        return f"DE{node - num_pe}" if node >= num_pe else None
+    return None
+
+
+def _covered(t0: float, t1: float, spans: list[tuple[float, float]]) -> float:
+    """The fraction of [t0, t1) that the union of `spans` covers."""
+    if t1 <= t0:
+        return 0.0
+    cuts = sorted((max(a, t0), min(b, t1)) for a, b in spans if b > t0 and a < t1)
+    covered, reach = 0.0, t0
+    for a, b in cuts:
+        if b > reach:
+            covered += b - max(a, reach)
+            reach = b
+    return covered / (t1 - t0)
+
+
+def predicted_speed(calibrated: SpeedModel, calibration_drift: float, drifts: Sequence[float]) -> SpeedModel:
+    """The calibration's SpeedModel on the machine of the scored runs (the mean drift before them)."""
+    return calibrated.drifted(mean(drifts) if drifts else 1.0, calibration_drift)

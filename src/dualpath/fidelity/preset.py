@@ -46,11 +46,13 @@ from ..core.hardware import NodeSpec
 from ..core.measured import MeasuredMachine
 from ..core.models import get_model
 from ..errors import InputError
+from .speed import SpeedModel, decode_grid
 
 
 def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, source: str,
-                     max_len_tokens: int = 65536) -> SimConfig:
-    """`profile`: a runtime ComputeProfile (prefill_fit, decode_fit: fixed_s, per_item_s, per_key_s, per_ctx_s)."""
+                     speed: SpeedModel = SpeedModel(), max_len_tokens: int = 65536) -> SimConfig:
+    """`profile`: a runtime ComputeProfile (prefill_fit, decode_fit: fixed_s, per_item_s, per_key_s,
+    per_ctx_s; decode: the measured steps, interpolated when they form a grid), run at `speed`."""
     if runtime.snic_bytes_per_s is None or runtime.cnic_rate is None:
         raise InputError("the local preset needs emulated SNIC and CNIC rates (a run at real speed has no rate to model)")
     try:
@@ -67,12 +69,16 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
                             expert_parallel=False, cnic_as_runtime_arbiter=True,
                             decode_waits_for_step_end=True, persist_waits_for_snic_write=True,
                             persist_wait_s=runtime.persist_wait_s, buffers_at_placement=True)
-    pf, df = profile.prefill_fit, profile.decode_fit
+    pf, df, kp, kd = profile.prefill_fit, profile.decode_fit, speed.prefill_scale, speed.decode_scale
+    grid = decode_grid(profile)
     machine = MeasuredMachine(
-        prefill_fixed_s=pf.fixed_s, prefill_per_token_s=pf.per_item_s, prefill_per_key_s=pf.per_key_s,
-        decode_fixed_s=df.fixed_s, decode_per_seq_s=df.per_item_s, decode_per_key_s=df.per_key_s,
-        decode_per_ctx_s=df.per_ctx_s,
+        prefill_fixed_s=kp * pf.fixed_s, prefill_per_token_s=kp * pf.per_item_s, prefill_per_key_s=kp * pf.per_key_s,
+        decode_fixed_s=kd * df.fixed_s, decode_per_seq_s=kd * df.per_item_s, decode_per_key_s=kd * df.per_key_s,
+        decode_per_ctx_s=kd * df.per_ctx_s,
         quota_attention_flops_per_s=runtime.quota_attention_flops_per_s, attention_flops_per_key=model.attn_flops_per_key,
-        pe_landing_bytes=float(runtime.pe_hbm_bytes), de_kv_tokens=runtime.de_kv_tokens, source=source)
+        pe_landing_bytes=float(runtime.pe_hbm_bytes), de_kv_tokens=runtime.de_kv_tokens, source=source,
+        decode_grid=None if grid is None else grid.scaled(speed.decode_scale),
+        prefill_overhead_s=speed.prefill_overhead_s, decode_io_slowdown=speed.decode_io_slowdown,
+        decode_join_s=speed.decode_join_s)
     return SimConfig(cluster=cluster, scheduler=replace(runtime.scheduler), local=machine,
                      workload=WorkloadConfig(max_len_tokens=max_len_tokens))

@@ -10,9 +10,9 @@ Numbered path:
   3. The scored runs: `repeat` fresh clusters, each running every mode in turn on a fresh store, the
      drift timed right before each, the scheduler's decisions recorded.
   4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, per
-     mode at four speeds: `predicted` (the profile x the scored runs' drift x the calibration's
-     contention: nothing measured from the scored runs), `replayed` (the scored runs' own model time,
-     speed.py: a diagnostic), `start_speed` (drift only, no contention: an ablation), and
+     mode at four speeds (speed.py: SpeedModel): `predicted` (fitted on the calibration runs, at the
+     scored runs' drift: nothing measured from the scored runs), `replayed` (fitted on the scored
+     runs' own forwards: a diagnostic), `start_speed` (drift only, no contention: an ablation), and
      `shared_cnics` (predicted, with the paper presets' CNICs in place of the runtime's arbiters).
   5. compare.py: per mode and metric, the runtime's mean and spread, each simulation's error and
      the goal's verdict; for a missed goal the cause the runs measured; the decisions' agreement.
@@ -30,10 +30,10 @@ from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
 from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
-from .calibration import CalibrationRuns, DriftCheck, predicted_speed
+from .calibration import CalibrationRuns, DriftCheck, predicted_speed, step_records
 from .compare import causes, compare_decisions, errors, runtime_stats
 from .preset import local_sim_config
-from .speed import ROLES, at_speed, in_run_speed
+from .speed import SpeedModel, fit_speed
 from .workloads import WorkloadSpec, fidelity_workload, parse_workload, trace_turn_costs
 
 DEFAULT_CALIBRATION = ("demo",)  # used when the scored workload is not the demo
@@ -65,7 +65,7 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     scored, drifts, t0 = [], [], time.perf_counter()
     for i in range(repeat):
         drifts.append(first_drift if i == 0 and not cal_specs else drift(base))
-        scored.append(await _run(plan, modes, model, device, seed=i, on_turn=on_turn, timeline=timeline and i == 0))
+        scored.append(await _run(plan, modes, model, device, seed=i, on_turn=on_turn, keep_trace=timeline and i == 0))
     report: dict[str, Any] = {
         "workload": spec.key, "model": model, "device": device, "repeat": repeat,
         "rates": plan.rates.to_json(), "profile": None if base.path is None else str(base.path),
@@ -74,17 +74,19 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
         real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in scored]
-        speeds = {"predicted": predicted_speed(calib.contention(base.profile, mode), drifts),
-                  "replayed": in_run_speed(base.profile, real_runs),
-                  "start_speed": predicted_speed(dict.fromkeys(ROLES, 1.0), drifts)}
+        speeds = {"predicted": predicted_speed(calib.speed(base.profile, mode), calib.mean_drift(), drifts),
+                  "replayed": fit_speed(base.profile, [(r["steps"], 1.0) for r in real_runs]),
+                  "start_speed": predicted_speed(SpeedModel(), 1.0, drifts)}
         runtime_cfg = _demo_config(mode, plan.rates, model)
-        cfgs = {name: local_sim_config(runtime_cfg, at_speed(base.profile, s), kvbpt, source=f"{source} at speed {s}")
-                for name, s in speeds.items()}
+        cfgs = {name: local_sim_config(runtime_cfg, base.profile, kvbpt, f"{source} at {s}", s) for name, s in speeds.items()}
         cfgs["shared_cnics"] = replace(cfgs["predicted"], cluster=replace(cfgs["predicted"].cluster,
                                                                           cnic_as_runtime_arbiter=False))
-        report["modes"][mode] = _mode_report(real_runs, cfgs, speeds, mode, plan.trajectories, timeline)
+        report["modes"][mode] = _mode_report(real_runs, cfgs, {k: v.to_json() for k, v in speeds.items()}, mode,
+                                             plan.trajectories, timeline)
     report["local_preset"] = asdict(cfgs["predicted"].local)
     report["profile_fit"] = {"prefill": asdict(base.profile.prefill_fit), "decode": asdict(base.profile.decode_fit)}
+    report["profile_points"] = {"prefill": [asdict(p) for p in base.profile.prefill],
+                                "decode": [asdict(p) for p in base.profile.decode]}
     return report
 
 
@@ -112,11 +114,19 @@ async def _calibrate(specs: Sequence[WorkloadSpec], plans: Sequence[Any], modes:
 
 
 async def _run(plan: Any, modes: Sequence[str], model: str, device: str, seed: int,
-               on_turn: Callable[..., None] | None, timeline: bool = False) -> dict[str, Any]:
-    from ..runtime.apps.demo import run_demo
+               on_turn: Callable[..., None] | None, keep_trace: bool = False) -> dict[str, Any]:
+    """One cluster running every mode; each run's forwards as `steps` (calibration.py: step_records),
+    read from its timeline, which stays in the run as `trace` only with `keep_trace`."""
+    from ..runtime.apps.demo import run_demo, runtime_trace
 
-    return await run_demo(tuple(modes), model=model, device=device, plan=plan, record_decisions=True,
-                          on_turn=on_turn, seed=seed, record_timeline=timeline)
+    res = await run_demo(tuple(modes), model=model, device=device, plan=plan, record_decisions=True,
+                         on_turn=on_turn, seed=seed, record_timeline=True)
+    for run in res["runs"]:
+        trace = runtime_trace(run)
+        run["steps"] = step_records(trace)
+        if keep_trace:
+            run["trace"] = trace
+    return res
 
 
 def _demo_config(mode: str, rates: Any, model: str) -> RuntimeConfig:
@@ -151,7 +161,6 @@ def _mode_report(real_runs: list[dict], cfgs: dict[str, Any], speeds: dict[str, 
     """One mode: the runtime's statistics, each simulation's errors, the causes of the prediction's
     misses, the decisions of both worlds (and the two worlds' timelines side by side)."""
     from ..metrics.timeline import merge_traces
-    from ..runtime.apps.demo import runtime_trace
 
     stats = runtime_stats(real_runs)
     sims = {name: _simulate(cfg, mode, work, timeline and name == "predicted") for name, cfg in cfgs.items()}
@@ -162,7 +171,7 @@ def _mode_report(real_runs: list[dict], cfgs: dict[str, Any], speeds: dict[str, 
         "runtime": stats, "errors": errs, "speed": speeds,
         "causes": causes(errs["predicted"], errs["replayed"], speeds),
         "decisions": compare_decisions(logs, pred_log), "sim_wall_s": pred_run["wall_s"],
-        "runtime_model_time": [r["model_time"] for r in real_runs],
+        "runtime_model_time": [r["model_time"] for r in real_runs], "runtime_steps": [r["steps"] for r in real_runs],
         "decision_logs": {"sim": [asdict(d) for d in pred_log], "runtime": [[asdict(d) for d in log] for log in logs]},
         "ttft_samples": {"sim": pred_run.get("ttft_samples_s", []),
                          "runtime": [r.get("ttft_samples_s", []) for r in real_runs]},
@@ -170,7 +179,7 @@ def _mode_report(real_runs: list[dict], cfgs: dict[str, Any], speeds: dict[str, 
         "placed_hits": {"sim": pred_run.get("placed_hits", {}), "runtime": [r.pop("placed_hits", {}) for r in real_runs]},
     }
     if timeline:
-        out["timeline"] = merge_traces(pred_trace, runtime_trace(real_runs[0]))
+        out["timeline"] = merge_traces(pred_trace, real_runs[0].pop("trace"))
     return out
 
 

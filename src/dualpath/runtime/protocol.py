@@ -263,6 +263,10 @@ class Counters:
     # link time this engine's CNIC arbiter lost because its thread fell behind the link's schedule
     # (the host could not copy at the emulated rate then, e.g. its cores were computing; arbiter.py)
     cnic_stalled_s: float = 0.0
+    # the encoded bytes of this engine's messages to the router and to other engines (its control
+    # plane: tokens, heartbeats, counters, layer pulls), this report not included; what a kernel
+    # counts on the node's CNIC besides the KV (runtime/apps/testbed_demo.py:ledger_vs_kernel)
+    control_bytes: int = 0
     # the engine's timeline spans since its last Counters (RuntimeConfig.record_timeline), each
     # [track, name, start_s, end_s, rid or None, args or None] on its CLOCK_MONOTONIC (metrics/timeline.py)
     spans: list = field(default_factory=list)

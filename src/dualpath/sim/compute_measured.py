@@ -26,7 +26,8 @@ class MeasuredCompute(StepTimes):
         return self._quota_s_per_key * causal_keys(compute_tokens, cached_tokens)
 
     def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
-        return self.m.prefill_fixed_s + self.m.prefill_per_token_s * total_compute_tokens + max_gpu_attention_s
+        m = self.m
+        return m.prefill_fixed_s + m.prefill_overhead_s + m.prefill_per_token_s * total_compute_tokens + max_gpu_attention_s
 
     def decode_request_cost(self, context_tokens: float) -> tuple[float, float]:
         """(its context, 0): the decode group keeps each request's context, the longest sets the step."""

@@ -10,7 +10,9 @@ Numbered path of one request on the DE side (docs/paper.md §1.3 steps 8-9 / 6-7
      joins an idle group.
   3. Progress is fluid between membership changes: with step time t fixed while the batch is
      unchanged, the group advances 1/t steps per second; each join or leave re-derives t from the
-     batch (per GPU: attention compute- or memory-bound; shared: weights or linear FLOPs).
+     batch (per GPU: attention compute- or memory-bound; shared: weights or linear FLOPs). The
+     `local` preset's measured steps also slow down while the node moves KV (cpu_share.py), and a
+     join costs its measured extra time once (`decode_join_s`).
   4. `_on_finish`: the request leaves; the simulator persists its new full blocks and starts the
      agent's next turn.
 """
@@ -54,6 +56,15 @@ class DecodeGroup:
         self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=False)  # None: no EP bytes on the CNICs
         if self.ep is not None:
             self.ep.watch(self._links_changed)
+        self._io_factor = 1.0  # 1 + the measured slowdown while the node moves KV (cpu_share.py)
+        self._io_links: tuple = ()
+        if ctx.cpu.slows_decode():
+            self._io_links = (node.snic_in, node.snic_out, *{id(e.cnic_out): e.cnic_out for e in node.engines}.values())
+            ctx.cpu.watch(node.nid, self._io_changed)
+            for link in self._io_links:
+                link.watchers.append(self._io_changed)
+        # measured: the step in which a request joins takes this much longer (its first step's own work)
+        self._join_s = ctx.cfg.local.decode_join_s if ctx.cfg.local is not None else 0.0
         self._steps = ctx.timeline.steps([e.track for e in node.engines], "decode")  # a span per step, per GPU
         self._step_args = self._batch_args  # bound once: `_advance` hands it over without a new object
 
@@ -84,7 +95,7 @@ class DecodeGroup:
                 self.ep.reserve(None, 0.0)
             return
         if self._padded:
-            self.step_s = self._padded_step_s()
+            self.step_s = self._padded_step_s() * self._io_factor
             return
         worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
         self.step_s = cm.decode_step_s(worst, self.num_running)
@@ -107,6 +118,20 @@ class DecodeGroup:
         self.step_s = self._compute_step_s + extra
         ep.reserve(self.running_per_gpu, self.step_s)
         self._reschedule()
+
+    def _io_changed(self) -> None:
+        """A flow started or ended on the node's links, or a write on its SNIC: re-time the step
+        when the node's KV traffic started or stopped (cpu_share.py)."""
+        cpu = self.ctx.cpu
+        busy = cpu.writing(self.node.nid) or any(link.flows[0] or link.flows[1] for link in self._io_links)
+        factor = 1.0 + cpu.decode_io_slowdown if busy else 1.0
+        if factor == self._io_factor:
+            return
+        self._advance()
+        self._io_factor = factor
+        if self.num_running:
+            self._restep()
+            self._reschedule()
 
     def _padded_step_s(self) -> float:
         """The slowest GPU's step when each pads its batch to its longest context (a request's
@@ -160,7 +185,9 @@ class DecodeGroup:
         self._seq += 1
         heapq.heappush(self._heap, (self.progress_steps + steps, self._seq, req, i, attn, kvb))
         self._restep()
-        req.t_second = self.ctx.loop.now_s + self.step_s
+        if self._join_s > 0:  # every running request waits the joining step's extra time
+            self.progress_steps -= self._join_s / self.step_s
+        req.t_second = self.ctx.loop.now_s + self.step_s + self._join_s
         self._reschedule()
 
     def _on_event(self, version: int) -> None:

@@ -24,6 +24,7 @@ from mypy_extensions import trait
 
 from ..config import Features, SimConfig
 from ..metrics.timeline import Timeline
+from .cpu_share import CpuShare
 from .compute import StepTimes
 from .events import EventLoop
 from .kv_io import KvIo
@@ -43,6 +44,7 @@ class SimContext:
     storage_egress: Optional[Link]  # the storage cluster's egress link, None = unlimited
     io: KvIo  # the network and buffers the mode's KV moves through (kv_io.py; the oracle's are free)
     timeline: Timeline  # spans of the run (metrics/timeline.py); NULL_TIMELINE when not recorded
+    cpu: CpuShare  # compute and I/O on shared cores (cpu_share.py); NO_CPU_SHARE but for a measured `local` preset
 
 
 @trait

@@ -122,6 +122,7 @@ class PersistWrites:
             w.level_bytes, w.stamp_s = level, start
             w.free_at_s = start + (-level / rate if level < 0 else 0.0)
             loop.call_at(max(loop.now_s, w.free_at_s), self._written, k)
+            self.ctx.cpu.io_span(node.nid, start, w.free_at_s)  # the engine's cores write it (cpu_share.py)
             wait_s = start - (ready if queued_s is None else queued_s)
             self.ctx.timeline.span(node.write_track, "persist", start, w.free_at_s, None, {"wait_s": wait_s})
 

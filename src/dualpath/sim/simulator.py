@@ -33,6 +33,7 @@ from ..core.snapshot import EngineLoad, ReadSide
 from ..errors import InputError
 from ..metrics import NULL_TIMELINE, Timeline, TurnRecorder
 from .compute_measured import compute_for
+from .cpu_share import cpu_share_for
 from .decode import DecodeGroup
 from .dispatch import Dispatch
 from .events import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_SCHEDULE, EventLoop
@@ -69,7 +70,7 @@ class Simulator(TurnLifecycle):
         self._build_topology()
         self.io = kv_io_for(features.io_free, self.net, self.kv_bytes_per_token)  # the mode's network, once
         self.ctx = ctx = SimContext(self.loop, self.net, self.compute, features, cfg, self.kv_bytes_per_token,
-                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io, timeline)
+                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io, timeline, cpu_share_for(cfg, self.loop))
         self.reads = StorageReads(ctx, self)
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}

@@ -225,8 +225,9 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
 def ledger_vs_kernel(result: dict) -> list[dict]:
     """Per run and node: what the runtime says crossed each link, what the kernel counted (headers
     included: TCP/IP, the storage protocol's frames, remote-write frames, control messages), and
-    the runtime's bytes plus the one header stated here: a block read from the service comes as
-    its file, header (store/format.py HEADER_BYTES) and payload."""
+    the runtime's bytes plus what else it states: a block read from the service comes as its
+    file, header (store/format.py HEADER_BYTES) and payload; the CNIC also carries the engine's
+    messages to the router and its peers (Counters.control_bytes, their encoded bytes)."""
     from ..store.format import HEADER_BYTES
 
     block, tp = result["config"]["full_block_bytes"], result["config"].get("tp", 1)
@@ -246,9 +247,12 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
             for what, runtime, kernel in (("SNIC read (storage -> node)", led.get("storage_read_bytes", 0), storage_end["tx_bytes"]),
                                           ("SNIC write (node -> storage)", led.get("storage_write_bytes", 0), node_snic["tx_bytes"]),
                                           (cnic_what, led.get("remote_write_bytes", 0), cnic_kernel)):
-                stated = runtime + (runtime // block * HEADER_BYTES if what.startswith("SNIC read") else 0)
+                stated = runtime + (runtime // block * HEADER_BYTES if what.startswith("SNIC read") else
+                                    led.get("control_bytes", 0) if what.startswith("CNIC") else 0)
                 rows.append({"mode": r["mode"], "host": host, "what": what, "runtime_bytes": runtime, "kernel_bytes": kernel,
-                             "stated_bytes": stated, "kernel_over_stated": kernel / stated if stated else None})
+                             "stated_bytes": stated, "kernel_over_stated": kernel / stated if stated else None,
+                             # what came in on the port, whose TCP acks leave on it
+                             "kernel_in_bytes": node_cnic["rx_bytes"] if what.startswith("CNIC") else None})
     return rows
 
 

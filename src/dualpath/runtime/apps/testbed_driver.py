@@ -51,7 +51,7 @@ async def drive_trace(spec: dict) -> dict:
 def _ledger(router) -> dict:
     counters = router.metrics.engine_counters  # the engines' last report, sent as they stopped
     return {str(e): {"storage_read_bytes": x.storage_read_bytes, "storage_write_bytes": x.storage_write_bytes,
-                     "remote_write_bytes": x.remote_write_bytes,
+                     "remote_write_bytes": x.remote_write_bytes, "control_bytes": x.control_bytes,
                      "cnic_lc_bytes": x.cnic_lc_bytes}  # its LC lane's bytes: with tp=2, + the collectives' tensors
             for e, x in sorted(counters.items())}
 

@@ -372,7 +372,13 @@ class EngineBase:
                                 forward_items=int(self.counters["forward_items"]),
                                 served_mid_step=int(self.counters["served_mid_step"]),
                                 fit_terms=(float(c["fit_items"]), float(c["fit_ctx"]), float(c["fit_keys"])),
-                                cnic_stalled_s=float(st.stalled_s - self._stalled_base_s), spans=self.timeline.drain()))
+                                cnic_stalled_s=float(st.stalled_s - self._stalled_base_s),
+                                control_bytes=self.control_bytes_sent(), spans=self.timeline.drain()))
+
+    def control_bytes_sent(self) -> int:
+        """The encoded bytes of the messages sent to other processes (the router, peers), to itself not."""
+        with self._out_lock:
+            return sum(box.sent_bytes for endpoint, box in self._outboxes.items() if endpoint != self.spec.endpoint)
 
     def close(self) -> None:
         self._stop = True

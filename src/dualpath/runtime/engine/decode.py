@@ -231,7 +231,8 @@ class DecodeEngine(EngineBase):
         t0, served0, step_s = time.perf_counter(), self.interleave.serve_s, self.timeline.now_s()
         logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],
                                         self.interleave.poll if waiting else None)
-        self.counters["busy_s"] += time.perf_counter() - t0 - (self.interleave.serve_s - served0)  # model time alone
+        model_s = time.perf_counter() - t0 - (self.interleave.serve_s - served0)  # model time alone
+        self.counters["busy_s"] += model_s
         self.counters["forwards"] += 1
         self.counters["forward_items"] += len(running)
         self.counters["fit_items"] += len(running)  # the profile fit's terms (protocol.py: Counters.fit_terms)
@@ -251,8 +252,9 @@ class DecodeEngine(EngineBase):
             self.to_router(Token(r.assign.rid, tok, idx, done, reason))
             if done:
                 self._finish(r)
-        self.timeline.until_now(self.track, "decode", step_s, None,
-                                lambda: {"batch": len(running), "requests": [r.assign.rid for r in running]})
+        self.timeline.until_now(self.track, "decode", step_s, None,  # ctx, model_s: fidelity/calibration.py
+                                lambda: {"batch": len(running), "ctx": longest, "model_s": model_s,
+                                         "requests": [r.assign.rid for r in running]})
         self.counters["served_mid_step"] += self.interleave.drain()
 
     def _done(self, r: DecodeRequest, last: int) -> bool:

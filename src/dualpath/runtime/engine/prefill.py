@@ -214,7 +214,8 @@ class PrefillEngine(EngineBase):
         self.counters["forwards"] += 1
         self.counters["forward_items"] += len(batch)
         self.counters["fit_items"] += sum(n for _, n in batch)
-        self.counters["fit_keys"] += sum(causal_keys(n, r.cached) for r, n in batch)
+        keys = sum(causal_keys(n, r.cached) for r, n in batch)
+        self.counters["fit_keys"] += keys
         for i, (r, n) in enumerate(batch):
             if r.assign.rid in stream.poisoned:
                 r.restart()  # its outputs came from KV that failed its checksums: recompute, never use
@@ -226,8 +227,9 @@ class PrefillEngine(EngineBase):
                 self._first_token(r, logits[i])
         stream.wait_for_save()
         self.last_forward_s = time.perf_counter() - t_start
-        self.timeline.until_now(self.track, "prefill", fwd_s, None,
-                                lambda: {"requests": [r.assign.rid for r, _ in batch], "tokens": sum(n for _, n in batch)})
+        self.timeline.until_now(self.track, "prefill", fwd_s, None,  # keys, model_s: fidelity/calibration.py
+                                lambda: {"requests": [r.assign.rid for r, _ in batch], "tokens": sum(n for _, n in batch),
+                                         "keys": keys, "model_s": compute_s})
 
     def _pd_sent(self, rid: int) -> None:
         """Every PD copy of the request's last forward has landed: its `transfer` span ends."""

@@ -99,6 +99,7 @@ class Outbox:
     def __init__(self, endpoint: str, linger_s: float = 1.0, token: bytes | None = None) -> None:
         self.endpoint = endpoint
         self._lock = threading.Lock()
+        self.sent_bytes = 0  # the encoded messages' bytes handed to the socket (ZMQ's frames and TCP/IP not included)
         self._sock = zmq.Context.instance().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.LINGER, round(linger_s * 1000))  # queued messages flush on close
         try:
@@ -112,6 +113,7 @@ class Outbox:
         data = encode(msg)
         with self._lock:
             self._sock.send(data)
+            self.sent_bytes += len(data)
 
     def send_many(self, msgs: list[Any]) -> None:
         """Messages that arrive together, in order (one multipart frame: the receiver's `recv`
@@ -121,6 +123,7 @@ class Outbox:
         parts = [encode(m) for m in msgs]
         with self._lock:
             self._sock.send_multipart(parts)
+            self.sent_bytes += sum(map(len, parts))
 
     def close(self) -> None:
         with self._lock:
