@@ -262,3 +262,20 @@ def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
     path.write_text(path.read_text() + '{"request": "x"}\n')
     with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:3"):
         read_jsonl(path)
+
+
+# On the tiny workload (a few dozen turns, so the runtime's own repeats differ by 10-30%): bounds
+# that catch a broken model or a calibration that does not carry over (a speed off by half moves
+# JCT by a third or more), not the goals. Measured here, `dualpath fidelity --workload tiny
+# --calibrate-on tiny:agents=3,rounds=4 --model tiny --repeat 2`: replayed JCT +8.8% / -5.0%, TTFT
+# p50 -9.8% / -24.5%, TPOT -11.9% / +13.9% (basic / dualpath); predicted JCT +9.7% / -1.0%, TTFT p50
+# -1.3% / -26.0%, TPOT -1.8% / +30.5%
+REPLAYED_BOUNDS = {"jct_s": 0.20, "ttft_p50_s": 0.40, "tpot_mean_s": 0.30}
+PREDICTED_BOUNDS = {"jct_s": 0.30, "ttft_p50_s": 0.50, "tpot_mean_s": 0.50}
+
+
+@pytest.mark.parametrize("errors, bounds", [("replayed", REPLAYED_BOUNDS), ("predicted", PREDICTED_BOUNDS)])
+def test_the_tiny_workloads_errors_stay_within_their_bounds(report, errors, bounds):
+    for mode, r in report["modes"].items():
+        for name, bound in bounds.items():
+            assert abs(r["errors"][errors][name]["rel_error"]) <= bound, (mode, errors, name, r["errors"][errors][name])
