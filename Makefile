@@ -23,7 +23,7 @@ sim-demo: $(STAMP)
 		--mode basic --mode dualpath --mode oracle --seed 1 --json out/sim.json --plot out/sim.png
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -66,6 +66,7 @@ def _demo_on_a_pipe(tmp_path, *args: str) -> tuple[str, list[tuple[str, float, b
     return stderr, lines
 
 
+@pytest.mark.realtime  # the JCT ratio: runs alone under two workers (tests/conftest.py)
 def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     j = tmp_path / "demo.json"
     stderr, lines = _demo_on_a_pipe(tmp_path, "--json", str(j), "--plot", str(tmp_path / "demo.png"))

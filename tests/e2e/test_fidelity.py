@@ -14,6 +14,8 @@ from cli_helpers import cli as _cli, cli_here
 from dualpath.fidelity.compare import GOALS, verdict
 from dualpath.metrics.decisions import Decision, agreement
 
+pytestmark = pytest.mark.realtime  # measures the runtime's speed: runs alone under two workers (tests/conftest.py)
+
 CALIBRATION = "tiny:agents=3,rounds=4"
 
 

@@ -16,12 +16,15 @@ import asyncio
 import re
 
 import httpx
+import pytest
 from cli_helpers import cli_here
 
 from dualpath.bench.overload import (
     MAX_TOKENS, REQUEST_TIMEOUT_S, closed_loop, free_port, start_server, summarise, wait_ready,
 )
 from dualpath.runtime.model.loader import tiny_config
+
+pytestmark = pytest.mark.realtime  # measures the runtime's speed: runs alone under two workers (tests/conftest.py)
 
 LIMIT = 2  # the server's --max-inflight-requests
 CLIENTS = 6 * LIMIT
