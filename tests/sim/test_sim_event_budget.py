@@ -19,3 +19,16 @@ def test_turns_per_million_events_stay_above_the_floor():
     (row,) = run_speed_bench("ds-v3.2-660b", "2P4D", "64k", [AGENTS], "dualpath", 1, None, None)
     assert row["num_turns"] == 1_376  # the workload is the seeded one the floor was measured on
     assert row["turns_per_million_events"] >= FLOOR_TURNS_PER_MILLION_EVENTS, row
+    # the machine's own speed, measured around the run, divides the turns per second
+    assert 0 < row["heap_ops_per_s_before"] and 0 < row["heap_ops_per_s"]
+    assert row["turns_per_million_heap_ops"] == row["turns_per_wall_s"] / row["heap_ops_per_s"] * 1e6
+
+
+def test_the_machines_heap_speed_is_measured_not_assumed(monkeypatch):
+    """heap_ops_per_s times the heap operations it does: a clock that advances 2 s over the loop
+    gives 2 x HEAP_OP_PAIRS / 2 s."""
+    from dualpath.bench import sim_speed
+
+    ticks = iter([10.0, 12.0])
+    monkeypatch.setattr(sim_speed.time, "perf_counter", lambda: next(ticks))
+    assert sim_speed.heap_ops_per_s() == 2 * sim_speed.HEAP_OP_PAIRS / 2.0

@@ -35,11 +35,13 @@ def bench_sim_speed(
     rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
     build = rows[0]["build"] if rows else build_kind()
     table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode} ({build} build)")
-    for col in ("agents", "turns", "events", "turns / M events", "wall s", "turns/s", "JCT s"):
+    for col in ("agents", "turns", "events", "turns / M events", "wall s", "turns/s", "machine M heap ops/s",
+                "turns / M heap ops", "JCT s"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['turns_per_million_events']:.0f}",
-                      f"{r['wall_s']:.1f}", f"{r['turns_per_wall_s']:.0f}", f"{r['jct_s']:.0f}")
+                      f"{r['wall_s']:.1f}", f"{r['turns_per_wall_s']:.0f}", f"{r['heap_ops_per_s'] / 1e6:.2f}",
+                      f"{r['turns_per_million_heap_ops']:.0f}", f"{r['jct_s']:.0f}")
     out.print(table)
 
 
