@@ -9,7 +9,7 @@ from ..results import Results
 
 
 @block("sim_speed", reads=("sim_speed.json", "sim_speed_compiled.json"),
-       command=("dualpath bench sim-speed --agents 512,1024,2048,4096 --json docs/results/sim_speed.json "
+       command=("dualpath bench sim-speed --agents 512,1024,2048 --json docs/results/sim_speed.json "
                 "--plot docs/results/sim_speed.png",
                 "make compiled, then the same into sim_speed_compiled.json / .png"))
 def sim_speed(r: Results) -> str:
@@ -18,25 +18,31 @@ def sim_speed(r: Results) -> str:
     for p, c in zip(pure["rows"], compiled["rows"], strict=True):
         same = same and p["jct_s"] == c["jct_s"] and p["num_events"] == c["num_events"]
         rows.append([num(p["agents"]), num(p["num_turns"]), num(p["num_events"]), f"{p['wall_s']:.1f}",
-                     num(p["turns_per_wall_s"]), f"{c['wall_s']:.1f}", num(c["turns_per_wall_s"]),
-                     f"{p['wall_s'] / c['wall_s']:.2f}x"])
-    return (f"{pure['model']}, {pure['pd']}, MaxLen {pure['max_len']}, {pure['mode']} mode, one process. JCTs and event "
-            f"counts equal in both builds: {'yes' if same else 'NO'}.\n\n"
-            + table(["agents", "turns", "events", "pure wall s", "pure turns/s", "compiled wall s", "compiled turns/s",
-                     "speed-up"], rows))
+                     num(p["turns_per_wall_s"]), num(p["turns_per_million_heap_ops"]), f"{c['wall_s']:.1f}",
+                     num(c["turns_per_wall_s"]), num(c["turns_per_million_heap_ops"]), f"{p['wall_s'] / c['wall_s']:.2f}x",
+                     f"{min(x['heap_ops_per_s'] for x in (p, c)) / 1e6:.2f}-{max(x['heap_ops_per_s'] for x in (p, c)) / 1e6:.2f}"])
+    code = {pure.get("simulator_code", "unrecorded"), compiled.get("simulator_code", "unrecorded")}
+    return (f"{pure['model']}, {pure['pd']}, MaxLen {pure['max_len']}, {pure['mode']} mode, one process, simulator code "
+            f"`{', '.join(sorted(code))}`. JCTs and event counts equal in both builds: {'yes' if same else 'NO'}. Turns per "
+            "second depend on the machine and its load; \"per M heap ops\" divides them by the machine's own speed at "
+            "push and pop on a binary heap, measured around each run (`bench/sim_speed.py`), and compares runs made on "
+            "different machines or days.\n\n"
+            + table(["agents", "turns", "events", "pure wall s", "pure turns/s", "pure turns per M heap ops",
+                     "compiled wall s", "compiled turns/s", "compiled turns per M heap ops", "speed-up",
+                     "machine, M heap ops/s"], rows))
 
 
-@block("sim_48p96d", reads=("sim_48p96d_compiled.json",),
-       command="make compiled && dualpath sim --model ds-v3.2-660b --pd 48P96D --max-len 64k --agents 49152 "
-               "--mode dualpath --seed 1 --quiet --json docs/results/sim_48p96d_compiled.json")
+@block("sim_48p96d", reads=("repro/table3.json",),
+       command="dualpath repro --out DIR (the table3 experiment; its 48P96D offline run)")
 def sim_48p96d(r: Results) -> str:
-    run = r.json("sim_48p96d_compiled.json")["runs"][0]
-    s = run["scheduler"]
-    rows = [[run["build"], num(run["num_agents"]), num(run["num_turns"]), num(run["num_events"]),
-             f"{num(run['wall_s'])} ({run['wall_s'] / 60:.1f} min)", num(run["turns_per_wall_s"]),
-             f"{num(run['policy_wall_s'])} ({run['policy_wall_s'] / s['decisions'] * 1e6:.0f} us per decision)",
-             num(run["jct_s"], 1)]]
-    return table(["build", "agents", "turns", "events", "simulation wall s", "turns/s", "policy wall s", "JCT s"], rows)
+    t = r.json("repro/table3.json")
+    run = next(x for x in t["table"] if x["kind"] == "offline" and x["pd"] == "48P96D")
+    rows = [[", ".join(t["sim_builds"]), num(run["agents"]), num(run["turns"]), num(run["decisions"]),
+             f"{num(run['wall_s'])} ({run['wall_s'] / 60:.1f} min)", num(run["turns"] / run["wall_s"]),
+             f"{sig(run['cpu_us_per_decision'])} us per decision", num(run["jct_s"], 1)]]
+    return (f"Simulator code `{t['simulator_code']}`.\n\n"
+            + table(["build", "agents", "turns", "scheduling decisions", "simulation wall s", "turns/s", "policy",
+                     "JCT s"], rows))
 
 
 @block("table3", reads=("repro/table3.json",), command="dualpath repro --out DIR (the table3 experiment)")
