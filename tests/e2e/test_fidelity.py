@@ -14,7 +14,8 @@ from cli_helpers import cli as _cli, cli_here
 from dualpath.fidelity.compare import GOALS, verdict
 from dualpath.metrics.decisions import Decision, agreement
 
-pytestmark = pytest.mark.realtime  # measures the runtime's speed: runs alone under two workers (tests/conftest.py)
+# The tests that read the tiny run's report measure the runtime's speed: `realtime`, they run alone
+# under two workers (tests/conftest.py); the rest check inputs and arithmetic and share the machine.
 
 CALIBRATION = "tiny:agents=3,rounds=4"
 
@@ -33,6 +34,7 @@ def report(run_dir):
     return json.loads((run_dir / "f.json").read_text())
 
 
+@pytest.mark.realtime
 def test_the_timeline_lays_both_worlds_side_by_side_with_the_same_names(run_dir, report):
     from dualpath.metrics.timeline import read_trace
 
@@ -47,6 +49,7 @@ def test_the_timeline_lays_both_worlds_side_by_side_with_the_same_names(run_dir,
             assert {"prefill", "decode", "read"} <= names, (mode, world, names)
 
 
+@pytest.mark.realtime
 def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_checks_only(report):
     """predicted = the SpeedModel fitted on the calibration runs' forwards, at their drift, moved to
     the mean drift before the scored runs (fidelity/calibration.py); the replayed speed is the one
@@ -64,11 +67,12 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     profile = SimpleNamespace(prefill_fit=StepFit(**fits["prefill"]), decode_fit=StepFit(**fits["decode"]),
                               decode=[StepTime(**p) for p in points["decode"]])
     mean = lambda xs: sum(xs) / len(xs)
+    runs = [(run["steps"], d) for run, d in zip(cal["runs"], cal["drift"])]  # every mode's runs, one fit
+    assert sorted(run["mode"] for run in cal["runs"]) == sorted(report["modes"])
+    assert all(steps["decode"] and steps["prefill"] for steps, _ in runs)
+    calibrated = fit_speed(profile, runs)
+    assert SpeedModel(**cal["speed"]) == calibrated
     for mode, r in report["modes"].items():
-        runs = [(run["steps"], d) for run, d in zip(cal["runs"], cal["drift"]) if run["mode"] == mode]
-        assert len(runs) == 1 and runs[0][0]["decode"] and runs[0][0]["prefill"]
-        calibrated = fit_speed(profile, runs)
-        assert SpeedModel(**cal["speed"][mode]) == calibrated
         want = calibrated.drifted(mean(report["drift"]), mean(cal["drift"]))
         assert r["speed"]["predicted"] == pytest.approx(want.to_json())
         assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(mean(report["drift"])).to_json())
@@ -80,6 +84,7 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
                            for row in steps["decode"])  # [batch, ctx, model_s, t0, t1, joins, io share]
 
 
+@pytest.mark.realtime
 def test_errors_and_verdicts_come_from_the_runs(report):
     assert set(report["modes"]) == {"basic", "dualpath"}
     for mode, r in report["modes"].items():
@@ -279,6 +284,7 @@ REPLAYED_BOUNDS = {"jct_s": 0.20, "ttft_p50_s": 0.40, "tpot_mean_s": 0.30}
 PREDICTED_BOUNDS = {"jct_s": 0.30, "ttft_p50_s": 0.50, "tpot_mean_s": 1.00}
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("errors, bounds", [("replayed", REPLAYED_BOUNDS), ("predicted", PREDICTED_BOUNDS)])
 def test_the_tiny_workloads_errors_stay_within_their_bounds(report, errors, bounds):
     for mode, r in report["modes"].items():

@@ -11,8 +11,15 @@ step alone, in a process pinned to an engine's CPU set. A prediction corrects it
 2. Contention: inside a running cluster the engines' forwards take longer than the profile timed
    them alone, by how much depending on the forward and on what runs beside it (speed.py: the
    `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine moves
-   KV and the cost of a join). It is fitted, per mode, on the forwards of calibration workloads' runs, which are never
-   the scored workload, each at the drift measured before its run.
+   KV and the cost of a join). It is fitted on the forwards of the calibration workloads' runs, which
+   are never the scored workload, each at the drift measured before its run, every mode's runs
+   together: the engines compute alike whichever mode schedules them, and what a mode changes (how
+   much KV a decode engine moves during its steps, which requests join its batches) is measured per
+   step and is in the model's terms. One fit over all the runs has twice the forwards of a fit per
+   mode; fitted per mode on a short calibration, the decode scale and its slowdown while moving KV
+   traded off against each other (0.96 and x1.33 for basic, 1.30 and x1.09 for dualpath, on one
+   machine minutes apart: the per-mode fit's calibration of the agents workload scored on
+   2026-12-05, whose scored runs' own fits agreed across modes, 0.97 / x1.23 and 0.92 / x1.23).
 
 So the prediction runs the profile at `SpeedModel` fitted on the calibration runs, moved from
 their drift to the scored runs' (`SpeedModel.drifted`). The same model fitted on the scored runs'
@@ -62,16 +69,17 @@ class CalibrationRuns:
             self.runs.append(run)
             self.drifts.append(drift)
 
-    def speed(self, profile: Any, mode: str) -> SpeedModel:
-        """The mode's SpeedModel over its calibration runs, at their drift (speed.py)."""
-        return fit_speed(profile, [(r["steps"], d) for r, d in zip(self.runs, self.drifts) if r["mode"] == mode])
+    def speed(self, profile: Any) -> SpeedModel:
+        """The SpeedModel over every calibration run, each at its drift (speed.py; module docstring:
+        every mode's runs together)."""
+        return fit_speed(profile, list(zip((r["steps"] for r in self.runs), self.drifts)))
 
     def mean_drift(self) -> float:
         return mean(self.drifts) if self.drifts else 1.0
 
-    def to_json(self, profile: Any, modes: Sequence[str]) -> dict[str, Any]:
+    def to_json(self, profile: Any) -> dict[str, Any]:
         return {"workloads": sorted(set(self.workloads)), "drift": self.drifts, "wall_s": self.wall_s,
-                "speed": {m: self.speed(profile, m).to_json() for m in modes},
+                "speed": self.speed(profile).to_json(),
                 "runs": [{"workload": w, "mode": r["mode"], "jct_s": r["jct_s"], "model_time": r.get("model_time"),
                           "steps": r.get("steps")} for w, r in zip(self.workloads, self.runs)]}
 

@@ -6,7 +6,8 @@ Numbered path:
      plan_demo; a trace's time scale from those rates and its `load`, `_replan`). A workload never
      calibrates its own prediction.
   2. Calibration: each calibration workload runs once per mode on the local runtime cluster, the
-     profile's drift timed right before (calibration.py). Its forwards give each mode's contention.
+     profile's drift timed right before (calibration.py). Their forwards, every mode's together,
+     give the engines' contention.
   3. The scored runs: `repeat` fresh clusters, each running every mode in turn on a fresh store, the
      drift timed right before each, the scheduler's decisions recorded.
   4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, per
@@ -70,11 +71,11 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
         "workload": spec.key, "model": model, "device": device, "repeat": repeat,
         "rates": plan.rates.to_json(), "profile": None if base.path is None else str(base.path),
         **_workload_size(plan.trajectories), "runtime_wall_s": time.perf_counter() - t0,
-        "calibration": calib.to_json(base.profile, modes), "drift": drifts, "modes": {}}
+        "calibration": calib.to_json(base.profile), "drift": drifts, "modes": {}}
     source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
         real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in scored]
-        speeds = {"predicted": predicted_speed(calib.speed(base.profile, mode), calib.mean_drift(), drifts),
+        speeds = {"predicted": predicted_speed(calib.speed(base.profile), calib.mean_drift(), drifts),
                   "replayed": fit_speed(base.profile, [(r["steps"], 1.0) for r in real_runs]),
                   "start_speed": predicted_speed(SpeedModel(), 1.0, drifts)}
         runtime_cfg = _demo_config(mode, plan.rates, model)

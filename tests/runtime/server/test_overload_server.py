@@ -24,7 +24,6 @@ from dualpath.bench.overload import (
 )
 from dualpath.runtime.model.loader import tiny_config
 
-pytestmark = pytest.mark.realtime  # measures the runtime's speed: runs alone under two workers (tests/conftest.py)
 
 LIMIT = 2  # the server's --max-inflight-requests
 CLIENTS = 6 * LIMIT
@@ -58,6 +57,7 @@ async def _drive() -> dict:
             "refused": [o for o in past if o.status == 429], "metrics": metrics}
 
 
+@pytest.mark.realtime  # measures the runtime's speed: runs alone under two workers (tests/conftest.py)
 def test_past_its_limit_the_server_refuses_the_excess_with_retry_after_and_keeps_ttft_bounded():
     out = asyncio.run(_drive())
     at_limit, past = out["at_limit"], out["past"]
