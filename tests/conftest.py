@@ -29,10 +29,10 @@ _REALTIME_THEN_LONGEST = (
     "tests/sim/test_headline.py",  # two tests, ~65 s each
     "tests/experiments/test_repro.py",  # ~85 s
     "tests/sim/test_compiled_build.py",  # ~75 s
-    "tests/testbed/test_testbed_demo.py",  # ~60 s
+    "tests/deploy/testbed/test_testbed_demo.py",  # ~60 s
     "tests/runtime/model/test_llama_vs_transformers.py",  # ~45 s
     "tests/sim/test_simulator.py",  # ~45 s
-    "tests/runtime/cluster/test_ray_restarts.py",  # ~35 s
+    "tests/deploy/ray/test_ray_restarts.py",  # ~35 s
 )
 
 

@@ -31,7 +31,7 @@ GROUP_NAME = "dualpath.simc"  # the mypyc shared library: dualpath/simc__mypyc.<
 # the turn recorder, phase checks, request ids, 9% of its time); and the timeline, whose null
 # recorder every component calls while nothing is recorded (metrics/timeline.py).
 COMPILED_MODULES = (
-    "dualpath/core/cost.py",
+    "dualpath/costmodel/cost.py",
     "dualpath/core/phase.py",
     "dualpath/core/request.py",
     "dualpath/core/scheduler.py",

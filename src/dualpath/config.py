@@ -10,9 +10,9 @@ from typing import Any
 
 from .core.lanes import LaneWeights
 from .core.measured import MeasuredMachine
-from .core.models import ModelSpec, get_model
+from .costmodel.models import ModelSpec, get_model
 from .config_tp import TensorParallelConfig
-from .core.hardware import GB, GPUS, GpuSpec, NodeSpec
+from .costmodel.hardware import GB, GPUS, GpuSpec, NodeSpec
 from .errors import InputError
 from .parsing import parse_device, parse_pd
 
@@ -123,7 +123,7 @@ class ClusterConfig:
     # the DeepSeek models, docs/paper.md §5); False = every GPU holds a full copy (Qwen 32B: DP only).
     expert_parallel: bool = True
     # EP dispatch/combine between nodes rides each GPU's CNIC on the latency-critical lane
-    # (docs/paper.md §2.3; bytes from the model shape, DeepEP's kernels [S-DEP], core/ep_traffic.py;
+    # (docs/paper.md §2.3; bytes from the model shape, DeepEP's kernels [S-DEP], costmodel/ep_traffic.py;
     # timing sim/ep_comm.py) in the MoE presets; False: only the fixed
     # ComputeKnobs.ep_latency_per_layer_s, no bytes on the CNIC (`dualpath bench lanes --sim` runs both;
     # docs/results/sim/lanes_ep.json).
@@ -286,7 +286,7 @@ class RuntimeConfig:
     """The real runtime on one host: engine processes, emulated NICs, the KV store. A node is one
     engine, standing for a whole paper node, with its SNIC and host buffer. Rates are bytes/s per
     direction; None = real speed. A paper node's 8 CNICs are each as fast as its SNIC (docs/paper.md
-    §1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/apps/emulation.py)."""
+    §1.2), so a one-engine node's CNIC defaults to CNIC_PER_SNIC x its SNIC (runtime/profile/emulation.py)."""
 
     model: str = "smollm2-135m"
     num_prefill: int = 1

@@ -15,7 +15,7 @@ class TensorParallelConfig:
     """`ranks` 2 splits every layer's MLP over two processes (runtime/model/tensor_parallel.py:
     a broadcast and an all_reduce of T x C per layer, the volume of Megatron's two all-reduces),
     so the model's own traffic rides the latency-critical lane (on the testbed
-    testbed/tp_lanes.py puts it in class 1:10; `dualpath bench tp-lanes` measures what that buys).
+    deploy/testbed/tp_hosts.py puts it in class 1:10; `dualpath bench tp-lanes` measures what that buys).
     2 is the smallest split; the paper's engines span 8 GPUs (docs/paper.md §1.2). CPU only (gloo);
     NCCL, the CUDA path, is not wired."""
 

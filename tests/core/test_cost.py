@@ -2,12 +2,12 @@
 
 import pytest
 
-from dualpath.core.cost import (
+from dualpath.costmodel.cost import (
     attention_flops_per_token,
     cache_compute_ratio_gb_per_pflop,
     chunk_attention_flops,
 )
-from dualpath.core.models import DS_V32_660B, QWEN25_32B, get_model
+from dualpath.costmodel.models import DS_V32_660B, QWEN25_32B, get_model
 
 # docs/paper.md §4.1 Table 1: GB/PFLOP at 16K and 64K context, append 429
 TABLE1 = {

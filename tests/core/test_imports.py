@@ -76,10 +76,22 @@ def test_runtime_ground_floor_imports_nothing_above_it():
     assert rooms("runtime/transport") <= {"runtime.clock"}
 
 
+HARNESSES = ("deploy", "chaos", "bench", "experiments", "cli")  # the wings around the two worlds
+
+
+def test_the_worlds_never_import_the_harnesses():
+    # core/, sim/ and runtime/ are what the two worlds run; the testbed, Ray, chaos, benchmarks,
+    # the paper's experiments and the CLI stand around them (docs/structure.md)
+    for pkg in ("core", "sim", "runtime"):
+        for path in (SRC / pkg).rglob("*.py"):
+            assert not {m for m in _module_imports(path) if m.split(".")[0] in HARNESSES}, path
+
+
 def test_nothing_imports_apps_bench_or_cli():
     # cli/ stands above everything; bench/, fidelity/ and docs/ above both worlds; runtime/apps/
-    # above the runtime's rooms
+    # above the runtime's rooms, imported only by the wings above the runtime
     above_both = {"bench", "fidelity", "docs"}
+    above_apps = {"chaos", "deploy", *above_both}
     for path in SRC.rglob("*.py"):
         parts = path.relative_to(SRC).parts
         mods = _module_imports(path)
@@ -87,7 +99,7 @@ def test_nothing_imports_apps_bench_or_cli():
             assert not {m for m in mods if m.split(".")[0] == "cli"}, path
             if parts[0] not in above_both:
                 assert not {m for m in mods if m.split(".")[0] in above_both}, path
-                if parts[:2] != ("runtime", "apps"):
+                if parts[:2] != ("runtime", "apps") and parts[0] not in above_apps:
                     assert not {m for m in mods if m.startswith("runtime.apps")}, path
 
 

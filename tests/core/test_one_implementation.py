@@ -86,3 +86,22 @@ def test_the_simulator_picks_its_mode_strategies_once():
     assert _attribute_reads("layerwise_prefill", "sim") == {"sim/prefill.py": 2}  # the HBM budget, the pipeline
     calls = _callers({"kv_io_for", "pipeline_for"})
     assert calls == {"kv_io_for": {"sim/simulator.py"}, "pipeline_for": {"sim/prefill.py"}}
+
+
+# How the simulator resembles the runtime (ClusterConfig, the `local` preset) is chosen where a
+# component is built; `_build_topology` builds the links for the Simulator's constructor.
+LIKENESS_FLAGS = ("cnic_as_runtime_arbiter", "buffers_at_placement", "decode_waits_for_step_end",
+                  "persist_waits_for_snic_write")
+CONSTRUCTION = ("__init__", "_build_topology")
+
+
+def test_the_simulators_runtime_likeness_is_read_only_in_constructors():
+    found = []
+    for rel, tree in _modules().items():
+        if not rel.startswith("sim/"):
+            continue
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name not in CONSTRUCTION:
+                found += [f"{rel}:{node.lineno} {fn.name} reads {node.attr}" for node in ast.walk(fn)
+                          if isinstance(node, ast.Attribute) and node.attr in LIKENESS_FLAGS]
+    assert not found, found

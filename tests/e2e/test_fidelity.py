@@ -58,7 +58,7 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     from types import SimpleNamespace
 
     from dualpath.fidelity.speed import SpeedModel, fit_speed
-    from dualpath.runtime.apps.calibrate import StepFit, StepTime
+    from dualpath.runtime.profile.calibrate import StepFit, StepTime
 
     cal = report["calibration"]
     assert cal["workloads"] == [CALIBRATION] and len(report["drift"]) == report["repeat"] == 2

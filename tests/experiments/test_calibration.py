@@ -50,7 +50,7 @@ def test_the_generator_parameters_are_fitted_to_table_2():
 
 
 def test_the_runtime_demo_knob_is_read_from_its_comment():
-    from dualpath.runtime.apps.emulation import LOAD_OVER_COMPUTE
+    from dualpath.runtime.profile.emulation import LOAD_OVER_COMPUTE
 
     (demo,) = demo_knob_rows()
     assert demo.value == LOAD_OVER_COMPUTE and demo.kind == "fitted" and demo.figure == "Fig. 1"

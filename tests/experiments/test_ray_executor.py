@@ -1,4 +1,4 @@
-"""Simulations as Ray tasks (pool/ray_pool.py) on a local Ray of 2 CPUs, one session for the
+"""Simulations as Ray tasks (deploy/ray/pool.py) on a local Ray of 2 CPUs, one session for the
 module (start-up ~5 s): the same numbers as the serial run, apart from wall times, for a repro
 experiment and a sweep; a progress line per finished simulation; a wrong code identity refused."""
 
@@ -14,7 +14,7 @@ from dualpath.experiments import fig13_14  # noqa: E402
 from dualpath.experiments.simrun import _cache_key, code_fingerprint  # noqa: E402
 from dualpath.experiments.suite import run_suite  # noqa: E402
 from dualpath.pool.executor import SerialExecutor  # noqa: E402
-from dualpath.pool.ray_pool import LOCAL_OBJECT_STORE_BYTES, RayExecutor  # noqa: E402
+from dualpath.deploy.ray.pool import LOCAL_OBJECT_STORE_BYTES, RayExecutor  # noqa: E402
 from dualpath.sweep.run import run_sweep  # noqa: E402
 from dualpath.sweep.spec import parse_spec  # noqa: E402
 

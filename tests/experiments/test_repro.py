@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from dualpath._build import build_kind
-from dualpath.core.cost import cache_compute_ratio_gb_per_pflop
-from dualpath.core.models import get_model
+from dualpath.costmodel.cost import cache_compute_ratio_gb_per_pflop
+from dualpath.costmodel.models import get_model
 from dualpath.errors import InputError
 from dualpath.experiments.common import Context, Headline
 from dualpath.experiments.registry import EXPERIMENTS
@@ -283,7 +283,7 @@ def test_report_lists_every_calibration_knob_with_value_and_source(suite):
     from dataclasses import fields
 
     from dualpath.config import ComputeKnobs, SchedulerConfig
-    from dualpath.core.hardware import NodeSpec
+    from dualpath.costmodel.hardware import NodeSpec
     from dualpath.experiments.knobs import NO_SOURCE
 
     out, _, _ = suite

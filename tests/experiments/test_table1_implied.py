@@ -2,8 +2,8 @@
 
 import pytest
 
-from dualpath.core.cost import cache_compute_ratio_gb_per_pflop
-from dualpath.core.models import get_model
+from dualpath.costmodel.cost import cache_compute_ratio_gb_per_pflop
+from dualpath.costmodel.models import get_model
 from dualpath.experiments.table1 import implied_costs, implied_rows
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from dualpath.config import ComputeKnobs
-from dualpath.core.hardware import GpuSpec
-from dualpath.core.models import ModelSpec
+from dualpath.costmodel.hardware import GpuSpec
+from dualpath.costmodel.models import ModelSpec
 from dualpath.sim.compute import ComputeModel
 
 TOY = ModelSpec(

@@ -10,7 +10,7 @@ import pytest
 
 from dualpath.bench.lanes_sim import run_lanes_sim
 from dualpath.config import SimConfig, WorkloadConfig, paper_cluster
-from dualpath.core.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
+from dualpath.costmodel.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
 from dualpath.core.lanes import Lane, LaneWeights
 from dualpath.sim.ep_comm import EpComm
 from dualpath.sim.events import EventLoop

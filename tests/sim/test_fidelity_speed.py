@@ -10,7 +10,7 @@ import pytest
 
 from dualpath.core.measured import StepGrid
 from dualpath.fidelity.speed import SpeedModel, curve_s, decode_grid, fit_speed
-from dualpath.runtime.apps.calibrate import StepFit, StepTime
+from dualpath.runtime.profile.calibrate import StepFit, StepTime
 
 DECODE = [StepTime(b, c, 0.05 + 0.01 * b + 2e-5 * c + 4e-6 * b * c + (0.01 if (b, c) == (4, 1024) else 0.0))
           for b in (1, 4, 8) for c in (256, 1024, 2048)]
@@ -77,7 +77,7 @@ def test_decode_steps_interpolate_the_measured_grid_exactly_at_its_points():
 
 def test_the_local_preset_runs_the_profile_at_the_speed():
     from dualpath.config import RuntimeConfig
-    from dualpath.core.models import TINY
+    from dualpath.costmodel.models import TINY
     from dualpath.fidelity.preset import local_sim_config
 
     rt = RuntimeConfig(model="tiny", snic_bytes_per_s=1e6)
@@ -101,3 +101,26 @@ def test_step_records_read_forwards_joins_and_the_decode_engines_own_traffic():
     got = step_records(tl.to_chrome("runtime"))
     assert got["prefill"] == [[100, 5050.0, 0.9, 0.0, 1.0]]
     assert [row[5:] for row in got["decode"]] == [[1, 1.0], [1, 0.0], [0, 0.0]]  # [2, 3): h2d then the write
+
+
+def test_the_calibration_fits_one_speed_over_every_modes_runs():
+    """fidelity/calibration.py: the engines compute alike whichever mode schedules them, so the
+    calibration fits one SpeedModel over all its runs, each at its drift. A basic run whose decode
+    steps never overlap KV traffic cannot show the slowdown while moving KV; together with a
+    dualpath run that does, the one fit recovers every term of the speed that made both."""
+    from dualpath.fidelity.calibration import CalibrationRuns
+
+    basic = _steps(1.1)
+    for row in basic["decode"]:  # no KV traffic during its steps: io 0, the time without the slowdown
+        row[2] = (row[2] - TRUE.decode_join_s * 1.1 * row[5]) / (1 + TRUE.decode_io_slowdown * row[6]) \
+            + TRUE.decode_join_s * 1.1 * row[5]
+        row[6] = 0.0
+    calib = CalibrationRuns()
+    calib.add("demo", [{"mode": "basic", "steps": basic}], 1.1)
+    calib.add("demo", [{"mode": "dualpath", "steps": _steps(0.9)}], 0.9)
+    got = calib.speed(PROFILE)
+    for name in ("prefill_scale", "prefill_overhead_s", "decode_scale", "decode_io_slowdown", "decode_join_s"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    alone = fit_speed(PROFILE, [(basic, 1.1)])  # basic's runs alone see no slowdown to fit
+    assert alone.decode_io_slowdown == 0.0 and alone.decode_scale == pytest.approx(TRUE.decode_scale, rel=1e-6)
+    assert calib.to_json(PROFILE)["speed"] == got.to_json()

@@ -10,7 +10,7 @@ import pytest
 
 from dualpath.config import RuntimeConfig, parse_mode
 from dualpath.core.measured import MeasuredMachine, causal_keys
-from dualpath.core.models import SMOLLM2_135M, TINY
+from dualpath.costmodel.models import SMOLLM2_135M, TINY
 from dualpath.core.request import TurnSpec
 from dualpath.errors import InputError
 from dualpath.fidelity.preset import local_sim_config

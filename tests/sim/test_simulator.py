@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from dualpath.core.ep_traffic import MOE_SHAPES, decode_bytes_per_token
+from dualpath.costmodel.ep_traffic import MOE_SHAPES, decode_bytes_per_token
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

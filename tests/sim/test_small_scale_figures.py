@@ -3,7 +3,7 @@
 
 At the paper's scale DualPath's gain comes from a storage-bound Basic: hundreds of agents reload
 their context through the PE nodes' SNICs. A few agents reach the same regime when every node's
-storage bandwidth (SNIC and 3FS client, core/hardware.py: NodeSpec) is cut by the same factor as
+storage bandwidth (SNIC and 3FS client, costmodel/hardware.py: NodeSpec) is cut by the same factor as
 the agent count: `AGENTS_PER_SCALE` agents per 1/`scale` of it stand for `AGENTS_PER_SCALE *
 scale` agents at full bandwidth. Compute, HBM, DRAM and the CNICs stay the paper's. Deterministic
 (seeded workload, one tie rule), so the bounds below are not widened for noise."""

@@ -11,7 +11,7 @@ import pytest
 
 from dualpath.config import RuntimeConfig, parse_mode
 from dualpath.core.measured import MeasuredMachine
-from dualpath.core.models import TINY
+from dualpath.costmodel.models import TINY
 from dualpath.core.request import TurnSpec
 from dualpath.fidelity.preset import local_sim_config
 from dualpath.metrics.timeline import (INSTANT_NAMES, NULL_TIMELINE, SPAN_NAMES, Timeline, merge_traces, read_trace,

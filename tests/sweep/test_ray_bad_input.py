@@ -73,7 +73,7 @@ def test_the_single_host_commands_do_not_import_ray(tmp_path, spec):
     code = ("import sys; from dualpath.cli.main import app; from dualpath.errors import run_cli; "
             f"sys.argv = ['dualpath', 'sweep', {str(spec)!r}, '--out', {str(tmp_path / 'o')!r}]\n"
             "try:\n    run_cli(app)\nexcept SystemExit:\n    pass\n"
-            "print('ray' in sys.modules, 'dualpath.pool.ray_pool' in sys.modules)")
+            "print('ray' in sys.modules, 'dualpath.deploy.ray.pool' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip().splitlines()[-1] == "False False", r.stdout + r.stderr
     assert (tmp_path / "o" / "sweep.csv").read_text().count("\n") == 2  # it ran: a header and one row
@@ -88,7 +88,7 @@ def test_a_port_that_answers_but_is_no_ray_head_is_refused_within_the_preflight_
     import http.server
     import threading
 
-    from dualpath.pool.ray_pool import PREFLIGHT_TIMEOUT_S
+    from dualpath.deploy.ray.pool import PREFLIGHT_TIMEOUT_S
 
     srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

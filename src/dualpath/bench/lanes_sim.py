@@ -1,7 +1,7 @@
 """`dualpath bench lanes --sim`: what the lanes buy in the simulator (docs/results/sim/lanes_ep.json).
 
 The MoE presets' EP dispatch/combine rides each GPU's CNIC on the latency-critical lane
-(core/ep_traffic.py, sim/ep_comm.py). One workload, DualPath mode, run six ways:
+(costmodel/ep_traffic.py, sim/ep_comm.py). One workload, DualPath mode, run six ways:
 
     KV on the CNICs:   the workload's own (streams, PD transfer, H2D)  |  + a flood on every CNIC
     EP bursts see:     an empty link (reference) | two classes, 99:1 | one FIFO class

@@ -12,7 +12,7 @@ import torch
 @torch.no_grad()
 def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, decode_tokens: int = 32,
                 batch: int = 8, threads: int = 1) -> dict[str, Any]:
-    from ..runtime.apps.calibrate import best_time_s
+    from ..runtime.profile.calibrate import best_time_s
     from ..runtime.model import PagedKVCache, load_model
 
     torch.set_num_threads(threads)
@@ -48,7 +48,7 @@ def _transformers_speed(model_name: str, ids: list[int], decode_tokens: int, bat
         from transformers import LlamaForCausalLM
     except ImportError:
         return {"transformers": "not installed"}
-    from ..runtime.apps.calibrate import best_time_s
+    from ..runtime.profile.calibrate import best_time_s
     from ..runtime.model.loader import smollm2_gguf_path
 
     if model_name != "smollm2-135m":

@@ -88,7 +88,7 @@ def bench_lanes(
 
 def _lanes_sim(model: str, pd: str, agents: int, max_len: str, json_path: Optional[Path], plot: Optional[Path]) -> None:
     from ..bench.lanes_sim import plot_lanes_sim, run_lanes_sim
-    from ..core.ep_traffic import MOE_SHAPES
+    from ..costmodel.ep_traffic import MOE_SHAPES
     from ..sim.runner import write_json
     from .sim import build_sim_config
 
@@ -190,7 +190,7 @@ def bench_ray_repro(
     workers: Annotated[int, typer.Option(help="CPUs of the local Ray cluster")] = 2,
 ) -> None:
     """`repro` serially, then on a local Ray cluster (start-up included): wall times, ratio, identity."""
-    from ..bench.ray_repro import run_ray_repro_bench
+    from ..deploy.ray.repro_bench import run_ray_repro_bench
     from ..experiments.common import SCALES
     from ..experiments.suite import resolve_names
     from ..sim.runner import write_json
@@ -205,3 +205,49 @@ def bench_ray_repro(
                   f"{r['ratio']:.2f}", "yes" if not r["differing"] else "no: " + ", ".join(r["differing"]))
     out.print(table)
     write_json(r, out_dir / "bench.json")
+
+
+def bench_checksum(
+    seconds: Annotated[float, typer.Option(help="per (function, size)")] = 0.6,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """Checksums over KV-block-sized buffers, GB/s per installed function and size (bench/checksum.py)."""
+    from ..bench.checksum import SIZES, run_checksum_bench
+    from ..sim.runner import write_json
+
+    if seconds <= 0:
+        raise InputError(f"--seconds must be positive, got {seconds}")
+    r = run_checksum_bench(seconds)
+    table = Table(title="checksum GB/s by buffer (best of 3 rounds, one thread)")
+    table.add_column("function")
+    for size in SIZES:
+        table.add_column(size, justify="right")
+    for name, row in r["gbps"].items():
+        table.add_row(name, *(f"{row[s]:.2f}" for s in SIZES))
+    out.print(table)
+    out.print(f"fastest over every size (best worst-case ratio to the best): {r['winner']}")
+    if json_path:
+        write_json(r, json_path)
+
+
+def bench_remote_write(
+    total_mib: Annotated[int, typer.Option()] = 1024,
+    chunk_mib: Annotated[float, typer.Option()] = 1.0,
+    region_mib: Annotated[int, typer.Option(help="the host buffer written into, cycled")] = 256,
+    repeat: Annotated[int, typer.Option(help="runs per way; the best counts")] = 3,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+) -> None:
+    """Remote writes over loopback TCP against memcpy into shared memory (bench/remote_write.py)."""
+    from ..bench.remote_write import MIB, run_remote_write_bench
+    from ..sim.runner import write_json
+
+    r = run_remote_write_bench(total_mib * MIB, int(chunk_mib * MIB), region_mib * MIB, repeat)
+    base = r["rows"]["memcpy"]["gb_per_s"]
+    table = Table(title=f"{total_mib} MiB in {chunk_mib:g} MiB chunks, best of {repeat}, loopback, {r['cpus']} CPUs")
+    for col in ("way", "seconds", "GB/s", "vs memcpy"):
+        table.add_column(col, justify="right")
+    for name, row in r["rows"].items():
+        table.add_row(name, f"{row['seconds']:.3f}", f"{row['gb_per_s']:.2f}", f"{row['gb_per_s'] / base:.2f}")
+    out.print(table)
+    if json_path:
+        write_json(r, json_path)

@@ -1,5 +1,5 @@
 """`dualpath bench tp-lanes --testbed`: TPOT of a tp=2 decode engine beside saturating KV traffic,
-with the two lane classes and with one FIFO class (bench/tp_lanes.py)."""
+with the two lane classes and with one FIFO class (deploy/testbed/tp_lanes_bench.py)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def bench_tp_lanes(
         raise InputError("--batch must be positive, --steps in 10..250, --rounds in 1..steps/5, --cnic-mb-s positive")
     if not 2 <= gso_kib <= 64:
         raise InputError("--gso-kib must be in 2..64")
-    from ..bench.tp_lanes import plot_tp_lanes, run_tp_lanes
+    from ..deploy.testbed.tp_lanes_bench import plot_tp_lanes, run_tp_lanes
     from ..sim.runner import write_json
-    from ..testbed.netns import check_can_run
+    from ..deploy.testbed.netns import check_can_run
 
     check_can_run()
     r = run_tp_lanes(model, batch, steps, None if cnic_mb_s is None else cnic_mb_s * MB, rounds=rounds,

@@ -1,5 +1,5 @@
 """`dualpath chaos`: engine faults on a local cluster against a fault-free reference
-(runtime/apps/chaos.py)."""
+(chaos/matrix.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def chaos(
         raise InputError("--testbed runs the engine and storage faults; --corruptions and --torn-writes run on one host")
     if corruptions or torn_writes:
         return integrity_acceptance(corruptions, torn_writes, model, flip_probability, json_path)
-    from ..runtime.apps.chaos import STORE_VICTIM, parse_scenarios, run_chaos
+    from ..chaos.matrix import STORE_VICTIM, parse_scenarios, run_chaos
 
     names = parse_scenarios(scenario)
     if policy not in ("recompute", "fail"):
@@ -59,7 +59,7 @@ def chaos(
     progress = lambda r: console.print(f"  {r.scenario}: {r.finished}/{r.requests} finished, {r.errored} errored, "
                                        f"{r.lost} lost, {r.wrong_tokens} wrong")
     if testbed:
-        from ..runtime.apps.chaos_testbed import run_chaos_testbed
+        from ..chaos.testbed import run_chaos_testbed
 
         report = run_chaos_testbed(names, model, policy, requests, gen_tokens, on_result=progress,
                                    log=console.print)
@@ -93,10 +93,10 @@ def _table(report: dict, title: str, store_victim: int) -> Table:
 def integrity_acceptance(corruptions: int, torn_writes: int, model: str, probability: float,
                          json_path: Optional[Path]) -> None:
     """`chaos --corruptions N --torn-writes M`: damaged KV bytes (in flight, on disk) against a
-    reference (runtime/apps/integrity.py), then writers killed mid-put (runtime/apps/torn_writes.py)."""
+    reference (chaos/integrity.py), then writers killed mid-put (chaos/torn_writes.py)."""
     report: dict = {}
     if torn_writes:
-        from ..runtime.apps.torn_writes import run_torn_writes
+        from ..chaos.torn_writes import run_torn_writes
 
         console.print(f"torn writes: {torn_writes} writers killed with SIGKILL mid-put, the store reopened after each")
         report["torn_writes"] = tw = run_torn_writes(torn_writes)
@@ -104,7 +104,7 @@ def integrity_acceptance(corruptions: int, torn_writes: int, model: str, probabi
                   f"torn blocks visible after restart: {tw['torn_visible_after_each_restart']} (each), "
                   f"{tw['torn_visible_at_final_restart']} (final)")
     if corruptions:
-        from ..runtime.apps.integrity import run_corruptions
+        from ..chaos.integrity import run_corruptions
 
         console.print(f"corruptions: rounds on a 1P1D cluster ({model}) until {corruptions} corruptions were injected, "
                       f"{probability} per block piece in flight, one stored block per even conversation per turn")

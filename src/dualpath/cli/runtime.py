@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -124,7 +125,13 @@ def serve(
                         engine_transport="tcp" if engines_listen or ray else "local",
                         peer_token_file=None if token_file is None else str(token_file), tp=tp_config(tp))
     _device(device)
-    serve_cluster(cfg, host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen, ray_address=ray)
+    server = dict(host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen)
+    if ray is None:
+        serve_cluster(cfg, **server)
+    else:
+        from ..deploy.ray.commands import serve_on_ray
+
+        serve_on_ray(ray, cfg, **server)
 
 
 
@@ -169,7 +176,7 @@ def run(
                                                "(needs dualpath[cluster])")] = None,
 ) -> None:
     """Replay a trajectory file or a Mooncake trace against the local cluster."""
-    from ..runtime.apps.run import run_trace
+    from ..runtime.apps.run import local_cluster, run_trace
     from ..sim.runner import write_json
 
     _device(device)
@@ -187,10 +194,17 @@ def run(
         if decisions is not None or timeline is not None:
             raise InputError("--decisions and --timeline are not written on the testbed (the router runs in its own namespace)")
         return testbed_run(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device, json_path)
-    with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
-        progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
-        result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
-                                       on_turn=progress.update, decisions=decisions, ray_address=ray, timeline=timeline))
+    with contextlib.ExitStack() as stack:
+        clusters, placement = local_cluster, {}
+        if ray is not None:
+            from ..deploy.ray.commands import ray_clusters
+
+            clusters, placement = stack.enter_context(ray_clusters(ray)), {"ray": ray}
+        with reporter("run", "turns", console, snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6) as progress:
+            progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
+            result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
+                                           on_turn=progress.update, decisions=decisions, timeline=timeline,
+                                           clusters=clusters, placement=placement))
     print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
     for r in result["runs"]:
         for key in ("decisions_file", "timeline_file"):

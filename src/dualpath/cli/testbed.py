@@ -28,8 +28,8 @@ def up(
 ) -> None:
     """Create the namespaces, veth links, HTB rates and lane classes of one testbed (needs root)."""
     from ..config import parse_pd
-    from ..testbed.netns import up as testbed_up
-    from ..testbed.plan import plan_testbed
+    from ..deploy.testbed.netns import up as testbed_up
+    from ..deploy.testbed.plan import plan_testbed
 
     p, d = parse_pd(pd)
     plan = plan_testbed(run_id or _default_id(), p, d, snic_mb_s * MB, cnic_mb_s * MB, index)
@@ -44,7 +44,7 @@ def down(
     all_: Annotated[bool, typer.Option("--all", help="remove every testbed with a state file")] = False,
 ) -> None:
     """Delete a testbed's namespaces (and with them every link and qdisc it made)."""
-    from ..testbed.netns import down as testbed_down, running
+    from ..deploy.testbed.netns import down as testbed_down, running
 
     if (run_id is None) == (not all_):
         raise InputError("give exactly one of --id ID and --all")
@@ -56,7 +56,7 @@ def down(
 
 def status(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Testbeds that are up, with the bytes the kernel counted per link end and lane class."""
-    from ..testbed.netns import check_can_run, link_counters, running
+    from ..deploy.testbed.netns import check_can_run, link_counters, running
 
     check_can_run()
     report = {rid: {"hosts": plan["hosts"], "links": link_counters(plan)} for rid, plan in running().items()}
@@ -73,11 +73,11 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
 
 
 def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
-    """`bench lanes --testbed` (bench/lanes_testbed.py): bursts unloaded, beside KV with the two
+    """`bench lanes --testbed` (deploy/testbed/lanes_bench.py): bursts unloaded, beside KV with the two
     classes, and with one class."""
-    from ..bench.lanes_testbed import plot_lanes_testbed, run_lanes_testbed
+    from ..deploy.testbed.lanes_bench import plot_lanes_testbed, run_lanes_testbed
     from ..sim.runner import write_json
-    from ..testbed.netns import check_can_run
+    from ..deploy.testbed.netns import check_can_run
 
     check_can_run()
     if cnic_mb_s <= 0 or bursts < 10:
@@ -98,10 +98,10 @@ def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
 
 def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents: int, rounds: Optional[int],
                  seed: int, device: str, ray: bool = False, tp: int = 1) -> None:
-    """`demo --testbed` (runtime/apps/testbed_demo.py): the demo across emulated hosts, the kernel's counters
+    """`demo --testbed` (deploy/testbed/demo.py): the demo across emulated hosts, the kernel's counters
     beside the runtime's ledger, the tokens beside a single-host run's."""
     from ..sim.runner import write_json
-    from ..runtime.apps.testbed_demo import check_result, collectives_vs_kernel, ledger_vs_kernel, run_testbed_demo
+    from ..deploy.testbed.demo import check_result, collectives_vs_kernel, ledger_vs_kernel, run_testbed_demo
     from .results import print_runs
 
     result = run_testbed_demo(model, agents, rounds, None if snic_mb_s is None else snic_mb_s * MB, seed, device,
@@ -144,10 +144,10 @@ def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents
 
 def testbed_run(trace, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
                 snic_mb_s: float, device: str, json_path) -> None:
-    """`run TRACE --testbed` (runtime/apps/testbed_run.py): the replay across emulated hosts, the
+    """`run TRACE --testbed` (deploy/testbed/run.py): the replay across emulated hosts, the
     kernel's counters beside the runtime's ledger, the tokens beside a single-host run's."""
-    from ..runtime.apps.testbed_demo import ledger_vs_kernel
-    from ..runtime.apps.testbed_run import run_testbed_trace
+    from ..deploy.testbed.demo import ledger_vs_kernel
+    from ..deploy.testbed.run import run_testbed_trace
     from ..sim.runner import write_json
     from .results import RUNTIME_COLUMNS, print_runs
 

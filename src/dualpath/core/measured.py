@@ -1,6 +1,6 @@
 """A machine described by measurement instead of by its datasheet: the simulator's `local` preset.
 
-The runtime's compute profile (runtime/apps/calibrate.py: `dualpath calibrate`) fits an engine's
+The runtime's compute profile (runtime/profile/calibrate.py: `dualpath calibrate`) fits an engine's
 step times on this machine, with the model, device and thread count it really uses:
 
     prefill_s(n, c) = prefill_fixed_s + prefill_per_token_s * n + prefill_per_key_s * keys(n, c)

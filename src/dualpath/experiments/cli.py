@@ -1,5 +1,5 @@
 """`dualpath repro [--quick] [--only NAME]... --out DIR [--seed N] [--ray ADDRESS [--workers N]]`:
-regenerate the paper's experiments in the simulator, serially or as Ray tasks (pool/ray_pool.py).
+regenerate the paper's experiments in the simulator, serially or as Ray tasks (deploy/ray/pool.py).
 
 Register in `dualpath.cli` with `app.command()(repro)`; `python -m dualpath.experiments.cli`
 runs it standalone. Bad input raises `InputError` (the main CLI prints it and exits 2).

@@ -1,7 +1,7 @@
 """The calibration knobs behind every simulation of the report, with their values and sources.
 
 Read from the code itself: a config field's source is its trailing comment or the block of
-comment lines right above it (the convention of `config.py` and `core/hardware.py`), else its
+comment lines right above it (the convention of `config.py` and `costmodel/hardware.py`), else its
 class's docstring; a module constant's (the GPU presets, the workload generator's parameters in
 `workloads/generator.py`) by the same rule (`comment_sources`). So the report lists exactly the
 knobs the code has, with the value it runs and the source written next to it; a knob without a
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable
 
 from ..config import ClusterConfig, ComputeKnobs, MetricsConfig, SchedulerConfig
-from ..core import hardware
+from ..costmodel import hardware
 from ..workloads import generator
 
 NO_SOURCE = "(no source written)"
@@ -165,7 +165,7 @@ def generator_rows() -> list[Knob]:
 
 
 def demo_knob_rows() -> list[Knob]:
-    """The runtime demo's knobs (runtime/apps/emulation.py), classified by the same rule. Read from
+    """The runtime demo's knobs (runtime/profile/emulation.py), classified by the same rule. Read from
     the file's text: experiments/ imports nothing of runtime/apps/ (tests/core/test_imports.py)."""
     lines = _DEMO_SOURCE.read_text().splitlines()
     sources = comment_sources(lines, _DEMO_CONSTANTS)
@@ -201,12 +201,12 @@ def knob_counts() -> dict[str, Any]:
 def knobs_markdown() -> str:
     lines = [
         "Every calibration knob the simulations use, with its value, its kind and the source written beside it in "
-        "the code (`dualpath/config.py`, `dualpath/core/hardware.py`, `dualpath/workloads/generator.py`); `--set "
+        "the code (`dualpath/config.py`, `dualpath/costmodel/hardware.py`, `dualpath/workloads/generator.py`); `--set "
         "section.field=value` overrides a config one in `dualpath sim`. Kind, read from the same comment: "
         "hardware-sourced (docs/hardware.md: vendor, kernel and fleet numbers), paper setting (a value docs/paper.md "
         "states), fitted (to the paper's own data: which figure or table; the hardware-only estimate each headline "
         "shows beside it, where there is one, is in the source column), project choice (neither gives a value). "
-        "Model presets (FLOPs, KV bytes per token) are in `dualpath/core/models.py` with their sources; per model, "
+        "Model presets (FLOPs, KV bytes per token) are in `dualpath/costmodel/models.py` with their sources; per model, "
         "`paper_cluster()` sets the DRAM buffer (80 GB DeepSeek, 320 GB Qwen) and expert parallelism "
         "(docs/paper.md §5).",
         "",

@@ -125,7 +125,7 @@ def code_fingerprint() -> str:
     """Hash of the simulation's source: a cached result is reused only for the same code."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for sub in ("sim", "core", "workloads", "metrics"):
+    for sub in ("sim", "core", "costmodel", "workloads", "metrics"):
         for p in sorted((root / sub).rglob("*.py")):
             rel = p.relative_to(root).as_posix()
             if rel not in _NOT_SIMULATION:
@@ -194,7 +194,7 @@ def _no_progress(done: int, total: int) -> None:
 
 def run_spec(spec: SimSpec, seed: int, progress: Callable[[int, int], None] = _no_progress) -> dict[str, Any]:
     """Simulate `spec` with `seed`: the result dict with `mode`, `spec`, `seed` and `probe`. Needs
-    nothing of the context, so a worker process (pool/ray_pool.py) runs it as the suite does.
+    nothing of the context, so a worker process (deploy/ray/pool.py) runs it as the suite does.
 
     Always with a progress callable: `Simulator.run` with one runs its loop in chunks and stops
     later than without (its clock, and so the probes' durations, differ slightly), so a worker's

@@ -4,8 +4,8 @@ the same at every scale."""
 
 from __future__ import annotations
 
-from ..core.cost import TABLE1_APPEND_TOKENS, cache_compute_ratio_gb_per_pflop
-from ..core.models import ModelSpec, get_model
+from ..costmodel.cost import TABLE1_APPEND_TOKENS, cache_compute_ratio_gb_per_pflop
+from ..costmodel.models import ModelSpec, get_model
 from .common import Context, ExperimentOutput, Headline, headline_table, md_table, pyplot, save_figure
 
 NAME = "table1"

@@ -1,6 +1,6 @@
 """The machine's speed for a prediction, measured without looking at the runs it predicts.
 
-The compute profile (`dualpath calibrate`, runtime/apps/calibrate.py) times each prefill and decode
+The compute profile (`dualpath calibrate`, runtime/profile/calibrate.py) times each prefill and decode
 step alone, in a process pinned to an engine's CPU set. A prediction corrects it twice:
 
 1. Drift: a shared machine's speed moves within minutes. Right before every runtime run (the
@@ -45,7 +45,7 @@ class DriftCheck:
 
     def __call__(self, calibration: Any) -> float:
         from ..config import RuntimeConfig
-        from ..runtime.apps.calibrate import check_speed
+        from ..runtime.profile.calibrate import check_speed
         from ..runtime.engine.cpus import available_cpus, plan_cpus
 
         cfg = RuntimeConfig(model=self.model, device=self.device)

@@ -1,16 +1,16 @@
 """The simulator's `local` preset: the local runtime cluster as the simulator sees it.
 
 What it takes from a measurement, and from where:
-  - step times: the compute profile of this machine (runtime/apps/calibrate.py: the file
+  - step times: the compute profile of this machine (runtime/profile/calibrate.py: the file
     `dualpath calibrate` caches and prints, the one the demo reads), a least-squares fit of prefill
     and decode steps each timed alone; scaled per role by the speed the caller passes. `dualpath
     fidelity` passes (fidelity/calibration.py) the drift timed right before each scored run (the
     profile's warm points timed again) times the contention measured on calibration workloads'
     runs, never on the scored runs; the scored runs' own speed is only the `replayed` diagnostic;
-  - the model's KV bytes per token and attention FLOPs (core/models.py, checked against the
+  - the model's KV bytes per token and attention FLOPs (costmodel/models.py, checked against the
     runtime's loader by tests/sim/test_local_preset.py).
 Everything else is the runtime's configuration, not a measurement:
-  - the emulated SNIC and CNIC rates of the run (runtime/apps/emulation.py), one engine per node;
+  - the emulated SNIC and CNIC rates of the run (runtime/profile/emulation.py), one engine per node;
   - the runtime config: block size, host buffers, the PE landing zone, the DE's KV tokens, the
     scheduler config (alpha, beta, quota, basic batch, lane weights), the quota's attention rate;
   - storage reads: one reader per node, strict FIFO (the engine's reader thread);
@@ -42,9 +42,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import ClusterConfig, RuntimeConfig, SimConfig, WorkloadConfig
-from ..core.hardware import NodeSpec
+from ..costmodel.hardware import NodeSpec
 from ..core.measured import MeasuredMachine
-from ..core.models import get_model
+from ..costmodel.models import get_model
 from ..errors import InputError
 from .speed import SpeedModel, decode_grid
 
@@ -58,7 +58,7 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
     try:
         model = get_model(runtime.model)
     except KeyError:
-        raise InputError(f"model {runtime.model!r} has no simulator spec (core/models.py)") from None
+        raise InputError(f"model {runtime.model!r} has no simulator spec (costmodel/models.py)") from None
     if model.kv_bytes_per_token != kv_bytes_per_token:
         raise InputError(f"{runtime.model}: the simulator's spec holds {model.kv_bytes_per_token} KV bytes per token, the "
                          f"runtime {kv_bytes_per_token} (kv_dtype {runtime.kv_dtype}); the preset assumes float32 KV")

@@ -188,7 +188,7 @@ def _replan(plan: Any, trajs: list[Trajectory] | TraceWorkload, kvbpt: int, bloc
     """The demo's rate rule on this workload; a trace's arrivals span the rates' predicted basic JCT
     over `load` (1.0: requests arrive as fast as basic mode serves them, the paper's loaded regime,
     without sending everything at once)."""
-    from ..runtime.apps.emulation import derive_rates, trajectory_turns
+    from ..runtime.profile.emulation import derive_rates, trajectory_turns
 
     if isinstance(trajs, TraceWorkload):
         rates = derive_rates(plan.calibration.profile, trace_turn_costs(trajs.records, block), kvbpt)

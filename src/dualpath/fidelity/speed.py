@@ -4,7 +4,7 @@ each step alone: a `SpeedModel` fitted to runtime runs' own forwards.
 Each engine's timeline records every forward with its model time (the compute alone, without the
 waits for KV or mail) and what the profile needs to predict it (calibration.py: `step_records`):
 a prefill forward's tokens and (query, key) pairs, a decode step's batch and longest context. The
-profile's curve (runtime/apps/calibrate.py: the prefill fit; the decode steps interpolated on their
+profile's curve (runtime/profile/calibrate.py: the prefill fit; the decode steps interpolated on their
 measured grid, core/measured.py: StepGrid) predicts each one alone, at the drift measured before
 its run. Inside a cluster the runs showed (`dualpath fidelity` on the dev workloads):
 

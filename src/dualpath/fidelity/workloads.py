@@ -29,7 +29,7 @@ from typing import Sequence
 from ..core.request import TurnSpec, usable_hit_tokens
 from ..errors import InputError
 from ..parsing import parse_tokens
-from ..runtime.apps.emulation import TurnCost
+from ..runtime.profile.emulation import TurnCost
 from ..runtime.apps.replay import TraceWorkload
 from ..workloads import MOONCAKE_SLICE, Trajectory
 

@@ -4,7 +4,7 @@ Two kinds, one interface (`Executor.map`):
 
 - `SerialExecutor`: in this process, in the order given; nothing is started. The default of every
   command, and what `--ray` absent means: exactly the behaviour before executors existed.
-- `RayExecutor` (ray_pool.py, imported only when `--ray` is given): each call a Ray task
+- `RayExecutor` (deploy/ray/pool.py, imported only when `--ray` is given): each call a Ray task
   (one CPU each), results reported in the order they finish.
 
 `fn` must be a module-level function (a Ray worker imports it by name) whose result depends on
@@ -43,7 +43,7 @@ class SerialExecutor:
 @contextlib.contextmanager
 def open_executor(ray_address: str | None, num_workers: int | None = None,
                   identity: Callable[[], str] | None = None) -> Iterator[Executor]:
-    """No address: the serial executor. An address: a Ray session for the block (ray_pool.py:
+    """No address: the serial executor. An address: a Ray session for the block (deploy/ray/pool.py:
     `local` starts a local cluster of `num_workers` CPUs and stops it on exit, `auto` or HOST:PORT
     joins a running one); an unusable address or a missing Ray raises InputError before anything
     starts. `identity` (e.g. the simulator's code fingerprint) must be the same in every worker."""
@@ -54,7 +54,7 @@ def open_executor(ray_address: str | None, num_workers: int | None = None,
             raise InputError("--workers is for a local Ray cluster: give it with --ray local")
         yield SerialExecutor()
         return
-    from .ray_pool import ray_session
+    from ..deploy.ray.pool import ray_session
 
     with ray_session(ray_address, num_workers, *(() if identity is None else (identity,))) as executor:
         yield executor

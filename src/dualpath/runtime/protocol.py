@@ -22,7 +22,7 @@ Numbered path of one request (router R, prefill engine P, decode engine D):
 Engines report loads with every state change they own (`EngineReport`). Every engine sends a
 `Heartbeat` from a thread of its own; when the router fences a dead or silent engine it tells
 the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py). A joined
-engine that restarts (a Ray actor, runtime/apps/ray_engines.py) asks for its place again; the
+engine that restarts (a Ray actor, deploy/ray/engines.py) asks for its place again; the
 router re-admits it under the next incarnation and tells the others (`EngineUp`, router/rejoin.py).
 """
 
@@ -255,7 +255,7 @@ class Counters:
     store_skipped_calls: int = 0
     forward_items: int = 0  # summed over forwards: the requests (PE) or running sequences (DE) in each
     served_mid_step: int = 0  # DE: messages (layer pulls, finished reads and copies) served between a step's layers
-    # summed over forwards, the terms of the compute profile's fit (runtime/apps/calibrate.py)
+    # summed over forwards, the terms of the compute profile's fit (runtime/profile/calibrate.py)
     # besides its fixed one (`forwards`): prefill (new tokens, 0, causal keys), decode (sequences,
     # longest context, sequences x longest context). `busy_s` over the profile's prediction from
     # them is the engine's compute speed during the run (fidelity/speed.py)
@@ -265,7 +265,7 @@ class Counters:
     cnic_stalled_s: float = 0.0
     # the encoded bytes of this engine's messages to the router and to other engines (its control
     # plane: tokens, heartbeats, counters, layer pulls), this report not included; what a kernel
-    # counts on the node's CNIC besides the KV (runtime/apps/testbed_demo.py:ledger_vs_kernel)
+    # counts on the node's CNIC besides the KV (deploy/testbed/demo.py:ledger_vs_kernel)
     control_bytes: int = 0
     # the engine's timeline spans since its last Counters (RuntimeConfig.record_timeline), each
     # [track, name, start_s, end_s, rid or None, args or None] on its CLOCK_MONOTONIC (metrics/timeline.py)

@@ -20,10 +20,10 @@ occupies one GPU's attention while the group's linear work is shared (`fig3_rela
 
 from __future__ import annotations
 
-from ..core.cost import chunk_attention_flops, decode_kv_read_bytes, attention_flops_per_token
-from ..core.models import ModelSpec
+from ..costmodel.cost import chunk_attention_flops, decode_kv_read_bytes, attention_flops_per_token
+from ..costmodel.models import ModelSpec
 from ..config import ComputeKnobs
-from ..core.hardware import GpuSpec
+from ..costmodel.hardware import GpuSpec
 
 
 FIG3_CONTEXT_TOKENS = 30_000  # docs/paper.md §4.1, Fig. 3 right: 30K context, 300 appended tokens

@@ -1,9 +1,9 @@
 """Expert-parallel dispatch + combine of one node's GPUs on their CNICs, the latency-critical lane
-(bytes from core/ep_traffic.py; what the lanes buy: `dualpath bench lanes --sim`).
+(bytes from costmodel/ep_traffic.py; what the lanes buy: `dualpath bench lanes --sim`).
 
 How it is timed. The unloaded all-to-all is already in every forward and step as the calibrated
 fixed cost `ComputeKnobs.ep_latency_per_layer_s` (DeepEP's measured kernels, which are bandwidth
-bound: core/ep_traffic.py checks the bytes against them). What the lanes decide is how much longer
+bound: costmodel/ep_traffic.py checks the bytes against them). What the lanes decide is how much longer
 the bursts take when KV shares the link. So a step (or forward) of a GPU with b bytes of bursts
 takes b / r - b / C longer, r being the rate a burst gets on the GPU's CNIC now
 (`Link.lc_burst_rate`: ~99% of the link with two classes under contention, one flow's share with
@@ -23,7 +23,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable, Optional, Sequence
 
-from ..core.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
+from ..costmodel.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
 from ..core.lanes import Lane
 from .links import Network
 from .state import Node

@@ -62,7 +62,9 @@ class PersistWrites:
         self.ctx = ctx
         self.hits = hits
         self.on_written = on_written
-        self.timed = cl.persist_waits_for_snic_write and ctx.io.persists_take_time()
+        self.modelled = cl.persist_waits_for_snic_write  # the `local` preset; else a persist is only booked
+        self.timed = self.modelled and ctx.io.persists_take_time()
+        self.copies_on_de_cnic = cl.cnic_as_runtime_arbiter  # a block's copy out of HBM crosses the DE's arbiter
         self.block_bytes = float(cl.block_tokens * ctx.kv_bytes_per_token)
         self.rate_bytes_per_s = cl.node.snic_bytes_per_s
         self._writers: dict[int, _Writer] = {}  # by DE node id
@@ -101,7 +103,7 @@ class PersistWrites:
 
     def _d2h_link(self, de: Engine) -> Link | None:
         """The link a block's copy out of HBM crosses: the DE's CNIC arbiter, in the `local` preset."""
-        return de.cnic_out if self.ctx.cfg.cluster.cnic_as_runtime_arbiter else None
+        return de.cnic_out if self.copies_on_de_cnic else None
 
     def _copied(self, flow: Flow) -> None:
         keys, node = flow.tag

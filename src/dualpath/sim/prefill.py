@@ -31,7 +31,7 @@ from ..metrics.timeline import ROUTER
 from .ep_comm import ep_comm_for
 from .events import PRIO_COMPLETE
 from .lifecycle import SimContext, TurnLifecycle
-from .links import Flow
+from .links import Flow, Network
 from .state import Engine, Node, SimRequest
 
 
@@ -45,6 +45,40 @@ class Forward:
         self.compute_s = compute_s
         self.pd_flows = 0
         self.tokens_per_gpu: list[int] = []  # new tokens each GPU computes (EP bursts, ep_comm.py)
+
+
+class DeCnics:
+    """The paper presets' CNICs: KV streamed from DE buffers is one flow per PE GPU, limited where
+    the streams converge (the PE CNIC-in), each sending DE CNIC-out's bytes booked on its ledger;
+    the PD transfer's bytes are booked on each receiving DE CNIC-in (`_start_streams`)."""
+
+    def stream_from_des(self, group: "PrefillGroup", fwd: Forward, eng: Engine, remote: float,
+                        sources: dict, rids: list[int]) -> None:
+        net = group.ctx.net
+        fwd.pending += 1
+        for src, nbytes, _ in sources.values():
+            net.book(src.cnic_out, Lane.KV, nbytes)
+        net.start(remote, Lane.KV, (eng.cnic_in,), group._stream_done,
+                  (fwd, eng.cnic_track, "transfer", {"requests": rids, "direction": "DE->PE"}))
+
+    def book_pd_arrivals(self, net: Network, reqs: list[tuple[SimRequest, float]]) -> None:
+        for req, nbytes in reqs:
+            net.book(req.de.cnic_in, Lane.KV, nbytes)
+
+
+class ArbiterPerDe(DeCnics):
+    """The `local` preset's CNICs, as the runtime's: each DE's arbiter writes the layers pulled from
+    it, one flow per sending DE on its own link; the DE's arbiter moves none of a PD transfer."""
+
+    def stream_from_des(self, group: "PrefillGroup", fwd: Forward, eng: Engine, remote: float,
+                        sources: dict, rids: list[int]) -> None:
+        for src, nbytes, src_rids in sources.values():
+            fwd.pending += 1
+            group.ctx.net.start(nbytes, Lane.KV, (src.cnic_out,), group._stream_done,
+                                (fwd, src.cnic_track, "transfer", {"requests": src_rids, "direction": "DE->PE"}))
+
+    def book_pd_arrivals(self, net: Network, reqs: list[tuple[SimRequest, float]]) -> None:
+        pass
 
 
 class PrefillGroup:
@@ -66,6 +100,9 @@ class PrefillGroup:
                                        sched.basic_tokens_per_forward, _memory_budget(ctx))
         self.pipeline = pipeline_for(f.io_free, f.layerwise_prefill)
         self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=True)  # None: no EP bytes on the CNICs
+        cl = ctx.cfg.cluster
+        self.cnics: DeCnics = ArbiterPerDe() if cl.cnic_as_runtime_arbiter else DeCnics()  # who carries DE<->PE KV, once
+        self.frees_host_copies = not cl.buffers_at_placement  # else the router frees the PE's regions at PrefillDone
 
     # --- 1. batch formation ----------------------------------------------------------------
     def _candidates(self, eng: Engine, picked: list[SimRequest]) -> Iterator[BatchCandidate]:
@@ -164,17 +201,8 @@ class PrefillGroup:
                 fwd.pending += 1
                 ctx.net.start(local, Lane.KV, (eng.cnic_out, eng.cnic_in), self._stream_done,
                               (fwd, eng.cnic_track, "h2d", {"requests": local_rids}))
-            if remote and ctx.cfg.cluster.cnic_as_runtime_arbiter:  # each DE's arbiter writes its part
-                for src, nbytes, rids in sources.values():
-                    fwd.pending += 1
-                    ctx.net.start(nbytes, Lane.KV, (src.cnic_out,), self._stream_done,
-                                  (fwd, src.cnic_track, "transfer", {"requests": rids, "direction": "DE->PE"}))
-            elif remote:
-                fwd.pending += 1
-                for src, nbytes, _ in sources.values():
-                    ctx.net.book(src.cnic_out, Lane.KV, nbytes)
-                ctx.net.start(remote, Lane.KV, (eng.cnic_in,), self._stream_done,
-                              (fwd, eng.cnic_track, "transfer", {"requests": remote_rids, "direction": "DE->PE"}))
+            if remote:
+                self.cnics.stream_from_des(self, fwd, eng, remote, sources, remote_rids)
 
     def _stream_done(self, flow: Flow) -> None:
         fwd, track, name, args = flow.tag  # args: the timeline's (metrics/timeline.py)
@@ -187,7 +215,7 @@ class PrefillGroup:
         """Not layerwise: once a request's whole hit KV is in HBM, its PE-buffer copy is no longer
         needed, unless a later chunk will load it again. Not when placement took it
         (`buffers_at_placement`): the router frees the PE's regions at PrefillDone."""
-        if self.ctx.cfg.cluster.buffers_at_placement:
+        if not self.frees_host_copies:
             return
         for eng, req, ntok in fwd.entries:
             if req.pe_buffer_bytes and ntok == req.remaining_tokens:
@@ -234,9 +262,7 @@ class PrefillGroup:
         for eng, nbytes, reqs in per_gpu.values():
             self.pd_bytes += nbytes
             fwd.pd_flows += 1
-            for req, b in reqs:
-                if not ctx.cfg.cluster.cnic_as_runtime_arbiter:  # the runtime's DE arbiter moves none of it
-                    ctx.net.book(req.de.cnic_in, Lane.KV, b)
+            self.cnics.book_pd_arrivals(ctx.net, reqs)
             ctx.net.start(nbytes, Lane.KV, (eng.cnic_out,), self._pd_done, (fwd, reqs, eng))
 
     def _pd_done(self, flow: Flow) -> None:

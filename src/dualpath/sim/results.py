@@ -137,7 +137,7 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
         },
         "scheduler": {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions,
                       **({"recomputed_hits": sim.num_recomputed} if sim.cfg.scheduler.recompute_when_faster else {})},
-        **({"persists": _persists(sim)} if cfg.cluster.persist_waits_for_snic_write else {}),
+        **({"persists": _persists(sim)} if sim.writes.modelled else {}),
         "policy_wall_s": sim.driver.policy_cpu_s,
         "prefill_attention_max_over_avg": _attention_balance(sim),
         "prefill_forwards": sum(g.num_forwards for g in sim.prefill_groups.values()),

@@ -1,6 +1,6 @@
 """The sweep spec: a YAML mapping of grid axes, each a value or a list of values.
 
-    model: ds-27b              # a model preset (core/models.py)
+    model: ds-27b              # a model preset (costmodel/models.py)
     pd: [1P1D, 1P2D]           # P/D shapes (default: the paper's for the model)
     max_len: [32k, 64k]        # trajectory MaxLen
     agents: [16, 32]           # agents per run (offline: all arrive at t = 0)

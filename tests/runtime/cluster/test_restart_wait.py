@@ -14,7 +14,7 @@ import pytest
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable
 from fault_harness import EXIT_BOUND_S, PROMPTS, Served, config, first_decoding_de, greedy, greedy_all
 
-WAIT_S = 1.5  # short for the test; Ray clusters wait ray_engines.ENGINE_RESTART_WAIT_S (60 s)
+WAIT_S = 1.5  # short for the test; Ray clusters wait deploy/ray/engines.py: ENGINE_RESTART_WAIT_S (60 s)
 
 
 @pytest.mark.slow  # a cluster of its own and 4 x 600 greedy tokens: ~25 s on the loaded 2-core VM

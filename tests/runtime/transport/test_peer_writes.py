@@ -10,13 +10,13 @@ import numpy as np
 
 from dualpath.core.lanes import LaneWeights
 from dualpath.runtime.clock import MonotonicClock
-from dualpath.runtime.engine.peers import PeerWrites
+from dualpath.runtime.engine.peers import RemotePeers
 from dualpath.runtime.transport import LinkArbiter, ShmRegion
 from dualpath.runtime.transport.messages import Stop
 
 
 class _Engine:
-    """What PeerWrites asks of an engine: an arbiter, and somewhere for messages to go."""
+    """What RemotePeers asks of an engine: an arbiter, and somewhere for messages to go."""
 
     def __init__(self) -> None:
         self.arbiter = LinkArbiter("cnic-test", None, LaneWeights(), MonotonicClock())
@@ -37,7 +37,7 @@ def _sent(event: threading.Event, store: list):
 
 def test_bytes_land_then_the_reply_and_a_vanished_peer_costs_nothing():
     sender, receiver = _Engine(), _Engine()
-    a, b = PeerWrites(sender, True, None), PeerWrites(receiver, True, None)
+    a, b = RemotePeers(sender, None), RemotePeers(receiver, None)
     try:
         landing = np.zeros(4096, dtype=np.uint8)
         b.expose("landing", landing)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 class RecomputeRule:
     kv_bytes_per_token: int
     read_bytes_per_s: float  # a node's read rate: min(SNIC, storage read), per direction
-    recompute_tokens_per_s: float  # a PE's prompt tokens per second (core/cost.py or the probe)
+    recompute_tokens_per_s: float  # a PE's prompt tokens per second (costmodel/cost.py or the probe)
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0 or self.read_bytes_per_s <= 0 or self.recompute_tokens_per_s <= 0:

@@ -80,7 +80,7 @@ def integrity(r: Results) -> str:
             f"reopen, {torn['torn_visible_at_final_restart']} at a final one over {torn['whole_blocks_checked']} whole blocks.")
 
 
-@block("checksum", reads=("checksum/checksum.json",), command="python tools/bench_checksum.py")
+@block("checksum", reads=("checksum/checksum.json",), command="dualpath bench checksum --json docs/results/checksum/checksum.json")
 def checksum(r: Results) -> str:
     d = r.json("checksum/checksum.json")
     sizes = d["sizes_bytes"]

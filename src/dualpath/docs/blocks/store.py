@@ -50,7 +50,7 @@ def transport_shm(r: Results) -> str:
 
 
 @block("remote_write", reads=("transport/remote_write.json",),
-       command="PYTHONPATH=src .venv/bin/python tools/bench_remote_write.py --json docs/results/transport/remote_write.json")
+       command="dualpath bench remote-write --json docs/results/transport/remote_write.json")
 def remote_write(r: Results) -> str:
     d = r.json("transport/remote_write.json")
     labels = {"memcpy": "memcpy into shared memory", "memcpy + arbiter": "memcpy through a LinkArbiter",

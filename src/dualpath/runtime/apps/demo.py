@@ -30,12 +30,12 @@ from ...core.request import TurnSpec
 from ...metrics.decisions import DecisionLog
 from ...metrics.timeline import Timeline
 from ...workloads import Trajectory
-from .calibrate import Calibration, check_speed, load_or_measure
+from ..profile.calibrate import Calibration, check_speed, load_or_measure
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
 from ..engine.cpus import available_cpus, plan_cpus
 from ..protocol import EngineRole
-from .emulation import EmulatedRates, derive_rates, given_rates, trajectory_turns
+from ..profile.emulation import EmulatedRates, derive_rates, given_rates, trajectory_turns
 from .replay import TraceWorkload, num_turns, replay_workload, storage_read_bytes, summarise
 
 FIRST_PROMPT_TOKENS = 190  # 3 blocks less the 2 generated tokens whose KV is computed

@@ -25,6 +25,7 @@ import numpy as np
 from ...metrics import turn_latencies
 from ..api import GenerationRequest, SamplingParams
 from ..clock import Clock
+from ..router.router import Router
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ def _ordinary_ids(vocab_size: int, reserved: int = 16) -> tuple[int, int]:
     return (reserved, vocab_size) if vocab_size > 4 * reserved else (0, vocab_size)
 
 
-async def _one_request(router: Any, clock: Clock, name: str, prompt: list[int], gen: int, agent: int, turn: int,
+async def _one_request(router: Router, clock: Clock, name: str, prompt: list[int], gen: int, agent: int, turn: int,
                        records: list[TurnRecord]) -> list[int]:
     params = SamplingParams(max_tokens=gen, temperature=0.0, min_tokens=gen, ignore_eos=True)
     t0 = clock.now_s()
@@ -94,7 +95,7 @@ async def _send_in_order(arrivals_s: Sequence[float], clock: Clock, launch: Call
     await asyncio.gather(*tasks)
 
 
-async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals_s: Sequence[float], vocab_size: int,
+async def replay_trajectories(router: Router, trajectories: Sequence[Any], arrivals_s: Sequence[float], vocab_size: int,
                               clock: Clock, seed: int = 0, on_turn: Callable[[int], None] | None = None,
                               cold: bool = False) -> list[TurnRecord]:
     """`cold`: every turn is a fresh prompt (nothing earlier is resent, so nothing hits the store)."""
@@ -115,7 +116,7 @@ async def replay_trajectories(router: Any, trajectories: Sequence[Any], arrivals
     return records
 
 
-async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: int, clock: Clock, time_scale: float = 1.0,
+async def replay_mooncake(router: Router, records_in: Sequence[Any], vocab_size: int, clock: Clock, time_scale: float = 1.0,
                           on_turn: Callable[[int], None] | None = None) -> list[TurnRecord]:
     """Each trace block id stands for `block_tokens` fixed tokens (seeded by the id), so equal ids
     give equal prefixes; request i is a one-turn agent, named `a<i>t0` as the simulator names it."""
@@ -141,7 +142,7 @@ async def replay_mooncake(router: Any, records_in: Sequence[Any], vocab_size: in
     return records
 
 
-async def replay_workload(router: Any, workload: Sequence[Any] | TraceWorkload, vocab_size: int, clock: Clock,
+async def replay_workload(router: Router, workload: Sequence[Any] | TraceWorkload, vocab_size: int, clock: Clock,
                           seed: int = 0, on_turn: Callable[[int], None] | None = None,
                           cold: bool = False) -> list[TurnRecord]:
     """Trajectories (all arriving at t = 0) or a `TraceWorkload`."""
@@ -150,7 +151,7 @@ async def replay_workload(router: Any, workload: Sequence[Any] | TraceWorkload, 
     return await replay_trajectories(router, workload, [0.0] * len(workload), vocab_size, clock, seed, on_turn, cold)
 
 
-def storage_read_bytes(router: Any) -> dict[str, int]:
+def storage_read_bytes(router: Router) -> dict[str, int]:
     """Storage (SNIC) bytes read so far in this mode, per node ("PE0", "DE1": one engine per
     node), as the engines last reported them (every ~0.5 s); for progress lines."""
     roles = {e: ("PE" if st.role == "prefill" else "DE") for e, st in router.engines.items()}

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import AsyncContextManager, Callable, Mapping
 
 from ...config import RuntimeConfig, parse_pd
 from ...metrics.decisions import DecisionLog, decisions_path, write_jsonl
@@ -16,11 +15,14 @@ from ...workloads import WorkloadFormat, detect_format, read_mooncake, read_traj
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
 from .replay import replay_mooncake, replay_trajectories, storage_read_bytes, summarise
+from ..router.router import Router
 
 OnTurn = Callable[[str, int, int, Mapping[str, int]], None]  # mode, turns done, total, storage bytes read per node
+# A cluster for one mode's config, as an async context manager (run_trace: `clusters`)
+ClusterFactory = Callable[[RuntimeConfig], AsyncContextManager[LocalCluster]]
 
 
-def _per_turn(on_turn: OnTurn | None, mode: str, total: int, router: Any) -> Callable[[int], None] | None:
+def _per_turn(on_turn: OnTurn | None, mode: str, total: int, router: Router) -> Callable[[int], None] | None:
     return None if on_turn is None else (lambda n: on_turn(mode, n, total, storage_read_bytes(router)))
 
 
@@ -67,51 +69,26 @@ async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, ma
     return result
 
 
+def local_cluster(cfg: RuntimeConfig) -> LocalCluster:
+    """The default ClusterFactory: the engines as processes of this host (an async context manager)."""
+    return LocalCluster(cfg)
+
+
 async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
                     snic_mb_s: float | None, device: str = "cpu",
                     on_turn: OnTurn | None = None, decisions: Path | None = None,
-                    ray_address: str | None = None, timeline: Path | None = None) -> dict:
-    """One fresh cluster per mode; `on_turn(mode, turns done, total, storage bytes read per node)`
-    after every finished turn; `decisions`: every scheduling decision of each mode as JSONL
-    (metrics/decisions.py: decisions_path); `timeline`: each mode's spans as a Chrome trace
-    (metrics/timeline.py: timeline_path); `ray_address` (local | auto | HOST:PORT): the engines
-    are Ray actors that join the router over TCP (ray_engines.py), placed before each mode starts."""
+                    timeline: Path | None = None, clusters: ClusterFactory = local_cluster,
+                    placement: Mapping[str, str] | None = None) -> dict:
+    """One fresh cluster per mode, from `clusters` (deploy/ray/commands.py: ray_clusters for the
+    engines as Ray actors; `placement` then names it in the result's config); `on_turn(mode, turns
+    done, total, storage bytes read per node)` after every finished turn; `decisions`: every
+    scheduling decision of each mode as JSONL (metrics/decisions.py: decisions_path); `timeline`:
+    each mode's spans as a Chrome trace (metrics/timeline.py: timeline_path)."""
     detect_format(path)  # neither format: one line before any cluster starts
     runs = []
-    with contextlib.ExitStack() as stack:
-        ray = None
-        if ray_address is not None:
-            from ...pool.ray_pool import ray_session
-
-            ray = stack.enter_context(ray_session(ray_address)).ray
-        for mode in modes:
-            cfg = replace(trace_config(model, pd, mode, max_len, snic_mb_s, device), record_timeline=timeline is not None)
-            if ray is None:
-                async with LocalCluster(cfg) as cluster:
-                    runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions,
-                                                timeline))
-            else:
-                host = "127.0.0.1" if ray_address == "local" else ray.util.get_node_ip_address()  # as `serve --ray`
-                runs.append(await _replay_on_ray(ray, host, cfg, path, mode, limit, max_len, time_scale, on_turn, decisions,
-                                                 timeline))
+    for mode in modes:
+        cfg = replace(trace_config(model, pd, mode, max_len, snic_mb_s, device), record_timeline=timeline is not None)
+        async with clusters(cfg) as cluster:
+            runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions, timeline))
     return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device,
-                       **({"ray": ray_address} if ray_address else {})}, "runs": runs}
-
-
-async def _replay_on_ray(ray: Any, host: str, cfg: RuntimeConfig, path: Path, mode: str, limit: int, max_len: int,
-                         time_scale: float, on_turn: OnTurn | None, decisions: Path | None,
-                         timeline: Path | None = None) -> dict:
-    """One mode with the engines as Ray actors: placed first (an InputError naming what no node
-    holds), started once the router has bound, watched and restarted as `serve --ray` does."""
-    from .ray_engines import RayEngines, restart_config
-
-    cfg = restart_config(replace(cfg, engine_transport="tcp"))
-    engines = RayEngines(ray, cfg, "", cfg.peer_token_file, cfg.store_dir)
-    engines.place()
-    try:
-        cluster = LocalCluster(cfg, engines_listen=f"tcp://{host}:0",
-                               on_router_ready=lambda endpoint: engines.start_for(endpoint, cluster))
-        async with cluster:
-            return await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions, timeline)
-    finally:
-        engines.stop()
+                       **(placement or {})}, "runs": runs}

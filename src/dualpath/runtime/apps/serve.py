@@ -35,15 +35,16 @@ class ClusterRouter:
 
 
 def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimits | None = None,
-             engines_listen: str | None = None, ray_engines: Any = None):
-    """The app and its cluster; `ray_engines` (a placed RayEngines): its actors start once the
-    router has bound, are watched, and are stopped with the cluster."""
+             engines_listen: str | None = None, joining_engines: Any = None):
+    """The app and its cluster; `joining_engines` (engines started elsewhere that join the router,
+    placed already: deploy/ray/engines.py: RayEngines): its `start_for(endpoint, cluster)` is called
+    once the router has bound."""
     from ..server.app import create_app
 
     cluster = LocalCluster(cfg, engines_listen=engines_listen)
     proxy = ClusterRouter(cluster, cfg.model)
-    if ray_engines is not None:  # engines as Ray actors that join the router (ray_engines.py)
-        cluster.on_router_ready = lambda endpoint: ray_engines.start_for(endpoint, cluster)  # bound: no port race
+    if joining_engines is not None:
+        cluster.on_router_ready = lambda endpoint: joining_engines.start_for(endpoint, cluster)  # bound: no port race
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -58,22 +59,9 @@ def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimit
 
 def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                   limits: ServerLimits | None = None, engines_listen: str | None = None,
-                  ray_address: str | None = None) -> None:
-    """Serve until stopped. With `ray_address`, Ray is joined and the engines' placement group
-    placed first, so an unreachable address, a role no node holds or a cluster too small is one
-    InputError before the server starts (and nothing is left running: ray_pool.ray_session)."""
+                  joining_engines: Any = None) -> None:
+    """Serve until stopped (`joining_engines`: make_app; deploy/ray/commands.py: serve_on_ray)."""
     import uvicorn
 
-    with contextlib.ExitStack() as stack:
-        engines = None
-        if ray_address is not None:
-            from ...pool.ray_pool import ray_session
-            from .ray_engines import RayEngines, restart_config
-
-            ray = stack.enter_context(ray_session(ray_address)).ray
-            cfg = restart_config(cfg)
-            engines = RayEngines(ray, cfg, "", cfg.peer_token_file, cfg.store_dir)
-            engines.place()
-            stack.callback(engines.stop)
-        app, _ = make_app(cfg, api_key, limits, engines_listen, engines)
-        uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    app, _ = make_app(cfg, api_key, limits, engines_listen, joining_engines)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)

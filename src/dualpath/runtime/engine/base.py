@@ -30,7 +30,8 @@ from .device import engine_device, visible_gpus
 from ..transport.integrity import FlipInjector, piece_sums
 from ..transport.transfer import SpanCopy
 from ..model import load_model
-from ..protocol import HEARTBEATS_PER_TIMEOUT, INTEGRITY_COUNTERS, Counters, EngineRole, Heartbeat, Persisted, Reconfigure, Reconfigured
+from ..protocol import (HEARTBEATS_PER_TIMEOUT, INTEGRITY_COUNTERS, Counters, EngineDown, EngineRole, EngineUp, Heartbeat,
+                        Persisted, Reconfigure, Reconfigured)
 from ..store import BlockStore, PutOutcome
 from ..store.remote import RemoteStore, read_token, store_for
 
@@ -40,10 +41,11 @@ STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 READ_LATENCY_EWMA_WEIGHT = 0.5
 from ..transport import LinkArbiter, ShmRegion, TokenBucket
 from ..transport.channel import Inbox, Outbox
-from ..transport.messages import message
+from ..transport.messages import Stop, message
 from ..transport.shm import SharedSegments
 from . import leave
-from .peers import PeerWrites
+from .peers import peers_for
+from .tally import EngineTally
 from .tp import start_engine_tp, tp_payload_bytes
 
 
@@ -117,13 +119,7 @@ class EngineBase:
         self.clock = MonotonicClock()
         self.timeline = Timeline(clock=self.clock.now_s) if cfg.record_timeline else NULL_TIMELINE
         self.features = cfg.features
-        io_free = self.features.io_free
-        self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if io_free else cfg.cnic_rate, cfg.scheduler.lane_weights,
-                                   self.clock, chunk_bytes=cfg.chunk_bytes)
-        snic = None if io_free else cfg.snic_bytes_per_s
-        burst = self.layout.full_block_bytes
-        self.snic_read = TokenBucket(snic, burst, self.clock)
-        self.snic_write = TokenBucket(snic, burst, self.clock)
+        self._open_nics()
         self.store = self._open_store(spec.store_root)
         self._attached = SharedSegments()
         self.buffers: dict[int, np.ndarray] = {
@@ -136,15 +132,12 @@ class EngineBase:
         pe = spec.role == EngineRole.PREFILL  # the timeline's tracks: the engine's index within its role
         self.track, self.cnic_track = engine_tracks(pe, spec.engine - (0 if pe else cfg.num_prefill))
         self.snic_read_track, self.snic_write_track = snic_tracks(self.node)
-        self.peers = PeerWrites(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
+        self.peers = peers_for(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
                                 urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
-        self.counters = {"storage_read_bytes": 0, "storage_write_bytes": 0, "busy_s": 0.0, "forwards": 0, "read_busy_s": 0.0,
-                         "read_latency_s": 0.0, "forward_items": 0, "served_mid_step": 0,
-                         "fit_items": 0.0, "fit_ctx": 0.0, "fit_keys": 0.0,  # protocol.py: Counters.fit_terms
-                         **{k: 0 for k in INTEGRITY_COUNTERS}}
+        self.counters = EngineTally()  # per mode: a reconfigure starts a new one
         p = cfg.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
         self._reads: queue.Queue = queue.Queue()
@@ -158,8 +151,20 @@ class EngineBase:
         self._stalled_base_s = 0.0
         self._tp_base_bytes = 0
         self._last_report_s = self.clock.now_s()
+        self._handlers = self.handlers()  # the role's table, chosen once
         self._start_threads()
         leave.install(spec.engine, spec.incarnation, self.to_router, self._close_router_box)
+
+    def _open_nics(self) -> None:
+        """The node's emulated NICs: the CNIC's arbiter (two lanes, its rate) and the SNIC's read and
+        write buckets, a Full Block a burst; the oracle's ablation (io_free) moves bytes at no cost."""
+        cfg, io_free = self.cfg, self.features.io_free
+        self.arbiter = LinkArbiter(f"cnic{self.spec.engine}", None if io_free else cfg.cnic_rate,
+                                   cfg.scheduler.lane_weights, self.clock, chunk_bytes=cfg.chunk_bytes)
+        snic = None if io_free else cfg.snic_bytes_per_s
+        burst = self.layout.full_block_bytes
+        self.snic_read = TokenBucket(snic, burst, self.clock)
+        self.snic_write = TokenBucket(snic, burst, self.clock)
 
     def _start_threads(self) -> None:
         """The store reader and writer, and the heartbeat (each of its own: a forward delays none)."""
@@ -191,8 +196,7 @@ class EngineBase:
         self.features = self.cfg.features
         self.store.close()
         self.store = self._open_store(msg.store_root)
-        for k in self.counters:  # counters are per mode
-            self.counters[k] = 0
+        self.counters = EngineTally()  # counters are per mode
         self.timeline.drain()  # spans too: the last mode's went with its Counters
         st = self.arbiter.stats()
         self._lane_base, self._stalled_base_s = st.sent_bytes, st.stalled_s
@@ -247,8 +251,30 @@ class EngineBase:
         while not self._stop and (msg := self.inbox.recv(0)) is not None:
             self.handle(msg)
 
-    def handle(self, msg: Any) -> None:  # overridden
-        raise NotImplementedError
+    def handle(self, msg: Any) -> None:
+        """One message, by its type (`handlers`); a type the role does not answer is dropped."""
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        """What every engine answers; each role adds its own (`{**super().handlers(), ...}`)."""
+        return {EngineDown: self._engine_down, EngineUp: self._engine_up, Reconfigure: self.reconfigure,
+                Stop: self._on_stop}
+
+    def _engine_down(self, msg: EngineDown) -> None:
+        self.lost_engines.add(msg.engine)  # the router fenced it: never wait for it (its requests come as Cancels)
+        self.peers.fence(msg.engine, msg.incarnation)  # a fenced peer that wakes writes nothing here
+        self.on_peer_lost()
+
+    def on_peer_lost(self) -> None:
+        """What a role does beyond fencing when a peer is lost (prefill: a forward waiting for its layers goes on)."""
+
+    def _engine_up(self, msg: EngineUp) -> None:
+        self.lost_engines.discard(msg.engine)  # its successor (router/rejoin.py): wait for it again
+
+    def _on_stop(self, msg: Stop) -> None:
+        self._stop = True
 
     # --- messages that overtake the assignment they depend on ----------------------------------
     # The router's assignment and a peer's message about the same request travel on different
@@ -278,7 +304,7 @@ class EngineBase:
         busy_since: float | None = None
         while True:
             if self._reads.empty() and busy_since is not None:
-                self.counters["read_busy_s"] += self.clock.now_s() - busy_since
+                self.counters.read_busy_s += self.clock.now_s() - busy_since
                 busy_since = None
             job = self._reads.get()
             if job is None:
@@ -300,7 +326,7 @@ class EngineBase:
                 if got != 1:
                     break  # a block that fails its checksum is never used: the hit ends here
                 ok += 1
-            self.counters["storage_read_bytes"] += ok * fbb
+            self.counters.storage_read_bytes += ok * fbb
             self.timeline.until_now(self.snic_read_track, "read", read_s, rid)
             self.to_self(ReadFinished(rid, ok, ok * fbb))
             self._reads.task_done()
@@ -321,7 +347,7 @@ class EngineBase:
                 stored = self.store.put(digest, payload) in STORED_OUTCOMES
             except OSError:
                 stored = False  # e.g. ENOSPC: the block is not persisted, serving goes on
-            self.counters["storage_write_bytes"] += len(payload)
+            self.counters.storage_write_bytes += len(payload)
             self.timeline.until_now(self.snic_write_track, "persist", write_s, None, {"wait_s": write_s - queued_s})
             self.to_router(Persisted(self.spec.engine, bytes(digest), stored))
             self._writes.task_done()
@@ -342,14 +368,14 @@ class EngineBase:
         sums = piece_sums(job)
         chunk = job if self.flipper is None else self.flipper.wrap(job)
         if chunk is not job:
-            self.counters["kv_flips_injected"] += chunk.num_flips
+            self.counters.kv_flips_injected += chunk.num_flips
         self.arbiter.submit(Lane.KV, job.nbytes, chunk, lambda _res: on_done(sums))
         return sums
 
     def _sample_read_latency(self, seconds: float) -> None:
         c = self.counters
-        c["read_latency_s"] = seconds if not c["read_latency_s"] else (
-            READ_LATENCY_EWMA_WEIGHT * seconds + (1 - READ_LATENCY_EWMA_WEIGHT) * c["read_latency_s"])
+        c.read_latency_s = seconds if not c.read_latency_s else (
+            READ_LATENCY_EWMA_WEIGHT * seconds + (1 - READ_LATENCY_EWMA_WEIGHT) * c.read_latency_s)
 
     def maybe_report_counters(self, every_s: float = 0.5) -> None:
         now = self.clock.now_s()
@@ -359,21 +385,18 @@ class EngineBase:
 
     def report_counters(self) -> None:
         st, c = self.arbiter.stats(), self.counters
-        self.to_router(Counters(self.spec.engine, int(self.counters["storage_read_bytes"]),
-                                int(self.counters["storage_write_bytes"]), float(self.counters["read_busy_s"]),
-                                int(st.sent_bytes[Lane.KV] - self._lane_base[Lane.KV]),
-                                int(st.sent_bytes[Lane.LATENCY_CRITICAL] - self._lane_base[Lane.LATENCY_CRITICAL]
-                                    + tp_payload_bytes(self.tp) - self._tp_base_bytes),  # + the collectives
-                                float(self.counters["busy_s"]),
-                                int(self.counters["forwards"]), *(int(self.counters[k]) for k in INTEGRITY_COUNTERS),
-                                read_latency_s=float(self.counters["read_latency_s"]),
-                                remote_write_bytes=self.peers.sent_bytes(),
-                                store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values()),
-                                forward_items=int(self.counters["forward_items"]),
-                                served_mid_step=int(self.counters["served_mid_step"]),
-                                fit_terms=(float(c["fit_items"]), float(c["fit_ctx"]), float(c["fit_keys"])),
-                                cnic_stalled_s=float(st.stalled_s - self._stalled_base_s),
-                                control_bytes=self.control_bytes_sent(), spans=self.timeline.drain()))
+        kv, lc = Lane.KV, Lane.LATENCY_CRITICAL
+        self.to_router(Counters(
+            engine=self.spec.engine, storage_read_bytes=int(c.storage_read_bytes),
+            storage_write_bytes=int(c.storage_write_bytes), read_busy_s=float(c.read_busy_s), cnic_kv_bytes=int(st.sent_bytes[kv] - self._lane_base[kv]),
+            cnic_lc_bytes=int(st.sent_bytes[lc] - self._lane_base[lc] + tp_payload_bytes(self.tp) - self._tp_base_bytes),  # + the collectives
+            busy_s=float(c.busy_s), forwards=int(c.forwards), **{k: int(getattr(c, k)) for k in INTEGRITY_COUNTERS},
+            read_latency_s=float(c.read_latency_s), remote_write_bytes=self.peers.sent_bytes(),
+            store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values()),
+            forward_items=int(c.forward_items), served_mid_step=int(c.served_mid_step),
+            fit_terms=(float(c.fit_items), float(c.fit_ctx), float(c.fit_keys)),
+            cnic_stalled_s=float(st.stalled_s - self._stalled_base_s),
+            control_bytes=self.control_bytes_sent(), spans=self.timeline.drain()))
 
     def control_bytes_sent(self) -> int:
         """The encoded bytes of the messages sent to other processes (the router, peers), to itself not."""

@@ -35,10 +35,9 @@ from ..transport.integrity import bad_pieces
 from ..transport.transfer import SpanCopy
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineDown, EngineUp, EngineRole, Reconfigure, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
-from ..transport.messages import Stop
 
 _SEED_STRIDE = 0x9E3779B1  # decode tokens use a seed derived from the request's, distinct from the PE's
 
@@ -57,6 +56,9 @@ class DecodeRequest:
     finishing: bool = False
     pending_copies: int = 0  # H2D and D2H copies that still touch this request's cache blocks
     reading: bool = False  # the DE-path read still writes into its region: a cancel waits for it
+
+
+_SERVED_MID_STEP = (LayerPull, ReadFinished, CopyDone)  # _serve_mid_step: what a step serves between its layers
 
 
 class DecodeEngine(EngineBase):
@@ -87,40 +89,35 @@ class DecodeEngine(EngineBase):
                 self.pump(lambda: self._stop or any(r.running for r in self.reqs.values()), timeout_s=0.05)
         self.close()
 
-    def handle(self, msg) -> None:
-        if isinstance(msg, DecodeAssign):
-            self._assign(msg)
-        elif isinstance(msg, ReadFinished):
-            r = self.reqs.get(msg.rid)
-            if r is not None:
-                r.reading = False
-                self.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
-                if r.cancelled:
-                    self._cancel(r)
-                else:
-                    self.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
-        elif isinstance(msg, (LayerPull, PromptReady)) and msg.rid not in self.reqs:
-            self.stash(msg.rid, msg)
-        elif isinstance(msg, LayerPull):
-            self._layer_pull(msg)
-        elif isinstance(msg, PromptReady):
-            self._prompt_ready(msg)
-        elif isinstance(msg, CopyDone):
-            self._copy_done(msg)
-        elif isinstance(msg, Cancel):
-            r = self.reqs.get(msg.rid)
-            if r is not None:
-                r.cancelled = True
+    def handlers(self) -> dict:
+        return {**super().handlers(), DecodeAssign: self._assign, ReadFinished: self._read_finished,
+                LayerPull: self._when_assigned(self._layer_pull), PromptReady: self._when_assigned(self._prompt_ready),
+                CopyDone: self._copy_done, Cancel: self._on_cancel}
+
+    def _when_assigned(self, handler):
+        """A peer's message about a request whose assignment has not come yet waits for it (stash)."""
+        def handle(msg) -> None:
+            if msg.rid in self.reqs:
+                handler(msg)
+            else:
+                self.stash(msg.rid, msg)
+        return handle
+
+    def _read_finished(self, msg: ReadFinished) -> None:
+        r = self.reqs.get(msg.rid)
+        if r is not None:
+            r.reading = False
+            self.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
+            if r.cancelled:
                 self._cancel(r)
-        elif isinstance(msg, EngineDown):
-            self.lost_engines.add(msg.engine)  # a dead PE's requests arrive as Cancels
-            self.peers.fence(msg.engine, msg.incarnation)
-        elif isinstance(msg, EngineUp):
-            self.lost_engines.discard(msg.engine)  # its successor (router/rejoin.py)
-        elif isinstance(msg, Reconfigure):
-            self.reconfigure(msg)
-        elif isinstance(msg, Stop):
-            self._stop = True
+            else:
+                self.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
+
+    def _on_cancel(self, msg: Cancel) -> None:
+        r = self.reqs.get(msg.rid)
+        if r is not None:
+            r.cancelled = True
+            self._cancel(r)
 
     def _serve_mid_step(self, msg) -> bool:
         """What a decode step serves between its layers (engine/mid_step.py), for a live request:
@@ -129,7 +126,7 @@ class DecodeEngine(EngineBase):
         - a finished copy: after the H2D the request joins the next step, not the one after.
         None runs the model (a `PromptReady` may recompute) or touches the step's sequences: the
         step's batch holds its own block indices, and a copy touches only its request's blocks."""
-        r = self.reqs.get(msg.rid) if isinstance(msg, (LayerPull, ReadFinished, CopyDone)) else None
+        r = self.reqs.get(msg.rid) if type(msg) in _SERVED_MID_STEP else None
         return r is not None and not r.cancelled
 
     def _cancel(self, r: DecodeRequest) -> None:
@@ -175,8 +172,8 @@ class DecodeEngine(EngineBase):
         n = len(r.assign.prompt_ids)
         bad = bad_pieces(self.buffers[self.node], m.pd_sums)
         if bad:
-            self.counters["pd_checksum_failures"] += len(bad)
-            self.counters["kv_recomputes"] += 1
+            self.counters.pd_checksum_failures += len(bad)
+            self.counters.kv_recomputes += 1
             self._recompute_prompt(r)
         self.cache.add_sequence(m.rid, n)
         fbb = self.layout.full_block_bytes
@@ -232,12 +229,12 @@ class DecodeEngine(EngineBase):
         logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],
                                         self.interleave.poll if waiting else None)
         model_s = time.perf_counter() - t0 - (self.interleave.serve_s - served0)  # model time alone
-        self.counters["busy_s"] += model_s
-        self.counters["forwards"] += 1
-        self.counters["forward_items"] += len(running)
-        self.counters["fit_items"] += len(running)  # the profile fit's terms (protocol.py: Counters.fit_terms)
-        self.counters["fit_ctx"] += longest
-        self.counters["fit_keys"] += len(running) * longest
+        self.counters.busy_s += model_s
+        self.counters.forwards += 1
+        self.counters.forward_items += len(running)
+        self.counters.fit_items += len(running)  # the profile fit's terms (protocol.py: Counters.fit_terms)
+        self.counters.fit_ctx += longest
+        self.counters.fit_keys += len(running) * longest
         for r, row in zip(running, logits):
             if r.generated < r.assign.min_tokens or r.assign.ignore_eos:
                 row = row.clone()
@@ -255,7 +252,7 @@ class DecodeEngine(EngineBase):
         self.timeline.until_now(self.track, "decode", step_s, None,  # ctx, model_s: fidelity/calibration.py
                                 lambda: {"batch": len(running), "ctx": longest, "model_s": model_s,
                                          "requests": [r.assign.rid for r in running]})
-        self.counters["served_mid_step"] += self.interleave.drain()
+        self.counters.served_mid_step += self.interleave.drain()
 
     def _done(self, r: DecodeRequest, last: int) -> bool:
         if r.generated >= r.assign.max_tokens:

@@ -131,16 +131,16 @@ class PrefillKvStream:
             bad = bad_pieces(self._landing, sums, base + off)
             if not bad:
                 continue
-            eng.counters["layer_checksum_failures"] += len(bad)
+            eng.counters.layer_checksum_failures += len(bad)
             tries = self._tries.get((layer, rid), 0)
             if rid in self.poisoned:
                 continue
             if tries >= LAYER_RETRANSMITS_MAX:
                 self.poisoned.add(rid)
-                eng.counters["kv_recomputes"] += 1
+                eng.counters.kv_recomputes += 1
                 continue
             self._tries[(layer, rid)] = tries + 1
-            eng.counters["layer_retransmits"] += 1
+            eng.counters.layer_retransmits += 1
             self._loads_pending[layer].add(rid)
             self._issue_item(layer, r, base + off)
             again.append(rid)

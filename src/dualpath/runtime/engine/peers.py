@@ -15,6 +15,8 @@ bytes when the message comes, so the message must not overtake them.
   the receiver's target hands it to its own inbox: it cannot arrive before the bytes.
 
 Either way the sender's checksums of what it sent (transport/integrity.py) go with the message.
+The two are `LocalPeers` and `RemotePeers`, one interface, chosen once when the engine starts
+(`peers_for`).
 
 A peer that cannot be reached, or whose connection breaks mid-transfer, costs the bytes and the
 message to it, never this engine: the failure is logged and counted (`failures`), the local books
@@ -48,28 +50,18 @@ def parse_data_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class PeerWrites:
-    def __init__(self, engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1", me: int = -1,
-                 incarnation: int = 0) -> None:
-        self._engine, self.me = engine, me  # me: this engine's id, named to every peer it writes to
-        self.incarnation = incarnation  # ... with which holder of that id this process is (wire.py)
-        self.remote = remote
-        self._token = token
-        self._initiators: dict[str, WriteInitiator] = {}
-        self._lock = threading.Lock()
+class LocalPeers:
+    """One host: a peer's segment is mapped here; the message follows on the control channel."""
+
+    data_endpoint = ""  # peers write to this engine by mapping its segment
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.failures = 0  # a local copy does not fail for a peer's sake
         self.bad_immediates = 0
-        self.failures = 0  # writes, immediates or connections to a peer that failed (peer gone)
-        self.target: WriteTarget | None = None
-        self.data_endpoint = ""  # where peers write to this engine ("" on one host)
-        if remote:
-            self.target = WriteTarget(host, 0, token, on_immediate=self._on_immediate)
-            h, p = self.target.address
-            self.data_endpoint = f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
 
     def expose(self, name: str, array: np.ndarray) -> None:
-        """Let peers write into `array` (this engine's host buffer, landing zone) as segment `name`."""
-        if self.target is not None:
-            self.target.register(name, array)
+        """Peers map the segment themselves (shm.SharedSegments): nothing to register."""
 
     def write(self, peer_control: str, peer_data: str, src: np.ndarray, src_spans: list, region: ShmRegion,
               dst_spans: list, on_sent: Callable[[list[int]], None], reply: Reply | None = None) -> list[int]:
@@ -77,15 +69,54 @@ class PeerWrites:
         sent, `on_sent(sums)` here and, with `reply`, `reply(sums)` to the peer after the bytes.
         Returns the sums (destination offsets relative to `region`)."""
         eng = self._engine
-        if not self.remote:
-            dst = eng.attached_view(region)
+        dst = eng.attached_view(region)
 
-            def done(sums: list[int]) -> None:
-                if reply is not None:
-                    eng.send(peer_control, reply(sums))
-                on_sent(sums)
+        def done(sums: list[int]) -> None:
+            if reply is not None:
+                eng.send(peer_control, reply(sums))
+            on_sent(sums)
 
-            return eng.copy_checked(src, src_spans, dst, dst_spans, done)
+        return eng.copy_checked(src, src_spans, dst, dst_spans, done)
+
+    def sent_bytes(self) -> int:
+        return 0  # nothing crosses TCP
+
+    def send_after_writes(self, peer_control: str, peer_data: str, msg: Any) -> None:
+        """`msg` to a peer, after every byte this engine has written to it (a done copy has landed)."""
+        self._engine.send(peer_control, msg)
+
+    def fence(self, engine: int, incarnation: int = 0) -> None:
+        """Nothing writes into this engine's memory from outside it on one host."""
+
+    def close(self) -> None:
+        pass
+
+
+class RemotePeers:
+    """Across hosts: a `WriteTarget` for peers' writes here, a `WriteInitiator` per peer written to;
+    the message rides the KV lane as an immediate after the writes."""
+
+    def __init__(self, engine: Any, token: bytes | None, host: str = "127.0.0.1", me: int = -1,
+                 incarnation: int = 0) -> None:
+        self._engine, self.me = engine, me  # me: this engine's id, named to every peer it writes to
+        self.incarnation = incarnation  # ... with which holder of that id this process is (wire.py)
+        self._token = token
+        self._initiators: dict[str, WriteInitiator] = {}
+        self._lock = threading.Lock()
+        self.bad_immediates = 0
+        self.failures = 0  # writes, immediates or connections to a peer that failed (peer gone)
+        self.target = WriteTarget(host, 0, token, on_immediate=self._on_immediate)
+        h, p = self.target.address
+        self.data_endpoint = f"[{h}]:{p}" if ":" in h else f"{h}:{p}"  # where peers write to this engine
+
+    def expose(self, name: str, array: np.ndarray) -> None:
+        """Let peers write into `array` (this engine's host buffer, landing zone) as segment `name`."""
+        self.target.register(name, array)
+
+    def write(self, peer_control: str, peer_data: str, src: np.ndarray, src_spans: list, region: ShmRegion,
+              dst_spans: list, on_sent: Callable[[list[int]], None], reply: Reply | None = None) -> list[int]:
+        """As LocalPeers.write, through the peer's WriteTarget, the reply an immediate after the bytes."""
+        eng = self._engine
         init = self._reach(peer_data)
         job = RemoteSpanWrite(init, Lane.KV, src, src_spans, region, dst_spans)  # type: ignore[arg-type]
         sums = piece_sums(job)  # type: ignore[arg-type]  # its src and pieces, as a SpanCopy's
@@ -121,9 +152,6 @@ class PeerWrites:
 
     def send_after_writes(self, peer_control: str, peer_data: str, msg: Any) -> None:
         """`msg` to a peer, after every byte this engine has written to it on the KV lane."""
-        if not self.remote:
-            self._engine.send(peer_control, msg)
-            return
         init = self._reach(peer_data)
         try:
             if init is not None:
@@ -161,8 +189,7 @@ class PeerWrites:
     def fence(self, engine: int, incarnation: int = 0) -> None:
         """The router fenced `engine`'s `incarnation` (EngineDown): its writes into this engine's
         memory stop here; a successor under a later incarnation is accepted (EngineUp)."""
-        if self.target is not None:
-            self.target.fence(engine, incarnation)
+        self.target.fence(engine, incarnation)
 
     def _on_immediate(self, lane: Lane, data: bytes) -> None:
         """A peer's message after its writes (on the target's receiver thread): into our inbox."""
@@ -179,5 +206,10 @@ class PeerWrites:
             initiators, self._initiators = list(self._initiators.values()), {}
         for init in initiators:
             init.close()
-        if self.target is not None:
-            self.target.close()
+        self.target.close()
+
+
+def peers_for(engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1", me: int = -1,
+              incarnation: int = 0) -> LocalPeers | RemotePeers:
+    """The engine's peers, chosen once: remote (engine_transport "tcp") or on one host."""
+    return RemotePeers(engine, token, host, me, incarnation) if remote else LocalPeers(engine)

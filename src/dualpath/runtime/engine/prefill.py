@@ -37,9 +37,8 @@ from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
-from ..protocol import (Cancel, EngineDown, EngineUp, EngineRole, Reconfigure, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
+from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
                        PrefillDone, PromptReady, ReadDone)
-from ..transport.messages import Stop
 
 
 class PrefillEngine(EngineBase):
@@ -115,36 +114,32 @@ class PrefillEngine(EngineBase):
     def _has_work(self) -> bool:
         return any(r.ready and r.pending_pd == 0 and not r.computed for r in self.queue)
 
-    def handle(self, msg) -> None:
-        if isinstance(msg, PrefillAssign):
-            self._assign(msg)
-        elif isinstance(msg, ReadFinished):
-            self._hit_loaded(msg.rid, msg.ok_blocks, report=msg.nbytes)
-        elif isinstance(msg, HitReady):
-            if msg.rid in self.reqs:
-                self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
-            else:
-                self.stash(msg.rid, msg)
-        elif isinstance(msg, LayerReady):
-            self.kv.layer_ready(msg)
-        elif isinstance(msg, CopyDone):
-            self._copy_done(msg)
-        elif isinstance(msg, Cancel):
-            r = self.reqs.get(msg.rid)
-            if r is not None:
-                r.cancelled = True  # dropped at the next batch formation unless in flight
-                if not r.ready and not r.pe_path:
-                    self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
-        elif isinstance(msg, EngineDown):
-            self.lost_engines.add(msg.engine)
-            self.peers.fence(msg.engine, msg.incarnation)  # a fenced DE that wakes writes nothing here
-            self.kv.peer_lost()  # a forward waiting for that DE's layers goes on (its items are cancelled)
-        elif isinstance(msg, EngineUp):
-            self.lost_engines.discard(msg.engine)  # its successor (router/rejoin.py): wait for it again
-        elif isinstance(msg, Reconfigure):
-            self.reconfigure(msg)
-        elif isinstance(msg, Stop):
-            self._stop = True
+    def handlers(self) -> dict:
+        return {**super().handlers(), PrefillAssign: self._assign, ReadFinished: self._read_finished,
+                HitReady: self._hit_ready, LayerReady: self._layer_ready, CopyDone: self._copy_done,
+                Cancel: self._on_cancel}
+
+    def _read_finished(self, msg: ReadFinished) -> None:
+        self._hit_loaded(msg.rid, msg.ok_blocks, report=msg.nbytes)
+
+    def _layer_ready(self, msg: LayerReady) -> None:
+        self.kv.layer_ready(msg)  # the stream of the moment (a reconfigure builds a new one)
+
+    def _hit_ready(self, msg: HitReady) -> None:
+        if msg.rid in self.reqs:
+            self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
+        else:
+            self.stash(msg.rid, msg)  # the DE's read finished before our assignment came
+
+    def _on_cancel(self, msg: Cancel) -> None:
+        r = self.reqs.get(msg.rid)
+        if r is not None:
+            r.cancelled = True  # dropped at the next batch formation unless in flight
+            if not r.ready and not r.pe_path:
+                self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
+
+    def on_peer_lost(self) -> None:
+        self.kv.peer_lost()  # a forward waiting for that DE's layers goes on (its items are cancelled)
 
     def _assign(self, a: PrefillAssign) -> None:
         r = PrefillRequest(a, a.hit_tokens, cached=a.hit_tokens, prompt=list(a.prompt_ids))
@@ -210,12 +205,12 @@ class PrefillEngine(EngineBase):
         for r, _ in batch:
             if r.pending_pd == 0:
                 self._pd_sent(r.assign.rid)
-        self.counters["busy_s"] += compute_s
-        self.counters["forwards"] += 1
-        self.counters["forward_items"] += len(batch)
-        self.counters["fit_items"] += sum(n for _, n in batch)
+        self.counters.busy_s += compute_s
+        self.counters.forwards += 1
+        self.counters.forward_items += len(batch)
+        self.counters.fit_items += sum(n for _, n in batch)
         keys = sum(causal_keys(n, r.cached) for r, n in batch)
-        self.counters["fit_keys"] += keys
+        self.counters.fit_keys += keys
         for i, (r, n) in enumerate(batch):
             if r.assign.rid in stream.poisoned:
                 r.restart()  # its outputs came from KV that failed its checksums: recompute, never use

@@ -17,7 +17,7 @@ The collectives go through a c10d process group object (`ProcessGroupGloo` on th
 `broadcast` / `allreduce` calls exist on `ProcessGroupNCCL`, the CUDA path, not wired yet: a CUDA
 engine with tp=2 is refused in RuntimeConfig). Each rank binds its gloo sockets to an address of
 its own (`TpPlacement`), so on the testbed the collectives cross the CNIC links and the kernel
-can classify them by address (testbed/tp_lanes.py).
+can classify them by address (deploy/testbed/tp_hosts.py).
 """
 
 from __future__ import annotations

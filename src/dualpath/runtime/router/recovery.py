@@ -100,17 +100,17 @@ def _lose_side(router: Any, rr: RouterRequest, lost: EngineState, why: str, serv
     """Step 2-3 for a placed request; returns its next attempt if it migrates."""
     hit = False
     if rr.pe is lost and not rr.pe_done:
-        router.pe_release(rr)
+        router.bookings.pe_released(rr)
         router.placement.free(lost.engine, rr.pe_regions)
         rr.pe_regions, rr.pe_done = [], True
         hit = not rr.prompt_loaded
     if rr.de is lost and not rr.de_done:
-        router.de_release(rr)
+        router.bookings.de_released(rr)
         router.placement.free(lost.engine, rr.de_regions)  # the dead node's buffer: never allocated again
         rr.de_regions, rr.de_done = [], True
         hit = True
     if rr.side_engine is lost:
-        router.read_ended(rr)  # the dead node's read never reports
+        router.bookings.read_ended(rr)  # the dead node's read never reports
     nxt = None
     if hit and not rr.finished:
         for e, done in ((rr.pe, rr.pe_done), (rr.de, rr.de_done)):
@@ -121,7 +121,7 @@ def _lose_side(router: Any, rr: RouterRequest, lost: EngineState, why: str, serv
         if nxt is None:
             fail(router, rr, f"{why}; {refusal}")
     if rr.pe_done and rr.de_done:
-        router.read_ended(rr)
+        router.bookings.read_ended(rr)
         router.requests.pop(rr.rid, None)
     return nxt
 
@@ -133,10 +133,10 @@ def unbook(router: Any, rr: RouterRequest) -> None:
     elif router.scheduler is not None:
         router.scheduler.cancel(rr.qview.rid)
     if rr.pe is not None:
-        router.pe_release(rr)
+        router.bookings.pe_released(rr)
     if rr.de is not None:
-        router.de_release(rr)
-        router.read_ended(rr)
+        router.bookings.de_released(rr)
+        router.bookings.read_ended(rr)
     rr.unassign()
 
 

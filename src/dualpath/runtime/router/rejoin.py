@@ -1,7 +1,7 @@
 """Engine places: who may take one, and a fenced engine's place taken again by its successor.
 
 A joined engine (engine/join.py) that restarts (a Ray actor Ray restarted after its process died,
-runtime/apps/ray_engines.py) asks for its place again; the router gives it back, so a cluster
+deploy/ray/engines.py) asks for its place again; the router gives it back, so a cluster
 heals instead of running one engine short for good.
 
   1. Offer (`offer_place`, on a `Join`): the place asked for if it is free, else the lowest free

@@ -30,7 +30,7 @@ from ...config import RuntimeConfig
 from ...core.phase import Phase
 from ...core.request import RequestId
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulePass
-from ...core.snapshot import QueuedRequest, ReadSide
+from ...core.snapshot import QueuedRequest
 from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
@@ -40,6 +40,7 @@ from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, 
 from ..transport.channel import Inbox, SendsTogether
 from ..store.remote import read_token
 from ..transport.shm import SlotLedger
+from .bookings import Bookings
 from .liveness import Liveness, describe_down, engine_health
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
@@ -48,6 +49,9 @@ from .recovery import check_heartbeats, on_leaving, restart_pending
 from .rejoin import on_hello
 from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
 from .tokens import emit, first_token
+
+# a request's message that carries no engine field: which of its engines sent it (Router._from_fenced)
+_SENDER = {FirstToken: EngineRole.PREFILL, Token: EngineRole.DECODE, PromptLoaded: EngineRole.DECODE}
 
 
 class Router:
@@ -85,11 +89,17 @@ class Router:
         self._expected_engines = config.num_prefill + config.num_decode
         self.reconfigured: set[int] = set()
         self.liveness = Liveness(config.engine_heartbeat_timeout_s)
+        self.bookings = Bookings(self.liveness, lambda: self.scheduler)
         self.on_fence: Callable[[int], None] = lambda engine: None  # the cluster kills a fenced engine
         self.on_join: Callable[[Join], None] = lambda msg: None  # the cluster welcomes a joining engine
         self.watch: asyncio.TimerHandle | None = None  # the next heartbeat check (recovery.check_heartbeats)
         self.offered: dict[int, int] = {}  # engine -> incarnation offered to a joining engine, before its Hello (rejoin.py)
         self.restart_deadline_s: float | None = None  # a role short of engines waits for a successor until (recovery.py)
+        self._engine_messages = {Leaving: self._leaving, Counters: self._counters, Reconfigured: self._reconfigured,
+                                 PersistQueued: self._persist_queued, Persisted: self._persisted}
+        self._request_messages = {FirstToken: self._first_token, Token: self._token, ReadDone: self._read_done,
+                                  PrefillDone: self._prefill_done, PromptLoaded: self._prompt_loaded,
+                                  DecodeDone: self._decode_done}
 
     @property
     def store(self) -> Any:
@@ -210,10 +220,10 @@ class Router:
                 e.outbox.send(Cancel(rr.rid))
         if not rr.placed:  # nothing was sent: undo what the pass booked
             if rr.pe is not None:
-                self.pe_release(rr)
+                self.bookings.pe_released(rr)
             if rr.de is not None:
-                self.de_release(rr)
-                self.read_ended(rr)
+                self.bookings.de_released(rr)
+                self.bookings.read_ended(rr)
             self.requests.pop(rr.rid, None)
         self.kick()
 
@@ -232,21 +242,11 @@ class Router:
 
     def _apply(self, p: SchedulePass) -> None:
         for a in p.prefill:
-            rr: RouterRequest = a.ref
-            rr.pe = self.engines[a.engine]
-            rr.advance(Phase.PE_ASSIGNED)
-            rr.pe.num_seqs += 1
-            rr.pe.num_tokens += rr.qview.num_tokens
-            self.metrics.pe_assigned(rr.rid)
+            self.bookings.assigned_pe(a.ref, self.engines[a.engine])
+            self.metrics.pe_assigned(a.ref.rid)
         for d in p.decode:
-            rr = d.ref
-            rr.de = de = self.engines[d.engine]
-            de.num_seqs += 1
-            de.num_tokens += rr.total_tokens
-            de.kv_reserved_tokens += rr.total_tokens
-            rr.side = ReadSide.PREFILL if rr.pe_side_only else d.side  # (a DE-path retry: recovery.py)
-            rr.read_charged_tokens, rr.recompute = d.read_tokens, d.recompute  # recompute: a slow store's hit is a miss
-            rr.side_engine.read_queue_tokens += d.read_tokens
+            rr: RouterRequest = d.ref
+            self.bookings.assigned_de(rr, self.engines[d.engine], d.side, d.read_tokens, d.recompute)
             self.placing.append(rr)
             self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute)
 
@@ -295,85 +295,86 @@ class Router:
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
-        if isinstance(msg, Join):  # an engine started on its own: the cluster answers (runtime/cluster.py)
+        """An engine's message by its type: a Join or Hello first (from engines not yet live), then,
+        from a live engine, its own news or a request's (`_request_messages`), on the loop."""
+        kind = type(msg)
+        if kind is Join:  # an engine started on its own: the cluster answers (runtime/cluster.py)
             return self.on_join(msg)
-        if isinstance(msg, Hello):  # a new engine, or a fenced one's successor (rejoin.py)
+        if kind is Hello:  # a new engine, or a fenced one's successor (rejoin.py)
             return on_hello(self, msg)
         if not self.liveness.is_alive(getattr(msg, "engine", -1)):
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
-        if isinstance(msg, Leaving):
-            return on_leaving(self, msg)
-        if isinstance(msg, Counters):
-            self.metrics.counters(msg)
-            return
-        if isinstance(msg, Reconfigured):
-            self.reconfigured.add(msg.engine)
-            return
-        if isinstance(msg, PersistQueued):
-            self.placement.persist_queued(msg.digests, msg.engine)
-            return
-        if isinstance(msg, Persisted):
-            self.placement.persisted(msg.digest, msg.engine)
-            self.metrics.persist_failures += not msg.stored
-            self.kick()
-            return
+        if kind in self._engine_messages:
+            return self._engine_messages[kind](msg)
         rr = self.requests.get(msg.rid)
         if rr is None or self._from_fenced(rr, msg):
             return
-        if isinstance(msg, FirstToken):
-            rr.advance(Phase.KV_TO_DECODE)  # the prompt's last chunk is computed
-            first_token(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
-        elif isinstance(msg, Token):
-            emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None)
-        elif isinstance(msg, ReadDone):
-            rr.advance(Phase.PREFILL_READY)
-            self.read_ended(rr)
-            self.metrics.read_done(rr.rid, msg.engine == rr.pe.engine, msg.nbytes)
-        elif isinstance(msg, PrefillDone):
-            self.pe_release(rr)
-            self.placement.free(rr.pe.engine, rr.pe_regions)
-            rr.pe_regions = []
-            rr.pe_done = True
-        elif isinstance(msg, PromptLoaded):
-            self.placement.free(rr.de.engine, rr.de_regions)
-            rr.de_regions = []
-            rr.advance(Phase.DECODING)
-            if rr.final_first_token is not None:
-                first_token(rr, rr.final_first_token, self.eos_token_ids, self.metrics, self.clock.now_s())
-        elif isinstance(msg, DecodeDone):
-            if rr.de_regions:  # never loaded (cancelled early)
-                self.placement.free(rr.de.engine, rr.de_regions)
-                rr.de_regions = []
-            self.de_release(rr)
-            rr.advance(Phase.FINISHED)
-            rr.de_done = True
+        handler = self._request_messages.get(kind)
+        if handler is not None:
+            handler(rr, msg)
         if rr.pe_done and rr.de_done:
-            self.read_ended(rr)  # a read cancelled before it ran never reports
+            self.bookings.read_ended(rr)  # a read cancelled before it ran never reports
             self.requests.pop(rr.rid, None)
             rr.finished = True  # perhaps without a final token (e.g. cancelled in flight)
         self.kick()
 
-    def read_ended(self, rr: RouterRequest) -> None:
-        rr.side_engine.read_queue_tokens -= rr.read_charged_tokens
-        rr.read_charged_tokens = 0
+    # an engine's own news (no request)
+    def _leaving(self, msg: Leaving) -> None:
+        on_leaving(self, msg)
+
+    def _counters(self, msg: Counters) -> None:
+        self.metrics.counters(msg)
+
+    def _reconfigured(self, msg: Reconfigured) -> None:
+        self.reconfigured.add(msg.engine)
+
+    def _persist_queued(self, msg: PersistQueued) -> None:
+        self.placement.persist_queued(msg.digests, msg.engine)
+
+    def _persisted(self, msg: Persisted) -> None:
+        self.placement.persisted(msg.digest, msg.engine)
+        self.metrics.persist_failures += not msg.stored
+        self.kick()
+
+    # a request's progress (protocol.py's numbered path)
+    def _first_token(self, rr: RouterRequest, msg: FirstToken) -> None:
+        rr.advance(Phase.KV_TO_DECODE)  # the prompt's last chunk is computed
+        first_token(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
+
+    def _token(self, rr: RouterRequest, msg: Token) -> None:
+        emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None)
+
+    def _read_done(self, rr: RouterRequest, msg: ReadDone) -> None:
+        rr.advance(Phase.PREFILL_READY)
+        self.bookings.read_ended(rr)
+        self.metrics.read_done(rr.rid, msg.engine == rr.pe.engine, msg.nbytes)
+
+    def _prefill_done(self, rr: RouterRequest, msg: PrefillDone) -> None:
+        self.bookings.pe_released(rr)
+        self.placement.free(rr.pe.engine, rr.pe_regions)
+        rr.pe_regions = []
+        rr.pe_done = True
+
+    def _prompt_loaded(self, rr: RouterRequest, msg: PromptLoaded) -> None:
+        self.placement.free(rr.de.engine, rr.de_regions)
+        rr.de_regions = []
+        rr.advance(Phase.DECODING)
+        if rr.final_first_token is not None:
+            first_token(rr, rr.final_first_token, self.eos_token_ids, self.metrics, self.clock.now_s())
+
+    def _decode_done(self, rr: RouterRequest, msg: DecodeDone) -> None:
+        if rr.de_regions:  # never loaded (cancelled early)
+            self.placement.free(rr.de.engine, rr.de_regions)
+            rr.de_regions = []
+        self.bookings.de_released(rr)
+        rr.advance(Phase.FINISHED)
+        rr.de_done = True
 
     def _from_fenced(self, rr: RouterRequest, msg: Any) -> bool:
         """A request's message without an engine field, from an engine fenced since it was sent."""
-        sender = rr.pe if isinstance(msg, FirstToken) else rr.de if isinstance(msg, (Token, PromptLoaded)) else None
+        role = _SENDER.get(type(msg))
+        sender = None if role is None else rr.pe if role is EngineRole.PREFILL else rr.de
         return sender is not None and not self.liveness.is_alive(sender.engine)
-
-    def pe_release(self, rr: RouterRequest) -> None:
-        rr.pe.num_seqs -= 1
-        rr.pe.num_tokens -= rr.qview.num_tokens
-        if self.liveness.is_alive(rr.pe.engine):  # a fenced engine has left the scheduler
-            self.scheduler.pe_released(rr.pe.engine, rr.pe.num_tokens)
-
-    def de_release(self, rr: RouterRequest) -> None:
-        rr.de.num_seqs -= 1
-        rr.de.num_tokens -= rr.total_tokens
-        rr.de.kv_reserved_tokens -= rr.total_tokens
-        if self.liveness.is_alive(rr.de.engine):
-            self.scheduler.de_released(rr.de.engine, rr.de.num_tokens)
 
     # --- status -----------------------------------------------------------------------------------
     def health(self) -> dict:

@@ -20,7 +20,7 @@ one that a prefill chunk covers. Sums travel as a flat list of ints, three per p
 
 Checksum: xxh3_64 (xxhash 4.1.0), the fastest of zlib.crc32, google-crc32c, crc32c, xxh64 and
 xxh3_64 over Layer and Full Blocks of the tiny model and SmolLM2 on the development VM (16-31 GB/s
-against 8-14 GB/s for the CRC32Cs and 2.3-4.1 GB/s for zlib; tools/bench_checksum.py,
+against 8-14 GB/s for the CRC32Cs and 2.3-4.1 GB/s for zlib; `dualpath bench checksum`,
 docs/results/checksum/checksum.json). It detects corruption, not an adversary (64 bits, not keyed).
 """
 
