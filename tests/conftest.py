@@ -32,7 +32,7 @@ _REALTIME_THEN_LONGEST = (
     "tests/deploy/testbed/test_testbed_demo.py",  # ~60 s
     "tests/runtime/model/test_llama_vs_transformers.py",  # ~45 s
     "tests/sim/test_simulator.py",  # ~45 s
-    "tests/deploy/ray/test_ray_restarts.py",  # ~35 s
+    "tests/runtime/cluster/test_ray_restarts.py",  # ~35 s
 )
 
 

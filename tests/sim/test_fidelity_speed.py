@@ -116,8 +116,8 @@ def test_the_calibration_fits_one_speed_over_every_modes_runs():
             + TRUE.decode_join_s * 1.1 * row[5]
         row[6] = 0.0
     calib = CalibrationRuns()
-    calib.add("demo", [{"mode": "basic", "steps": basic}], 1.1)
-    calib.add("demo", [{"mode": "dualpath", "steps": _steps(0.9)}], 0.9)
+    calib.add("demo", [{"mode": "basic", "jct_s": 1.0, "steps": basic}], 1.1)
+    calib.add("demo", [{"mode": "dualpath", "jct_s": 1.0, "steps": _steps(0.9)}], 0.9)
     got = calib.speed(PROFILE)
     for name in ("prefill_scale", "prefill_overhead_s", "decode_scale", "decode_io_slowdown", "decode_join_s"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name

@@ -48,7 +48,7 @@ KIND_LABELS = {"hardware": "hardware-sourced", "paper": "paper setting", "fitted
 GENERATOR_CONSTANTS = ("BASE_SET_SIZE", "EXTRA_PREFIX_TOKENS", "FIRST_PROMPT_SIGMA", "FIRST_PROMPT_CAP_FRACTION",
                        "APPEND_TURN_SIGMA", "GEN_RATE_SIGMA", "GEN_TURN_SIGMA", "GEN_CAP_FRACTION", "MAX_TURNS_UP_TO_64K")
 # The runtime demo's knobs, behind no headline of this report (the simulations never read them).
-_DEMO_SOURCE = Path(__file__).resolve().parents[1] / "runtime" / "apps" / "emulation.py"
+_DEMO_SOURCE = Path(__file__).resolve().parents[1] / "runtime" / "profile" / "emulation.py"
 _DEMO_CONSTANTS = ("LOAD_OVER_COMPUTE",)
 
 

@@ -63,6 +63,7 @@ class DeCnics:
 
     def book_pd_arrivals(self, net: Network, reqs: list[tuple[SimRequest, float]]) -> None:
         for req, nbytes in reqs:
+            assert req.de is not None  # a request prefills once its DE is chosen
             net.book(req.de.cnic_in, Lane.KV, nbytes)
 
 
