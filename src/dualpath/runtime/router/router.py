@@ -318,7 +318,8 @@ class Router:
             rr.finished = True  # perhaps without a final token (e.g. cancelled in flight)
         self.kick()
 
-    # an engine's own news (no request)
+    # an engine's own news (no request); methods, not the collaborators' bound ones: a mode switch
+    # builds new RouterMetrics (modes.py)
     def _leaving(self, msg: Leaving) -> None:
         on_leaving(self, msg)
 
