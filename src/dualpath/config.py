@@ -352,7 +352,7 @@ class RuntimeConfig:
     engine_heartbeat_timeout_s: float = 5.0
     engine_fault_policy: str = "recompute"  # recompute (migrate, Dynamo-style) | fail (an error to the client)
     engine_fault_retries: int = 2  # migrations per request (each after its engine died) before an error
-    engine_restart_wait_s: float = 0.0  # a role without engines waits for a restarted one (router/rejoin.py); 0: none
+    engine_restart_wait_s: float = 0.0  # a role without engines waits for a restarted one (router/membership.py); 0: none
     # Fault injection (tests, `dualpath chaos --corruptions`): the probability, per checksummed
     # block piece an engine sends (layer streams, PD transfers; runtime/transport/integrity.py),
     # that one bit of it is flipped in flight. Each engine draws from its own RNG seeded by

@@ -160,7 +160,7 @@ def _at_moment(router: Router, role: str, moment: str, baseline: set[bytes]) -> 
     request is at the scenario's moment; None before. `baseline`: writes queued before turn 2."""
     live = [r for r in router.requests.values() if not r.finished and _client_name(r).endswith("t1")]
     if moment == "persist":
-        for e in router.live_engines():
+        for e in router.membership.live_engines():
             if e.role is EngineRole.DECODE and router.placement.persisting_on(e.engine) - baseline:
                 return (STORE_VICTIM, {_client_name(r) for r in live}) if role == "store" else (
                     e.engine, {_client_name(r) for r in live if e in (r.pe, r.de)})

@@ -38,8 +38,6 @@ from .engine.main import engine_main
 from .model import load_model
 from .protocol import EngineRole, Join, Welcome
 from .router.liveness import ExitWatch
-from .router.recovery import engine_lost
-from .router.rejoin import offer_place
 from .router.router import Router
 from .store import BlockStore
 from .store.remote import RemoteStore, store_for
@@ -124,16 +122,16 @@ class LocalCluster:
                              clock=MonotonicClock())
         self.router.start(asyncio.get_running_loop())
         if self.engines_listen:
-            self.router.on_join = self._welcome  # `dualpath engine`s join over the network (engine/join.py)
+            self.router.membership.on_join = self._welcome  # `dualpath engine`s join over the network (engine/join.py)
         else:
             self._spawn_engines()
         if self.on_router_ready is not None:  # e.g. start the engines that will join (Ray actors)
             self.on_router_ready(self.router.endpoint)
         loop = asyncio.get_running_loop()
         router = self.router
-        self._watch = ExitWatch(self.processes, lambda e, cause: loop.call_soon_threadsafe(engine_lost, router, e, cause))
+        self._watch = ExitWatch(self.processes, lambda e, cause: loop.call_soon_threadsafe(router.membership.engine_lost, e, cause))
         self._watch.start()
-        router.on_fence = self._kill
+        router.membership.on_fence = self._kill
         try:
             await self.router.wait_ready(self.start_timeout_s)
         except Exception:
@@ -165,9 +163,9 @@ class LocalCluster:
 
     def _welcome(self, msg: Join) -> None:
         """Answer a `dualpath engine` that asks to join: a free place of its role (a fenced one's
-        under its next incarnation: router/rejoin.py), or why not."""
+        under its next incarnation: router/membership.py), or why not."""
         cfg, router = self.cfg, self.router
-        engine, incarnation, refused = offer_place(router, EngineRole(msg.role), msg.engine)
+        engine, incarnation, refused = router.membership.offer_place(EngineRole(msg.role), msg.engine)
         out = Outbox(msg.reply_to, token=router.token)
         out.send(Welcome(engine, config_to_json(cfg), self._store_root, self._fingerprint, router.endpoint,
                          self._layout.full_block_bytes, refused, incarnation))
@@ -207,9 +205,9 @@ class LocalCluster:
             self._watch.stop()  # planned exits are no faults
             self._watch = None
         if router is not None:
-            if router.watch is not None:
-                router.watch.cancel()  # engines that stop beating while they close are no faults
-            for e in router.live_engines():
+            if router.membership.watch is not None:
+                router.membership.watch.cancel()  # engines that stop beating while they close are no faults
+            for e in router.membership.live_engines():
                 if e.outbox is not None:
                     e.outbox.send(Stop("cluster shutdown"))
         loop = asyncio.get_running_loop()

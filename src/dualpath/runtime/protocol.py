@@ -23,7 +23,7 @@ Engines report loads with every state change they own (`EngineReport`). Every en
 `Heartbeat` from a thread of its own; when the router fences a dead or silent engine it tells
 the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py). A joined
 engine that restarts (a Ray actor, deploy/ray/engines.py) asks for its place again; the
-router re-admits it under the next incarnation and tells the others (`EngineUp`, router/rejoin.py).
+router re-admits it under the next incarnation and tells the others (`EngineUp`, router/membership.py).
 """
 
 from __future__ import annotations
@@ -361,4 +361,4 @@ class Welcome:
     router_endpoint: str
     full_block_bytes: int  # a host-buffer slot: one Full Block of the model (all layers)
     refused: str
-    incarnation: int = 0  # which holder of `engine` this is: 0 first, +1 per re-admission (router/rejoin.py)
+    incarnation: int = 0  # which holder of `engine` this is: 0 first, +1 per re-admission (router/membership.py)

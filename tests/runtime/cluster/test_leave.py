@@ -1,6 +1,6 @@
 """An engine told to end (SIGTERM) says so before it goes (engine/leave.py): the router hears
-`Leaving` from the process's current holder and fences it at once (router/recovery.py
-`on_leaving`); the process still ends by SIGTERM, so its exit reads as before."""
+`Leaving` from the process's current holder and fences it at once (router/membership.py
+`on_leaving`, tests/runtime/cluster/test_membership.py); the process still ends by SIGTERM, so its exit reads as before."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from types import SimpleNamespace
 
 from dualpath.runtime.engine import leave
 from dualpath.runtime.protocol import Leaving
-from dualpath.runtime.router import recovery
 
 
 def _child(q) -> None:
@@ -55,13 +53,3 @@ def test_install_is_refused_off_the_main_thread():
     t.start()
     t.join()
     assert got == [False] and signal.getsignal(signal.SIGTERM) is before
-
-
-def test_the_router_fences_only_the_current_holder(monkeypatch):
-    lost = []
-    monkeypatch.setattr(recovery, "engine_lost", lambda router, e, cause: lost.append((e, cause)))
-    router = SimpleNamespace(liveness=SimpleNamespace(incarnation={1: 2}))
-    recovery.on_leaving(router, Leaving(1, 1))  # an earlier holder of place 1: ignored
-    recovery.on_leaving(router, Leaving(0, 0))  # place 0, never restarted
-    recovery.on_leaving(router, Leaving(1, 2))
-    assert lost == [(0, "killed by SIGTERM"), (1, "killed by SIGTERM")]

@@ -68,7 +68,8 @@ def test_a_dead_engines_queued_persists_stop_blocking_placement():
 
     placement = Placement(Store(), {}, block_tokens=2)
     prompt = [1, 2, 3, 4, 5]
-    digests, _ = placement.lookup(prompt)
+    digests = placement.digests(prompt)
+    assert placement.lookup(prompt, digests) == 0
     placement.persist_queued(digests[:1], engine=3)
     placement.persist_queued(digests[:1], engine=4)
     assert placement.blocked_by_persist(prompt, digests, 0)

@@ -1,4 +1,4 @@
-"""Engine restarts through Ray (deploy/ray/engines.py, router/rejoin.py): kill -9 of the
+"""Engine restarts through Ray (deploy/ray/engines.py, router/membership.py): kill -9 of the
 decode actor's process mid-conversation. Ray restarts the actor, it joins asking for its own
 place, the router re-admits it under incarnation 1; the request in flight at the kill waits for
 it (engine_restart_wait_s) and completes, migrated, with the recompute's tokens, within the bound;

@@ -16,7 +16,7 @@ from dualpath.core.request import RequestId  # noqa: E402
 from dualpath.core.snapshot import QueuedRequest, ReadSide  # noqa: E402
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable  # noqa: E402
 from dualpath.runtime.protocol import EngineRole  # noqa: E402
-from dualpath.runtime.router.recovery import fail, next_attempt  # noqa: E402
+from dualpath.runtime.router.recovery import Recovery  # noqa: E402
 from dualpath.runtime.router.state import EngineState, RouterRequest  # noqa: E402
 
 
@@ -32,13 +32,13 @@ class _Metrics:
         self.failed_rids.append(rid)
 
 
-def _router(policy: str = "recompute", retries: int = 2) -> SimpleNamespace:
+def _recovery(policy: str = "recompute", retries: int = 2) -> Recovery:
+    """Recovery over a request table that only registers records (the steps under test need no more)."""
     ids = iter(range(100, 200))
-    router = SimpleNamespace(cfg=RuntimeConfig(model="tiny", engine_fault_policy=policy, engine_fault_retries=retries),
-                             metrics=_Metrics(), servable=lambda: True)
-    router.new_record = lambda req, queue: RouterRequest(next(ids), req, queue, 0.0, 128,
-                                                         QueuedRequest(RequestId(0, 0), len(req.prompt_ids), 0, 128))
-    return router
+    table = SimpleNamespace(metrics=_Metrics(), new_record=lambda req, queue: RouterRequest(
+        next(ids), req, queue, 0.0, 128, QueuedRequest(RequestId(0, 0), len(req.prompt_ids), 0, 128)))
+    cfg = RuntimeConfig(model="tiny", engine_fault_policy=policy, engine_fault_retries=retries)
+    return Recovery(table, None, None, None, cfg)
 
 
 def _streaming(emitted: list[int]) -> RouterRequest:
@@ -52,31 +52,31 @@ def _streaming(emitted: list[int]) -> RouterRequest:
 
 
 def test_the_next_attempt_continues_the_stream_where_it_stopped():
-    router = _router()
+    recovery = _recovery()
     rr = _streaming([40, 41, 42])
-    nxt, why = next_attempt(router, rr, rr.de)
+    nxt, why = recovery.next_attempt(rr, rr.de)
     assert why == "" and rr.current is nxt and nxt.rid == 100
     assert nxt.req.prompt_ids == (1, 2, 3, 40, 41, 42) and nxt.origin is rr.req
     p = nxt.req.params
     assert (p.max_tokens, p.min_tokens, p.seed, p.temperature) == (7, 1, 7, 0.0)  # seed: the stream's id
     assert (nxt.base_tokens, nxt.emitted, nxt.attempt, nxt.stream_rid) == (3, [40, 41, 42], 1, 7)
     assert nxt.pe_side_only  # its DE-path read's DE died: the retry reads on the PE side
-    again, _ = next_attempt(router, nxt, nxt.pe)
+    again, _ = recovery.next_attempt(nxt, nxt.pe)
     assert again.req.prompt_ids == (1, 2, 3, 40, 41, 42) and again.attempt == 2 and again.stream_rid == 7
-    assert router.metrics.migrated_rids == [7, 7]
+    assert recovery._table.metrics.migrated_rids == [7, 7]
 
 
 def test_the_retry_bound_and_policy_fail_end_the_stream_with_one_error():
     rr = _streaming([40])
     rr.attempt = 2
-    nxt, why = next_attempt(_router(retries=2), rr, rr.de)
+    nxt, why = _recovery(retries=2).next_attempt(rr, rr.de)
     assert nxt is None and why == "its 2 retries (engine_fault_retries) are spent"
-    nxt, why = next_attempt(_router(policy="fail"), _streaming([]), rr.de)
+    nxt, why = _recovery(policy="fail").next_attempt(_streaming([]), rr.de)
     assert nxt is None and why == "engine_fault_policy is fail"
-    router = _router()
-    fail(router, rr, "decode engine 1 killed by SIGKILL; " + why)
-    fail(router, rr, "a second report")  # a stream ends once
-    assert rr.queue.qsize() == 1 and router.metrics.failed_rids == [7]
+    recovery = _recovery()
+    recovery.fail(rr, "decode engine 1 killed by SIGKILL; " + why)
+    recovery.fail(rr, "a second report")  # a stream ends once
+    assert rr.queue.qsize() == 1 and recovery._table.metrics.failed_rids == [7]
     err = rr.queue.get_nowait()
     assert isinstance(err, ServiceUnavailable)
     assert str(err) == "the request failed: decode engine 1 killed by SIGKILL; engine_fault_policy is fail"

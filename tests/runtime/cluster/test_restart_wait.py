@@ -1,5 +1,5 @@
 """A role left without engines waits `engine_restart_wait_s` for a successor (router/recovery.py
-step 5, rejoin.py step 3), then ends its requests with a clear error, never a hang. On a local
+step 5, membership.py step 5), then ends its requests with a clear error, never a hang. On a local
 1P1D cluster (tiny model) nothing restarts the killed DE, so every request in flight at the kill,
 and one that arrives during the wait, ends with a 503 naming the dead engine and the wait, within
 the wait plus the exit bound; after it a new request is refused at once."""

@@ -6,7 +6,7 @@ SNIC link (deploy/ray/engines.py: NodeAddresses). Then either the demo's workloa
 The restart check (`spec["ray"]["restart_check"]`), on one cluster:
   1. turn A, then turn B (A's context plus more): B's tokens are the baseline;
   2. B again, and at its first token kill -9 of the decode actor's process: Ray restarts the
-     actor, the router re-admits it (router/rejoin.py), the request migrates and completes;
+     actor, the router re-admits it (router/membership.py), the request migrates and completes;
   3. B once more, served by the successor.
 Reported: the pids and network namespaces before and after, the seconds from the kill to step 2's
 last token and to step 3's, and whether both streams equal the baseline (greedy: they must).

@@ -13,7 +13,7 @@ Restarts: an actor whose process dies (kill -9, a crash, its node lost) is resta
 most ENGINE_MAX_RESTARTS times per engine. The watch thread here sees its `run` fail at once
 (RayActorError), tells the router the engine is lost (recovery.py: its requests migrate or wait)
 and submits `run` again, which Ray delivers to the restarted actor: it joins asking for its own
-place, and the router re-admits it under the next incarnation (router/rejoin.py). An engine the
+place, and the router re-admits it under the next incarnation (router/membership.py). An engine the
 router fences for silence (frozen) is killed through Ray (`ray.kill`, restart allowed), so its
 successor follows the same way. The cluster waits ENGINE_RESTART_WAIT_S for a successor before
 it fails the requests of a role left without engines.
@@ -34,7 +34,6 @@ from urllib.parse import urlsplit
 
 from ...config import RuntimeConfig
 from ...errors import InputError
-from ...runtime.router.recovery import engine_lost
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +254,7 @@ class RayEngines:
         log.warning("engine %d: %s%s", engine, cause, "; Ray restarts it" if restart else "")
         if self._cluster.router is not None and self._cluster.router.liveness.is_alive(engine):
             self._self_reported.add(engine)
-        self._loop.call_soon_threadsafe(engine_lost, self._cluster.router, engine, cause)
+        self._loop.call_soon_threadsafe(self._cluster.router.membership.engine_lost, engine, cause)
         if restart:
             self.restarts[engine] += 1
             self._submit(engine)

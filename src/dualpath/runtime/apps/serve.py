@@ -29,7 +29,7 @@ class ClusterRouter:
 
     def health(self) -> dict:
         router = self._cluster.router
-        if router is None or len(router.engines) < router._expected_engines:
+        if router is None or len(router.engines) < router.membership.expected_engines:
             return {"status": "starting"}
         return {"status": "ok", **router.health()}
 

@@ -271,7 +271,7 @@ class EngineBase:
         """What a role does beyond fencing when a peer is lost (prefill: a forward waiting for its layers goes on)."""
 
     def _engine_up(self, msg: EngineUp) -> None:
-        self.lost_engines.discard(msg.engine)  # its successor (router/rejoin.py): wait for it again
+        self.lost_engines.discard(msg.engine)  # its successor (router/membership.py): wait for it again
 
     def _on_stop(self, msg: Stop) -> None:
         self._stop = True

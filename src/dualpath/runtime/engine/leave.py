@@ -1,5 +1,5 @@
 """An engine told to end (SIGTERM: an operator, an orchestrator's stop, Ray's graceful kill) says so
-before it goes, so the router moves its requests at once (router/recovery.py `on_leaving`). Without
+before it goes, so the router moves its requests at once (router/membership.py `on_leaving`). Without
 it the router learns of the end from the engine's process on one host (the cluster's exit watch)
 and, for an engine on another host, only after a heartbeat timeout.
 

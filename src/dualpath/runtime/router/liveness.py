@@ -11,7 +11,7 @@
      one would otherwise wake on SIGCONT and write into buffers that now belong to others), the
      router ignores its messages, and recovery.py ends or migrates its requests.
   5. Its id, not that process, may come back: a successor (a restarted Ray actor) that joins is
-     re-admitted under the next incarnation (`Liveness.readmit`, rejoin.py); the fenced process
+     re-admitted under the next incarnation (`Liveness.readmit`, membership.py); the fenced process
      stays cut off by its incarnation.
 
 Pure bookkeeping except `ExitWatch`; times come from the router's clock.
@@ -34,7 +34,7 @@ class Liveness:
         self.timeout_s = timeout_s
         self._last_seen_s: dict[int, float] = {}  # engine -> last heartbeat (receiver thread writes)
         self.down: dict[int, str] = {}  # fenced engine -> why (until a successor is re-admitted)
-        self.incarnation: dict[int, int] = {}  # engine -> its holder's incarnation (0 first; rejoin.py)
+        self.incarnation: dict[int, int] = {}  # engine -> its holder's incarnation (0 first; membership.py)
         self.restarts: dict[int, int] = {}  # engine -> successors re-admitted
 
     def seen(self, engine: int, now_s: float) -> None:
@@ -53,7 +53,7 @@ class Liveness:
         return out
 
     def readmit(self, engine: int, incarnation: int) -> None:
-        """A successor holds fenced `engine` now (rejoin.py): alive again under `incarnation`."""
+        """A successor holds fenced `engine` now (membership.py): alive again under `incarnation`."""
         self.down.pop(engine, None)
         self.incarnation[engine] = incarnation
         self.restarts[engine] = self.restarts.get(engine, 0) + 1

@@ -13,7 +13,7 @@ Pure bookkeeping over the store index and the nodes' host buffers; the router de
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ...core.blocks import chain_digests
 from ...core.request import usable_hit_tokens
@@ -30,17 +30,20 @@ class Placement:
         self._persisting_on: dict[int, Counter[bytes]] = {}  # the same, per DE that queued them
 
     # 1. hit
-    def lookup(self, prompt: list[int]) -> tuple[list[bytes], int]:
-        """(the prompt's block digests, the usable hit in tokens) as the scheduling pass counts it:
-        a block whose persist is in flight counts as stored, since placement waits for it
-        (`blocked_by_persist`) and so reads it; placement corrects the count if a write fails."""
-        digests = chain_digests(prompt, self.block_tokens)
+    def digests(self, prompt: Sequence[int]) -> list[bytes]:
+        """The prompt's chained block digests (the store's keys), computed once per request."""
+        return chain_digests(prompt, self.block_tokens)
+
+    def lookup(self, prompt: Sequence[int], digests: list[bytes]) -> int:
+        """The usable hit in tokens as the scheduling pass counts it: a block whose persist is in
+        flight counts as stored, since placement waits for it (`blocked_by_persist`) and so reads
+        it; placement corrects the count if a write fails. No side effects."""
         n = self.store.lookup(digests)
         while n < len(digests) and digests[n] in self.persisting:
             n += 1 + self.store.lookup(digests[n + 1:])
-        return digests, self.hit_tokens(prompt, n)
+        return self.hit_tokens(prompt, n)
 
-    def hit_tokens(self, prompt: list[int], stored_blocks: int) -> int:
+    def hit_tokens(self, prompt: Sequence[int], stored_blocks: int) -> int:
         """The usable hit of a prompt whose first `stored_blocks` blocks are stored."""
         return usable_hit_tokens(stored_blocks * self.block_tokens, len(prompt), self.block_tokens)
 

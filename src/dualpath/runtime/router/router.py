@@ -15,7 +15,7 @@ Numbered path of one request through the router (the engines' side is in protoco
   5. `FirstToken` / `Token` become `TokenEvent`s; `ReadDone`, `PrefillDone`, `PromptLoaded`,
      `DecodeDone` shrink read queues, PE loads, regions and HBM reservations, and advance `phase`.
   6. A consumer that stops iterating cancels the request on every engine it touched.
-An engine that dies or freezes is fenced and its requests migrate or fail (liveness.py, recovery.py).
+An engine that dies or freezes is fenced (membership.py) and its requests migrate or fail (recovery.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from typing import Any, AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any, AsyncIterator
 
 from ...config import RuntimeConfig
 from ...core.phase import Phase
@@ -36,17 +37,15 @@ from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
                         Hello, Join, Leaving, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
-                        Reconfigured, Token)
+                        Reconfigure, Reconfigured, Token)
 from ..transport.channel import Inbox, SendsTogether
 from ..store.remote import read_token
 from ..transport.shm import SlotLedger
 from .bookings import Bookings
-from .liveness import Liveness, describe_down, engine_health
+from .membership import Membership
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
-from .modes import switch_mode
-from .recovery import check_heartbeats, on_leaving, restart_pending
-from .rejoin import on_hello
+from .recovery import Recovery
 from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
 from .tokens import emit, first_token
 
@@ -66,10 +65,13 @@ class Router:
         self.eos_token_ids = eos_token_ids
         self.kv_bytes_per_token = kv_bytes_per_token
         self.full_block_bytes = full_block_bytes
-        self.buffers: dict[int, SlotLedger] = {}  # node -> its host buffer's slots, from the engine's Hello
-        self.placement = Placement(store, self.buffers, config.block_tokens)
         self.clock = clock
-        self.engines: dict[int, EngineState] = {}
+        self.token = None if config.peer_token_file is None else read_token(config.peer_token_file)
+        self.membership = Membership(config, clock, self.token, full_block_bytes)
+        self.engines: dict[int, EngineState] = self.membership.engines  # by id, as each engine said hello
+        self.buffers: dict[int, SlotLedger] = self.membership.buffers  # node -> its host buffer's slots
+        self.liveness = self.membership.liveness
+        self.placement = Placement(store, self.buffers, config.block_tokens)
         self.requests: dict[int, RouterRequest] = {}
         self.view: ClusterView = RouterView(self.engines, self.placement, kv_bytes_per_token,
                                             lambda node: self.metrics.store_latency_s(node))
@@ -81,20 +83,14 @@ class Router:
         self._pass_pending = False
         self.sends = SendsTogether()  # a placement loop's assignments leave together per engine
         self.metrics = RouterMetrics(clock, lambda: self.store)
-        self.token = None if config.peer_token_file is None else read_token(config.peer_token_file)
         self.inbox = Inbox(endpoint, token=self.token)
         self.endpoint = self.inbox.endpoint  # tcp://HOST:0 binds a free port: the one it got
         self._stop = threading.Event()
         self._receiver = threading.Thread(target=self._receive, name="router-inbox", daemon=True)
-        self._expected_engines = config.num_prefill + config.num_decode
         self.reconfigured: set[int] = set()
-        self.liveness = Liveness(config.engine_heartbeat_timeout_s)
         self.bookings = Bookings(self.liveness, lambda: self.scheduler)
-        self.on_fence: Callable[[int], None] = lambda engine: None  # the cluster kills a fenced engine
-        self.on_join: Callable[[Join], None] = lambda msg: None  # the cluster welcomes a joining engine
-        self.watch: asyncio.TimerHandle | None = None  # the next heartbeat check (recovery.check_heartbeats)
-        self.offered: dict[int, int] = {}  # engine -> incarnation offered to a joining engine, before its Hello (rejoin.py)
-        self.restart_deadline_s: float | None = None  # a role short of engines waits for a successor until (recovery.py)
+        self.recovery = Recovery(self, self.membership, self.bookings, self.placement, config)
+        self.membership.requests = self.recovery
         self._engine_messages = {Leaving: self._leaving, Counters: self._counters, Reconfigured: self._reconfigured,
                                  PersistQueued: self._persist_queued, Persisted: self._persisted}
         self._request_messages = {FirstToken: self._first_token, Token: self._token, ReadDone: self._read_done,
@@ -112,19 +108,19 @@ class Router:
 
     async def wait_ready(self, timeout_s: float) -> None:
         deadline = self.clock.now_s() + timeout_s
-        while len(self.engines) < self._expected_engines or self.liveness.down:
+        while len(self.engines) < self.membership.expected_engines or self.liveness.down:
             if self.liveness.down:
                 raise RuntimeError(f"engine(s) died during start-up: {self.liveness.down}")
             if self.clock.now_s() > deadline:
-                raise RuntimeError(f"only {len(self.engines)} of {self._expected_engines} engines came up")
+                raise RuntimeError(f"only {len(self.engines)} of {self.membership.expected_engines} engines came up")
             await asyncio.sleep(0.05)
         self.new_scheduler()
-        check_heartbeats(self)
+        self.membership.check_heartbeats()
 
     def stop(self) -> None:
         self._stop.set()
-        if self.watch is not None:
-            self.watch.cancel()
+        if self.membership.watch is not None:
+            self.membership.watch.cancel()
         self._receiver.join(timeout=5)
         for box in (e.outbox for e in self.engines.values() if e.outbox is not None):
             box.close()
@@ -138,18 +134,11 @@ class Router:
             if msg is not None and self._loop is not None and not isinstance(msg, Heartbeat):
                 self._loop.call_soon_threadsafe(self._on_message, msg)
 
-    def live_engines(self) -> list[EngineState]:
-        return [e for e in self.engines.values() if self.liveness.is_alive(e.engine)]
-
-    def servable(self) -> bool:
-        """Every role has a live engine."""
-        return {e.role for e in self.live_engines()} == {EngineRole.PREFILL, EngineRole.DECODE}
-
     def new_scheduler(self, queued: list[RouterRequest] = ()) -> None:
         """alpha from the configured SNIC rate, beta from the slowest live PE's profiled rate
         (derive_thresholds); the mode's rules; the live engines as groups of one, with their loads;
         `queued` (requests no engine has heard of) joins the queue after those not yet scheduled."""
-        self.scheduler, pes, des = build_scheduler(self.cfg, self.live_engines(), self.kv_bytes_per_token)
+        self.scheduler, pes, des = build_scheduler(self.cfg, self.membership.live_engines(), self.kv_bytes_per_token)
         self.metrics.engine_index = self.metrics.engine_index or {e: i for ids in (pes, des) for i, e in enumerate(ids)}
         self.unscheduled.extend(queued)
         while self.unscheduled:
@@ -158,8 +147,24 @@ class Router:
         self.kick()
 
     async def reconfigure(self, mode: str, store: Any, store_root: str, timeout_s: float = 120.0) -> None:
-        """Switch every engine and the router to `mode` on a fresh store; only while idle (modes.py)."""
-        await switch_mode(self, mode, store, store_root, timeout_s)
+        """Switch a live, idle cluster to `mode` on a fresh store (`dualpath demo` runs basic then dualpath
+        on the same engines): every engine drains its reads and writes, reopens its store and
+        acknowledges; then the router's config, store, metrics and scheduler follow."""
+        if self.requests:
+            raise RuntimeError("reconfigure needs an idle cluster")
+        self.reconfigured = set()
+        for e in self.membership.live_engines():
+            e.outbox.send(Reconfigure(mode, store_root))
+        deadline = self.clock.now_s() + timeout_s
+        while len(self.reconfigured) < len(self.membership.live_engines()):
+            if self.clock.now_s() > deadline:
+                raise RuntimeError("engines did not acknowledge the new mode")
+            await asyncio.sleep(0.02)
+        self.cfg = replace(self.cfg, mode=mode)
+        self.features = self.cfg.features
+        self.placement.store = store
+        self.metrics = RouterMetrics(self.clock, lambda: self.store)
+        self.new_scheduler()
 
     # --- 1. requests ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -187,11 +192,11 @@ class Router:
                              f"({self.max_context_tokens} tokens)")
         if n + request.params.max_tokens > self.cfg.de_kv_tokens:
             raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
-        if self.liveness.down and not self.servable() and not restart_pending(self):
-            raise ServiceUnavailable(f"no engine can serve it: {describe_down(self.engines, self.liveness)}")
+        if self.liveness.down and not self.membership.servable() and not self.membership.restart_pending():
+            raise ServiceUnavailable(f"no engine can serve it: {self.membership.describe_down()}")
         rr = self.new_record(request, asyncio.Queue())
         self.metrics.arrived(rr.rid)
-        if self.scheduler is None or not self.servable():  # before start-up's end, or waiting for a successor
+        if self.scheduler is None or not self.membership.servable():  # before start-up's end, or waiting for a successor
             self.unscheduled.append(rr)
         else:
             self.scheduler.submit(rr.qview, rr)
@@ -203,7 +208,8 @@ class Router:
         rid, bt, n = next(self._ids), self.cfg.block_tokens, len(request.prompt_ids)
         total = -(-(n + request.params.max_tokens) // bt) * bt
         qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
-        rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview)
+        rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview,
+                                                digests=self.placement.digests(request.prompt_ids))
         return rr
 
     def _cancel(self, rr: RouterRequest) -> None:
@@ -211,20 +217,12 @@ class Router:
         self.metrics.cancelled(rr.stream_rid)
         if rr in self.unscheduled:
             self.unscheduled.remove(rr)
-        if rr.de is None and self.scheduler is not None:
-            self.scheduler.cancel(rr.qview.rid)
-        if rr in self.placing:
-            self.placing.remove(rr)
-        for e in (rr.pe, rr.de):
+        if not rr.placed:  # no engine has heard of it: undo what the pass booked
+            self.recovery.unbook(rr)
+            self.requests.pop(rr.rid, None)
+        for e in (rr.pe, rr.de):  # (none left unless placed)
             if e is not None and e.outbox is not None and self.liveness.is_alive(e.engine):
                 e.outbox.send(Cancel(rr.rid))
-        if not rr.placed:  # nothing was sent: undo what the pass booked
-            if rr.pe is not None:
-                self.bookings.pe_released(rr)
-            if rr.de is not None:
-                self.bookings.de_released(rr)
-                self.bookings.read_ended(rr)
-            self.requests.pop(rr.rid, None)
         self.kick()
 
     # --- 2. scheduling ------------------------------------------------------------------------------
@@ -299,9 +297,9 @@ class Router:
         from a live engine, its own news or a request's (`_request_messages`), on the loop."""
         kind = type(msg)
         if kind is Join:  # an engine started on its own: the cluster answers (runtime/cluster.py)
-            return self.on_join(msg)
-        if kind is Hello:  # a new engine, or a fenced one's successor (rejoin.py)
-            return on_hello(self, msg)
+            return self.membership.on_join(msg)
+        if kind is Hello:  # a new engine, or a fenced one's successor (membership.py)
+            return self.membership.on_hello(msg)
         if not self.liveness.is_alive(getattr(msg, "engine", -1)):
             return  # a fenced engine (liveness.py): it was killed; a late message counts for nothing
         if kind in self._engine_messages:
@@ -319,9 +317,9 @@ class Router:
         self.kick()
 
     # an engine's own news (no request); methods, not the collaborators' bound ones: a mode switch
-    # builds new RouterMetrics (modes.py)
+    # builds new RouterMetrics (reconfigure)
     def _leaving(self, msg: Leaving) -> None:
-        on_leaving(self, msg)
+        self.membership.on_leaving(msg)
 
     def _counters(self, msg: Counters) -> None:
         self.metrics.counters(msg)
@@ -380,7 +378,7 @@ class Router:
     # --- status -----------------------------------------------------------------------------------
     def health(self) -> dict:
         """status ok | degraded (an engine is down, every role still served) | unavailable."""
-        return {**engine_health(self.engines, self.liveness), "expected_engines": self._expected_engines,
+        return {**self.membership.health(), "expected_engines": self.membership.expected_engines,
                 "requests": len(self.requests), "mode": self.cfg.mode}
 
     def metric_families(self) -> list[Family]:
@@ -395,6 +393,6 @@ class Router:
         left empty it is frozen, recovery.py)."""
         check_ledgers(self.engines, self.requests.values())
         self.placement.check_invariants()
-        if self.scheduler is not None and self.servable():
+        if self.scheduler is not None and self.membership.servable():
             self.scheduler.check_invariants(self.view)
 

@@ -51,7 +51,7 @@ class RouterRequest:
     qview: QueuedRequest  # the scheduler's view of it
     pe: EngineState | None = None
     de: EngineState | None = None
-    digests: list = field(default_factory=list)  # the prompt's chained block digests (looked up at the pass)
+    digests: list = field(default_factory=list)  # the prompt's chained block digests (at admission)
     hit_tokens: int = 0
     read_charged_tokens: int = 0  # tokens booked on the read side's queue, until ReadDone
     side: ReadSide = ReadSide.PREFILL
@@ -153,8 +153,8 @@ class RouterView(ClusterView):
         return self._engines[node].read_queue_tokens
 
     def read_tokens(self, rr: RouterRequest) -> int:
-        rr.digests, rr.hit_tokens = self._placement.lookup(list(rr.req.prompt_ids))
-        return rr.hit_tokens
+        """The hit the pass counts now; placement books what it finds then (Router._try_place)."""
+        return self._placement.lookup(rr.req.prompt_ids, rr.digests)
 
     def store_latency_s(self, node: int) -> float:
         return self._latency_s(node)
