@@ -38,8 +38,9 @@ PLAYED = ("pe-term-pd", "de-stop-decode", "store-kill-read")  # in this order: t
 
 
 async def _one_cluster(service: ServiceChild) -> dict:
-    cfg = chaos_config("tiny", "recompute", engine_heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, store_dir=service.url,
-                       cnic_bytes_per_s=SLOW_CNIC_BYTES_PER_S, store_read_delay_s=STORE_READ_DELAY_S)
+    cfg = chaos_config("tiny", "recompute", changes={
+        "faults.heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S, "store.location": service.url,
+        "links.cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S, "faults.store_read_delay_s": STORE_READ_DELAY_S})
     assert all(scenario_config(cfg, name) == cfg for name in PLAYED)  # each scenario's own configuration
     results, fenced = [], {}
     async with LocalCluster(cfg) as cluster:

@@ -56,8 +56,8 @@ def test_the_simulated_slow_store_recomputes_and_finishes_sooner(mode):
 
 
 def test_a_negative_store_delay_is_refused():
-    from dualpath.config import RuntimeConfig
+    from dualpath.config import FaultConfig, RuntimeConfig
     from dualpath.errors import InputError
 
     with pytest.raises(InputError, match="store_read_delay_s must be >= 0"):
-        RuntimeConfig(model="tiny", store_read_delay_s=-1.0)
+        RuntimeConfig(model="tiny", faults=FaultConfig(store_read_delay_s=-1.0))

@@ -42,8 +42,12 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["serve", "--device", "tpu"], "unknown device 'tpu'"),
     (["serve", "--max-inflight-requests", "0"], "max_inflight_requests must be a positive integer"),
     (["serve", "--max-prompt-tokens", "10", "--max-queued-prompt-tokens", "5"], "could never be admitted"),
-    (["serve", "--engine-fault-policy", "retry"], "engine_fault_policy must be recompute or fail"),
-    (["serve", "--heartbeat-timeout-s", "0"], "engine_heartbeat_timeout_s must be positive"),
+    (["serve", "--engine-fault-policy", "retry"], "faults.policy must be one of recompute, fail, got 'retry'"),
+    (["serve", "--heartbeat-timeout-s", "0"], "faults.heartbeat_timeout_s must be positive"),
+    (["serve", "--set", "faults.retry=1"], "FaultConfig has no field 'retry'"),
+    (["serve", "--set", "engines.max_decode_batch=many"], "engines.max_decode_batch: expected a number"),
+    (["serve", "--set", "transport.kind=udp"], "transport.kind must be one of local, tcp, got 'udp'"),
+    (["run", "src/dualpath/workloads/data/mooncake_conversation_slice.jsonl", "--set", "store.timeout_s=0"], "store.timeout_s must be positive"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):
     p = cli_here(*args)

@@ -1,8 +1,9 @@
 import pytest
 
-from dualpath.config import SimConfig, paper_cluster, parse_mode, parse_pd
+from dualpath.config import (EngineTransport, FaultPolicy, ForcedSide, RuntimeConfig, SimConfig, TensorParallelConfig,
+                             paper_cluster, parse_mode, parse_pd)
+from dualpath.config.overrides import apply_overrides, config_from_json, config_to_json, set_fields
 from dualpath.parsing import parse_tokens
-from dualpath.config_overrides import apply_overrides
 from dualpath.errors import InputError
 
 
@@ -25,6 +26,33 @@ def test_overrides_reach_nested_fields_with_their_types():
 def test_bad_overrides_name_the_problem(bad, needle):
     with pytest.raises(InputError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         apply_overrides(SimConfig(), [bad])
+
+
+def test_the_runtime_config_takes_the_same_spelling_in_sections_with_choices_as_enums():
+    c = apply_overrides(RuntimeConfig(model="tiny"), ["faults.policy=fail", "engines.torch_threads=4", "store.location=/srv/kv",
+                                                      "links.snic_bytes_per_s=2e6", "force_read_side=decode",
+                                                      "transport.kind=tcp"])
+    assert c.faults.policy is FaultPolicy.FAIL and c.transport.kind is EngineTransport.TCP
+    assert c.force_read_side is ForcedSide.DECODE and c.engines.torch_threads == 4 and c.store.location == "/srv/kv"
+    assert c.links.snic_bytes_per_s == 2e6 and c.links.cnic_rate == 8 * 2e6  # the CNIC follows the SNIC (8 per node)
+    again = config_from_json(RuntimeConfig, config_to_json(c))  # what a joining engine is sent
+    assert again == c and again.faults.policy is FaultPolicy.FAIL
+    # values by path, a whole section too (a joined engine's own tensor-parallel placement)
+    d = set_fields(c, {"faults.retries": 0, "tp": TensorParallelConfig(2), "num_decode": 2})
+    assert (d.faults.retries, d.tp.ranks, d.num_decode, d.faults.policy) == (0, 2, 2, FaultPolicy.FAIL)
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("faults.policy=retry", "faults.policy must be one of recompute, fail, got 'retry'"),
+    ("kv_dtype=int8", "kv_dtype must be one of float32, bfloat16, float16"),
+    ("engines.de_kv_tokens=0", "engines.de_kv_tokens must be positive"),
+    ("store.persist_wait_s=-1", "store.persist_wait_s must be >= 0"),
+    ("faults=1", "is a section"),
+    ("links.snic_bytes_per_s=fast", "expected a number"),
+])
+def test_bad_runtime_overrides_name_the_problem(bad, needle):
+    with pytest.raises(InputError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        apply_overrides(RuntimeConfig(), [bad])
 
 
 def test_parsers():

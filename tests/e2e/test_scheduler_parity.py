@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("zmq")
 
-from dualpath.config import RuntimeConfig, SchedulerConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode  # noqa: E402
+from dualpath.config import EngineConfig, LinkConfig, RuntimeConfig, SchedulerConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode  # noqa: E402
 from dualpath.core.blocks import chain_digests  # noqa: E402
 from dualpath.core.request import RequestId, TurnSpec  # noqa: E402
 from dualpath.core.scheduler import GlobalScheduler, SchedulePass  # noqa: E402
@@ -154,8 +154,8 @@ def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Out
     cl = sim.cfg.cluster
     kvb = sim.kv_bytes_per_token
     cfg = RuntimeConfig(num_prefill=cl.num_prefill_nodes, num_decode=cl.num_decode_nodes, mode=mode,
-                        block_tokens=BLOCK_TOKENS, snic_bytes_per_s=cl.node.snic_read_bytes_per_s,
-                        de_kv_tokens=int(sim.de_kv_hbm_bytes // kvb), scheduler=sim.cfg.scheduler)
+                        block_tokens=BLOCK_TOKENS, links=LinkConfig(snic_bytes_per_s=cl.node.snic_read_bytes_per_s),
+                        engines=EngineConfig(de_kv_tokens=int(sim.de_kv_hbm_bytes // kvb)), scheduler=sim.cfg.scheduler)
     buffers = {n.nid: _Buffer() for n in sim.nodes}
     router = Router(cfg, model_name="parity", tokenizer=None, max_context_tokens=2**30, eos_token_ids=(),
                     kv_bytes_per_token=kvb, full_block_bytes=kvb * BLOCK_TOKENS, store=_Store(),
@@ -166,7 +166,7 @@ def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Out
         eid = n.engines[0].eid
         outboxes[eid] = _Outbox()
         role = "prefill" if n.is_prefill else "decode"
-        router.engines[eid] = EngineState(eid, role, f"fake://{eid}", kv_capacity_tokens=cfg.de_kv_tokens,
+        router.engines[eid] = EngineState(eid, role, f"fake://{eid}", kv_capacity_tokens=cfg.engines.de_kv_tokens,
                                           prefill_tokens_per_s=sim.prefill_tokens_per_s, outbox=outboxes[eid])
     router.new_scheduler()
     return router, outboxes

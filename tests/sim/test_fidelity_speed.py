@@ -76,11 +76,11 @@ def test_decode_steps_interpolate_the_measured_grid_exactly_at_its_points():
 
 
 def test_the_local_preset_runs_the_profile_at_the_speed():
-    from dualpath.config import RuntimeConfig
+    from dualpath.config import LinkConfig, RuntimeConfig
     from dualpath.costmodel.models import TINY
     from dualpath.fidelity.preset import local_sim_config
 
-    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=1e6)
+    rt = RuntimeConfig(model="tiny", links=LinkConfig(snic_bytes_per_s=1e6))
     m = local_sim_config(rt, PROFILE, TINY.kv_bytes_per_token, "test", TRUE).local
     assert m.prefill_fixed_s == pytest.approx(1.1 * 0.02) and m.prefill_overhead_s == 0.25
     assert m.decode_step_s(4, 1024) == pytest.approx(1.05 * DECODE[4].seconds)  # the grid point, not the fit

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dualpath.config import RuntimeConfig, parse_mode
+from dualpath.config import EngineConfig, LinkConfig, RuntimeConfig, parse_mode
 from dualpath.core.measured import MeasuredMachine, causal_keys
 from dualpath.costmodel.models import SMOLLM2_135M, TINY
 from dualpath.core.request import TurnSpec
@@ -62,7 +62,7 @@ def test_beta_derives_from_the_point_the_runtime_pe_measures():
     cm = MeasuredCompute(m)
     assert cm.prefill_tokens_per_s_per_gpu(900, 900, 1) == cm.prefill_tokens_per_s_per_gpu(64, 8, 5) == pytest.approx(rate)
     assert "PROBE_CACHED_TOKENS, PROBE_NEW_TOKENS" in inspect.getsource(PrefillEngine._profile)
-    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=1e6)
+    rt = RuntimeConfig(model="tiny", links=LinkConfig(snic_bytes_per_s=1e6))
     sim = Simulator(local_sim_config(rt, _profile(m), TINY.kv_bytes_per_token, "test"), parse_mode("dualpath"),
                     [Trajectory(0, (TurnSpec(500, 3),))], [0.0])
     assert sim.profile["beta_tokens"] == int(rt.scheduler.beta_compute_s * sim.compute.m.probe_prompt_tokens_per_s())
@@ -179,7 +179,8 @@ def test_steps_slow_while_the_node_moves_kv_and_a_join_costs_its_measured_time_o
 
 
 def test_preset_carries_the_runtime_config():
-    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=5e6, pe_hbm_bytes=2**20, de_kv_tokens=4096, host_buffer_bytes=2**24)
+    rt = RuntimeConfig(model="tiny", links=LinkConfig(snic_bytes_per_s=5e6),
+                       engines=EngineConfig(pe_hbm_bytes=2**20, de_kv_tokens=4096, host_buffer_bytes=2**24))
     cfg = local_sim_config(rt, _profile(_machine()), TINY.kv_bytes_per_token, "test")
     node = cfg.cluster.node
     assert (node.gpus_per_node, node.snic_read_bytes_per_s, node.cnic_bytes_per_s) == (1, 5e6, 8 * 5e6)
@@ -193,7 +194,8 @@ def test_preset_carries_the_runtime_config():
 
 
 def _run(mode: str, machine: MeasuredMachine, rounds: int = 4):
-    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=2e6, pe_hbm_bytes=int(machine.pe_landing_bytes), de_kv_tokens=4096)
+    rt = RuntimeConfig(model="tiny", links=LinkConfig(snic_bytes_per_s=2e6),
+                       engines=EngineConfig(pe_hbm_bytes=int(machine.pe_landing_bytes), de_kv_tokens=4096))
     cfg = local_sim_config(rt, _profile(machine), TINY.kv_bytes_per_token, "test")
     trajs = [Trajectory(a, (TurnSpec(126, 3),) + (TurnSpec(61, 3),) * (rounds - 1)) for a in range(3)]
     sim = Simulator(cfg, parse_mode(mode), trajs, [0.0] * 3)

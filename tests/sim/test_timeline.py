@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dualpath.config import RuntimeConfig, parse_mode
+from dualpath.config import EngineConfig, LinkConfig, RuntimeConfig, parse_mode
 from dualpath.core.measured import MeasuredMachine
 from dualpath.costmodel.models import TINY
 from dualpath.core.request import TurnSpec
@@ -35,7 +35,8 @@ def _local_cfg():
         prefill_fit=fit(fixed_s=m.prefill_fixed_s, per_item_s=m.prefill_per_token_s, per_key_s=m.prefill_per_key_s),
         decode_fit=fit(fixed_s=m.decode_fixed_s, per_item_s=m.decode_per_seq_s, per_key_s=m.decode_per_key_s,
                        per_ctx_s=m.decode_per_ctx_s))
-    rt = RuntimeConfig(model="tiny", snic_bytes_per_s=2e6, pe_hbm_bytes=64 * 2**20, de_kv_tokens=4096)
+    rt = RuntimeConfig(model="tiny", links=LinkConfig(snic_bytes_per_s=2e6),
+                       engines=EngineConfig(pe_hbm_bytes=64 * 2**20, de_kv_tokens=4096))
     return local_sim_config(rt, profile, TINY.kv_bytes_per_token, "test")
 
 

@@ -4,7 +4,7 @@
    turns, all conversations at once, turn by turn; each turn's prompt is the conversation so far
    plus new tokens, so every turn after the first reads its context's blocks from the store.
 2. Rounds, each on a fresh cluster and store, until `target` corruptions were injected:
-   - in flight: RuntimeConfig.kv_corrupt_probability flips one bit in that share of the block
+   - in flight: RuntimeConfig.faults.kv_corrupt_probability flips one bit in that share of the block
      pieces the engines send on the layer streams and PD transfers (transport/integrity.py);
    - on disk: between turns, once the turn's blocks are persisted, one byte of one stored block
      file (header or payload, seeded) of each even-numbered conversation is XORed; the odd ones
@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from ..config import RuntimeConfig
+from ..config import EngineConfig, FaultConfig, RuntimeConfig, StoreConfig
 from ..core.blocks import chain_digests
 from ..runtime.api import GenerationRequest, SamplingParams
 from ..runtime.cluster import LocalCluster
@@ -64,8 +64,10 @@ def _fresh_tokens(conv: int, turn: int, n: int, vocab: int) -> list[int]:
 
 
 def _config(model: str, side: str | None, probability: float, store_dir: str | None, seed: int) -> RuntimeConfig:
-    return RuntimeConfig(model=model, force_read_side=side, kv_corrupt_probability=probability, store_dir=store_dir,
-                         seed=seed, host_buffer_bytes=64 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=32768)
+    return RuntimeConfig(model=model, force_read_side=side, faults=FaultConfig(kv_corrupt_probability=probability),
+                         store=StoreConfig(location=store_dir),
+                         engines=EngineConfig(host_buffer_bytes=64 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=32768),
+                         seed=seed)
 
 
 async def _generate(router: Router, name: str, prompt: list[int]) -> list[int]:

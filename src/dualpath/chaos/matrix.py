@@ -10,10 +10,10 @@ policy `recompute` has a survivor to migrate to):
      reading its hit, streaming its layers from a DE, prefilling, in its PD transfer, decoding, or
      a DE persisting its blocks), the victim gets the signal (SIGKILL, SIGTERM or SIGSTOP): the
      engine holding that request (a frozen one is found by heartbeats within
-     RuntimeConfig.engine_heartbeat_timeout_s, runtime/router/liveness.py), or the storage
+     RuntimeConfig.faults.heartbeat_timeout_s, runtime/router/liveness.py), or the storage
      service the cluster runs against in `store-*` scenarios (chaos/store_victim.py: failed reads are
      misses, failed persists are skipped, a frozen service costs each client one
-     RuntimeConfig.store_timeout_s, then its breaker skips calls). A frozen victim gets SIGCONT at
+     RuntimeConfig.store.timeout_s, then its breaker skips calls). A frozen victim gets SIGCONT at
      the end. A moment that never comes is reported `fired: false`.
 Each request of turn 2 ends finished (its tokens compared with the reference run's, which had no
 fault) or with the error the client sees (`ServiceUnavailable`: no survivor, retries spent, or
@@ -32,9 +32,10 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from ..config import RuntimeConfig
+from ..config import EngineConfig, FaultConfig, RuntimeConfig
+from ..config.overrides import set_fields
 from ..core.phase import Phase
 from ..core.snapshot import ReadSide
 from ..errors import InputError
@@ -64,8 +65,8 @@ MOMENTS = {
 }
 SCENARIOS = tuple(f"{role}-{sig}-{moment}" for (role, moment) in MOMENTS for sig in SIGNALS)
 # A request not terminal this long after the fault is lost: 6x the default heartbeat timeout
-# (RuntimeConfig.engine_heartbeat_timeout_s, 5 s), within which a frozen engine is fenced; and 3x
-# the store's bound (store_victim.STORE_CALLS_ON_PATH x RuntimeConfig.store_timeout_s, 5 s).
+# (RuntimeConfig.faults.heartbeat_timeout_s, 5 s), within which a frozen engine is fenced; and 3x
+# the store's bound (store_victim.STORE_CALLS_ON_PATH x RuntimeConfig.store.timeout_s, 5 s).
 TERMINAL_BOUND_S = 30.0
 STORE_VICTIM = -2  # ChaosResult.victim of a storage-service scenario
 APPEND_TOKENS = 64  # turn 2's new tokens: one block
@@ -76,9 +77,9 @@ PROMPT_BLOCKS = 3  # turn 1's prompt: 3 blocks of 64 tokens
 # delay holds a turn-2 read before its first block. Timing only: greedy tokens do not change.
 SLOW_CNIC_BYTES_PER_S = 2e6
 STORE_READ_DELAY_S = 0.2
-WIDENED = {"stream": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}, "pd": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S},
-           "persist": {"cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}}
-STORE_WIDENED = {"read": {"store_read_delay_s": STORE_READ_DELAY_S}, "persist": WIDENED["persist"]}
+WIDENED = {"stream": {"links.cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}, "pd": {"links.cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S},
+           "persist": {"links.cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}}
+STORE_WIDENED = {"read": {"faults.store_read_delay_s": STORE_READ_DELAY_S}, "persist": WIDENED["persist"]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +110,12 @@ def parse_scenarios(names: list[str] | None) -> list[str]:
     return names
 
 
-def chaos_config(model: str, policy: str, mode: str = "dualpath", **overrides: Any) -> RuntimeConfig:
-    return RuntimeConfig(model=model, num_prefill=2, num_decode=2, mode=mode, engine_fault_policy=policy,
-                         host_buffer_bytes=32 * 2**20,
-                         pe_hbm_bytes=32 * 2**20, de_kv_tokens=8192, **overrides)
+def chaos_config(model: str, policy: str, mode: str = "dualpath",
+                 changes: Mapping[str, Any] | None = None) -> RuntimeConfig:
+    """The chaos cluster, 2P2D; `changes`: {section.field: value} (config/overrides.py set_fields)."""
+    cfg = RuntimeConfig(model=model, num_prefill=2, num_decode=2, mode=mode, faults=FaultConfig(policy=policy),
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=8192))
+    return set_fields(cfg, changes or {})
 
 
 def _prompts(num: int, vocab: int) -> list[list[int]]:
@@ -226,15 +229,15 @@ def scenario_config(cfg: RuntimeConfig, scenario: str, kernel_rates: bool = Fals
     role, _, moment = scenario.split("-")
     extra = dict((STORE_WIDENED if role == "store" else WIDENED).get(moment, {}))
     if kernel_rates:
-        extra.pop("cnic_bytes_per_s", None)
+        extra.pop("links.cnic_bytes_per_s", None)
     if moment == "stream":
         extra["force_read_side"] = "decode"
-    return replace(cfg, **extra)
+    return set_fields(cfg, extra)
 
 
 async def run_scenario(cfg: RuntimeConfig, scenario: str, reference: list[list[int]], gen_tokens: int) -> ChaosResult:
     service = ServiceChild() if scenario.startswith("store-") else None
-    cfg = scenario_config(replace(cfg, store_dir=service.url) if service else cfg, scenario)
+    cfg = scenario_config(set_fields(cfg, {"store.location": service.url}) if service else cfg, scenario)
     try:
         async with LocalCluster(cfg) as cluster:
             return await play_scenario(cluster, local_signaller(cluster, service), scenario, reference, gen_tokens)
@@ -311,6 +314,6 @@ async def reference_run(cluster: LocalCluster, num_requests: int, gen_tokens: in
 def report_config(cfg: RuntimeConfig, run: dict, pd: str) -> dict:
     """The report's config: the run's parameters and the bounds the scenarios are held to."""
     return {**{k: run[k] for k in ("model", "policy", "num_requests", "gen_tokens")}, "pd": pd,
-            "heartbeat_timeout_s": cfg.engine_heartbeat_timeout_s, "terminal_bound_s": TERMINAL_BOUND_S,
-            "store_timeout_s": cfg.store_timeout_s, "store_bound_s": STORE_CALLS_ON_PATH * cfg.store_timeout_s,
+            "heartbeat_timeout_s": cfg.faults.heartbeat_timeout_s, "terminal_bound_s": TERMINAL_BOUND_S,
+            "store_timeout_s": cfg.store.timeout_s, "store_bound_s": STORE_CALLS_ON_PATH * cfg.store.timeout_s,
             "store_retry_after_s": STORE_RETRY_AFTER_S, "widened": {**WIDENED, "store": STORE_WIDENED}}

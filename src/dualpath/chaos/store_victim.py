@@ -31,7 +31,7 @@ SERVICE_TOKEN = b"chaos-scenario-token"  # loopback only; the token path is exer
 
 class ServiceChild:
     """`python -m dualpath.cli store serve` on 127.0.0.1 (a free port), its directory and token
-    file in a private temporary directory; `url` is what RuntimeConfig.store_dir takes."""
+    file in a private temporary directory; `url` is what RuntimeConfig.store.location takes."""
 
     def __init__(self) -> None:
         self._tmp = tempfile.mkdtemp(prefix="dp-chaos-svc-")

@@ -13,7 +13,7 @@ and every rate the kernel's (deploy/testbed/plan.py):
      engine id, so the victim's PID is known). Nothing is shared between hosts but the kernel.
   3. A victim is signalled by its PID. Engines on other hosts are watched by heartbeats only (no
      exit watch sees another host's processes), so a killed engine is found within
-     RuntimeConfig.engine_heartbeat_timeout_s, as a frozen one is; the router fences an engine by
+     RuntimeConfig.faults.heartbeat_timeout_s, as a frozen one is; the router fences an engine by
      SIGKILL to its PID (a real deployment: the host's agent, or its orchestrator's restart).
 `down` in every case. Send traffic only to the testbed's own addresses.
 """
@@ -29,9 +29,10 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
+
+from ..config.overrides import set_fields
 
 from ..deploy.testbed import netns
 from ..deploy.testbed.plan import plan_testbed
@@ -130,7 +131,7 @@ async def testbed_cluster(spec: dict, cfg: Any, label: str, index: int) -> Async
     hosts = ScenarioHosts(spec, label, index)
     try:
         hosts.start_service()
-        cfg = replace(cfg, store_dir=hosts.url(spec["router_ns"]))
+        cfg = set_fields(cfg, {"store.location": hosts.url(spec["router_ns"])})
         cluster = LocalCluster(cfg, start_timeout_s=ENGINE_START_TIMEOUT_S, engines_listen=hosts.listen,
                                on_router_ready=hosts.start_engines)
         cluster.on_fence = hosts.fence
@@ -143,7 +144,8 @@ async def testbed_cluster(spec: dict, cfg: Any, label: str, index: int) -> Async
 
 async def drive(spec: dict, emit: Callable[[dict], None]) -> dict:
     """In the router's host: the reference, then every scenario, each on fresh processes."""
-    cfg = chaos_config(spec["model"], spec["policy"], engine_transport="tcp", peer_token_file=spec["token_file"])
+    cfg = chaos_config(spec["model"], spec["policy"],
+                       changes={"transport.kind": "tcp", "transport.peer_token_file": spec["token_file"]})
     n, gen = spec["num_requests"], spec["gen_tokens"]
     async with testbed_cluster(spec, cfg, "reference", 0) as (cluster, _):
         reference = await reference_run(cluster, n, gen)

@@ -32,7 +32,7 @@ def chaos(
         help="instead of the engine faults: kill this many store writers with SIGKILL mid-put and count torn blocks "
              "visible after each reopen")] = 0,
     flip_probability: Annotated[float, typer.Option(
-        help="with --corruptions: probability per KV block piece sent that one bit flips (RuntimeConfig.kv_corrupt_probability)")] = 0.05,
+        help="with --corruptions: probability per KV block piece sent that one bit flips (RuntimeConfig.faults.kv_corrupt_probability)")] = 0.05,
     testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts (root: network namespaces, tc): "
                                           "every process in a host of its own, every rate the kernel's")] = False,
 ) -> None:

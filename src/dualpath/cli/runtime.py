@@ -26,6 +26,11 @@ DeviceOption = Annotated[str, typer.Option(
     help="cpu, cuda (engine e on GPU e mod #GPUs) or cuda:N; checked before anything starts")]
 
 
+SetOption = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="override a RuntimeConfig field: section.field=value (e.g. faults.retries=0, "
+    "store.timeout_s=2, engines.max_decode_batch=32); repeat")]
+
+
 TpOption = Annotated[int, typer.Option(
     "--tp", help="tensor-parallel ranks per engine: 1, or 2 (each layer's MLP split over two processes; "
     "a broadcast and an all_reduce per layer, on the latency-critical lane; cpu only)")]
@@ -33,7 +38,7 @@ TpOption = Annotated[int, typer.Option(
 
 def tp_config(ranks: int, **placement):
     """RuntimeConfig.tp from `--tp` (validated there: 1 or 2)."""
-    from ..config_tp import TensorParallelConfig
+    from ..config.tp import TensorParallelConfig
 
     return TensorParallelConfig(ranks, **placement)
 
@@ -104,9 +109,11 @@ def serve(
     token_file: Annotated[Optional[Path], typer.Option(help="shared token of the router and engines (required beyond loopback)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT (needs dualpath[cluster])")] = None,
     tp: TpOption = 1,
+    set_: SetOption = None,
 ) -> None:
     """OpenAI-compatible server on a PD-disaggregated cluster: engines started here, or joining from other hosts."""
-    from ..config import RuntimeConfig, parse_pd
+    from ..config import FaultConfig, LinkConfig, RuntimeConfig, StoreConfig, TransportConfig, parse_pd
+    from ..config.overrides import apply_overrides
     from ..runtime.apps.serve import serve_cluster
     from ..runtime.server.admission import ServerLimits
 
@@ -117,13 +124,15 @@ def serve(
     p, d = parse_pd(pd)
     if ray is not None and engines_listen is None:  # port 0: the router binds a free one, then the actors start
         engines_listen = f"tcp://{'127.0.0.1' if ray == 'local' else host}:0"
-    faults = {} if heartbeat_timeout_s is None else {"engine_heartbeat_timeout_s": heartbeat_timeout_s}
-    cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
-                        store_dir=store_dir or None,
-                        snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6, device=device,
-                        engine_fault_policy=engine_fault_policy, **faults,
-                        engine_transport="tcp" if engines_listen or ray else "local",
-                        peer_token_file=None if token_file is None else str(token_file), tp=tp_config(tp))
+    faults = FaultConfig(policy=engine_fault_policy)
+    if heartbeat_timeout_s is not None:
+        faults = FaultConfig(policy=engine_fault_policy, heartbeat_timeout_s=heartbeat_timeout_s)
+    transport = TransportConfig(kind="tcp" if engines_listen or ray else "local",
+                                peer_token_file=None if token_file is None else str(token_file))
+    cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode, device=device, tp=tp_config(tp),
+                        links=LinkConfig(snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6),
+                        store=StoreConfig(location=store_dir or None), faults=faults, transport=transport)
+    cfg = apply_overrides(cfg, set_ or [])
     _device(device)
     server = dict(host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen)
     if ray is None:
@@ -174,6 +183,7 @@ def run(
                                           "(root; needs --snic-mb-s; CNIC 8x)")] = False,
     ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT "
                                                "(needs dualpath[cluster])")] = None,
+    set_: SetOption = None,
 ) -> None:
     """Replay a trajectory file or a Mooncake trace against the local cluster."""
     from ..runtime.apps.run import local_cluster, run_trace
@@ -204,7 +214,7 @@ def run(
             progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
             result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
                                            on_turn=progress.update, decisions=decisions, timeline=timeline,
-                                           clusters=clusters, placement=placement))
+                                           clusters=clusters, placement=placement, overrides=set_ or []))
     print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
     for r in result["runs"]:
         for key in ("decisions_file", "timeline_file"):

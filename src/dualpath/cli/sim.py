@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..config import ClusterConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode
 from ..parsing import parse_tokens
-from ..config_overrides import apply_overrides
+from ..config.overrides import apply_overrides
 from ..errors import InputError
 from ..experiments.cli import RAY_HELP, WORKERS_HELP
 from ..progress import reporter

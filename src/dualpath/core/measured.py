@@ -9,7 +9,7 @@ step times on this machine, with the model, device and thread count it really us
 keys(n, c) = n * c + n * (n + 1) / 2: the (query, key) pairs of n new tokens over c cached ones,
 causal. A forward of several requests adds their tokens and keys (one fixed cost per forward);
 a decode step pads its b sequences to the longest context L (runtime/model/llama.py: `decode_step`). The rest is what the runtime is configured with: the
-compute quota's attention work (RuntimeConfig.quota_attention_flops_per_s), a PE's landing zone,
+compute quota's attention work (RuntimeConfig.engines.quota_attention_flops_per_s), a PE's landing zone,
 a DE's KV-cache capacity. Nothing here is fitted to a run of the system it predicts.
 """
 

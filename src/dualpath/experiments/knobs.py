@@ -1,13 +1,13 @@
 """The calibration knobs behind every simulation of the report, with their values and sources.
 
 Read from the code itself: a config field's source is its trailing comment or the block of
-comment lines right above it (the convention of `config.py` and `costmodel/hardware.py`), else its
+comment lines right above it (the convention of `config/sim.py` and `costmodel/hardware.py`), else its
 class's docstring; a module constant's (the GPU presets, the workload generator's parameters in
 `workloads/generator.py`) by the same rule (`comment_sources`). So the report lists exactly the
 knobs the code has, with the value it runs and the source written next to it; a knob without a
 written source shows as such.
 
-Each knob's kind is read from the same comment (the convention of `config.py`'s docstring):
+Each knob's kind is read from the same comment (the convention of the `config` package docstring):
 - `fitted (FIGURE; hardware-only: section.field=value, ...): ...` - fitted to the paper's own data
   (FIGURE: a figure or table); the assignments give the estimate from hardware sources alone,
   which the experiments simulate beside every headline that depends on the knob
@@ -201,7 +201,7 @@ def knob_counts() -> dict[str, Any]:
 def knobs_markdown() -> str:
     lines = [
         "Every calibration knob the simulations use, with its value, its kind and the source written beside it in "
-        "the code (`dualpath/config.py`, `dualpath/costmodel/hardware.py`, `dualpath/workloads/generator.py`); `--set "
+        "the code (`dualpath/config/sim.py`, `dualpath/costmodel/hardware.py`, `dualpath/workloads/generator.py`); `--set "
         "section.field=value` overrides a config one in `dualpath sim`. Kind, read from the same comment: "
         "hardware-sourced (docs/hardware.md: vendor, kernel and fleet numbers), paper setting (a value docs/paper.md "
         "states), fitted (to the paper's own data: which figure or table; the hardware-only estimate each headline "

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import config
 from ..config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
-from ..config_overrides import apply_overrides
+from ..config.overrides import apply_overrides
 from ..sim.runner import _clean, load_trajectories
 from ..sim.simulator import Simulator
 from .knobs import hardware_only_assignments

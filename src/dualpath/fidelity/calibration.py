@@ -49,7 +49,7 @@ class DriftCheck:
         from ..runtime.engine.cpus import available_cpus, plan_cpus
 
         cfg = RuntimeConfig(model=self.model, device=self.device)
-        cpus = plan_cpus(range(2), available_cpus(), cfg.torch_threads).cpus_by_engine[0]
+        cpus = plan_cpus(range(2), available_cpus(), cfg.engines.torch_threads).cpus_by_engine[0]
         # as a reused profile, so that check_speed times it whether or not this call measured it
         return check_speed(replace(calibration, reused=True), self.model, cpus).speed_now_over_cached
 

@@ -30,7 +30,7 @@ Everything else is the runtime's configuration, not a measurement:
 Not modelled (so counted in the reported error, not tuned away; the scored runs are in
 docs/results/fidelity/):
 per-message and per-copy overheads of the runtime's processes, the DE's decode batch cap
-(RuntimeConfig.max_decode_batch), the store's own write time, and the D2H copy of a generated
+(RuntimeConfig.engines.max_decode_batch), the store's own write time, and the D2H copy of a generated
 block when it fills (booked at the turn's end). The runtime sends one pass's assignments to an
 engine together (router.py: SendsTogether) and simultaneous arrivals in workload order
 (replay.py), so both worlds batch the same requests; the PE serves its mail between layers, so a
@@ -53,7 +53,7 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
                      speed: SpeedModel = SpeedModel(), max_len_tokens: int = 65536) -> SimConfig:
     """`profile`: a runtime ComputeProfile (prefill_fit, decode_fit: fixed_s, per_item_s, per_key_s,
     per_ctx_s; decode: the measured steps, interpolated when they form a grid), run at `speed`."""
-    if runtime.snic_bytes_per_s is None or runtime.cnic_rate is None:
+    if runtime.links.snic_bytes_per_s is None or runtime.links.cnic_rate is None:
         raise InputError("the local preset needs emulated SNIC and CNIC rates (a run at real speed has no rate to model)")
     try:
         model = get_model(runtime.model)
@@ -62,21 +62,21 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
     if model.kv_bytes_per_token != kv_bytes_per_token:
         raise InputError(f"{runtime.model}: the simulator's spec holds {model.kv_bytes_per_token} KV bytes per token, the "
                          f"runtime {kv_bytes_per_token} (kv_dtype {runtime.kv_dtype}); the preset assumes float32 KV")
-    node = NodeSpec(gpus_per_node=1, cnic_bytes_per_s=runtime.cnic_rate, snic_bytes_per_s=runtime.snic_bytes_per_s,
-                    dram_buffer_bytes=float(runtime.host_buffer_bytes), storage_read_bytes_per_s=None)
+    node = NodeSpec(gpus_per_node=1, cnic_bytes_per_s=runtime.links.cnic_rate, snic_bytes_per_s=runtime.links.snic_bytes_per_s,
+                    dram_buffer_bytes=float(runtime.engines.host_buffer_bytes), storage_read_bytes_per_s=None)
     cluster = ClusterConfig(model=model.name, num_prefill_nodes=runtime.num_prefill, num_decode_nodes=runtime.num_decode,
                             node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
                             expert_parallel=False, cnic_as_runtime_arbiter=True,
                             decode_waits_for_step_end=True, persist_waits_for_snic_write=True,
-                            persist_wait_s=runtime.persist_wait_s, buffers_at_placement=True)
+                            persist_wait_s=runtime.store.persist_wait_s, buffers_at_placement=True)
     pf, df, kp, kd = profile.prefill_fit, profile.decode_fit, speed.prefill_scale, speed.decode_scale
     grid = decode_grid(profile)
     machine = MeasuredMachine(
         prefill_fixed_s=kp * pf.fixed_s, prefill_per_token_s=kp * pf.per_item_s, prefill_per_key_s=kp * pf.per_key_s,
         decode_fixed_s=kd * df.fixed_s, decode_per_seq_s=kd * df.per_item_s, decode_per_key_s=kd * df.per_key_s,
         decode_per_ctx_s=kd * df.per_ctx_s,
-        quota_attention_flops_per_s=runtime.quota_attention_flops_per_s, attention_flops_per_key=model.attn_flops_per_key,
-        pe_landing_bytes=float(runtime.pe_hbm_bytes), de_kv_tokens=runtime.de_kv_tokens, source=source,
+        quota_attention_flops_per_s=runtime.engines.quota_attention_flops_per_s, attention_flops_per_key=model.attn_flops_per_key,
+        pe_landing_bytes=float(runtime.engines.pe_hbm_bytes), de_kv_tokens=runtime.engines.de_kv_tokens, source=source,
         decode_grid=None if grid is None else grid.scaled(speed.decode_scale),
         prefill_overhead_s=speed.prefill_overhead_s, decode_io_slowdown=speed.decode_io_slowdown,
         decode_join_s=speed.decode_join_s)

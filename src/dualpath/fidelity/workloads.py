@@ -7,8 +7,8 @@ A workload is a name, optionally with settings (`NAME:key=value,...`), or a file
   settings `max_len` (the generator's MaxLen, 32k), `agents` (8), `seed` (1), `gen_scale` (1.0) and
   `turns` (no limit: the first N turns of each agent). Appends are scaled to the window
   (`append_scale = window / max_len`), as the 32k default has always been.
-- `tiny`: a 60-token first prompt then 61 appended tokens a round, 3 generated each; settings
-  `agents` (2) and `rounds` (3) (tests).
+- `tiny`: a 60-token first prompt then 61 appended tokens a round; settings `agents` (2),
+  `rounds` (3) and `gen` (tokens generated a turn, 3) (tests).
 - `mooncake`: a slice of the Mooncake conversation trace (the slice committed with the package,
   `MOONCAKE_TRACE`, or any Mooncake file given as the workload), rescaled to the model's window and
   replayed open loop (`trace_slice`); settings `start_s` (take conversations that start at or after
@@ -45,7 +45,7 @@ WINDOW_MARGIN_TOKENS = 64  # one block below the limit, for the generated tokens
 
 # A built-in workload's settings and their defaults (module docstring); a file takes none.
 DEFAULTS: dict[str, dict[str, str]] = {
-    "demo": {"rounds": "0"}, "tiny": {"agents": "2", "rounds": "3"},
+    "demo": {"rounds": "0"}, "tiny": {"agents": "2", "rounds": "3", "gen": "3"},
     "agents": {"max_len": "32k", "agents": "8", "seed": "1", "gen_scale": "1.0", "turns": "0"},
     "mooncake": {"start_s": "0", "conversations": str(SLICE_CONVERSATIONS), "load": "1.0"},
 }
@@ -107,7 +107,8 @@ def fidelity_workload(name: str | WorkloadSpec, max_context_tokens: int, block_t
     if spec.name == "demo":
         return None
     if spec.name == "tiny":
-        turns = (TurnSpec(60, 3),) + (TurnSpec(61, 3),) * (int(spec.number("rounds", int)) - 1)
+        gen = int(spec.number("gen", int))
+        turns = (TurnSpec(60, gen),) + (TurnSpec(61, gen),) * (int(spec.number("rounds", int)) - 1)
         return [Trajectory(a, turns) for a in range(int(spec.number("agents", int)))]
     if spec.name == "agents":
         return _agents(spec, limit)

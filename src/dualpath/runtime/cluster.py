@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import RuntimeConfig
-from ..config_overrides import config_to_json
+from ..config.overrides import config_to_json
 from ..core.blocks import BlockLayout
 from ..errors import InputError
 from .clock import MonotonicClock
@@ -81,10 +81,10 @@ class LocalCluster:
         self.engines_listen = engines_listen  # tcp://HOST:PORT: engines join there instead of being spawned
         self.on_router_ready = on_router_ready  # called with the router's bound endpoint (port 0 resolved)
         self.on_fence: Callable[[int], None] | None = None  # also told of each fenced engine (Ray kills its actor)
-        if engines_listen and config.engine_transport != "tcp":
+        if engines_listen and config.transport.kind != "tcp":
             raise InputError("engines that join over the network need engine_transport tcp")
         engines = range(config.num_prefill + config.num_decode)
-        self.cpu_plan = plan_cpus(engines, available_cpus(), config.torch_threads)
+        self.cpu_plan = plan_cpus(engines, available_cpus(), config.engines.torch_threads)
 
     async def __aenter__(self) -> "LocalCluster":
         await self.start()
@@ -97,8 +97,8 @@ class LocalCluster:
         cfg = self.cfg
         require_device(cfg.device)  # one clear error here, not a traceback in every engine
         self._tmp = tempfile.mkdtemp(prefix="dp-")
-        if cfg.store_dir:
-            self._store_root = cfg.store_dir
+        if cfg.store.location:
+            self._store_root = cfg.store.location
         else:
             base = "/dev/shm" if cfg.features.io_free and Path("/dev/shm").is_dir() else None
             self._store_tmp = tempfile.mkdtemp(prefix="dp-store-", dir=base)
@@ -111,10 +111,10 @@ class LocalCluster:
         dtype = kv_dtype(cfg)
         tbpl = mcfg.kv_bytes_per_token_per_layer(dtype)
         layout, fingerprint = BlockLayout(mcfg.num_layers, cfg.block_tokens, tbpl), mcfg.fingerprint(dtype)
-        self.store = store_for(self._store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store_capacity_bytes,
-                               num_threads=1, timeout_s=cfg.store_timeout_s)
+        self.store = store_for(self._store_root, layout, fingerprint, cfg.kv_dtype, capacity_bytes=cfg.store.capacity_bytes,
+                               num_threads=1, timeout_s=cfg.store.timeout_s)
         self._layout, self._fingerprint = layout, fingerprint
-        tcp = cfg.engine_transport == "tcp"  # loopback here, as engines on separate hosts would talk
+        tcp = cfg.transport.kind == "tcp"  # loopback here, as engines on separate hosts would talk
         router_ep = self.engines_listen or ("tcp://127.0.0.1:0" if tcp else ipc_endpoint(self._tmp, "router"))
         self.router = Router(cfg, model_name=cfg.model, tokenizer=tokenizer, max_context_tokens=mcfg.max_position_tokens,
                              eos_token_ids=tuple(mcfg.eos_token_ids), kv_bytes_per_token=tbpl * mcfg.num_layers,
@@ -141,17 +141,17 @@ class LocalCluster:
     def _spawn_engines(self) -> None:
         """One process per engine, with this node's buffers created here (one host)."""
         cfg, fbb = self.cfg, self._layout.full_block_bytes
-        tcp = cfg.engine_transport == "tcp"
+        tcp = cfg.transport.kind == "tcp"
         engines = ([(e, EngineRole.PREFILL) for e in range(cfg.num_prefill)]
                    + [(cfg.num_prefill + d, EngineRole.DECODE) for d in range(cfg.num_decode)])
         for e, role in engines:
-            self._buffers[e] = HostBuffer.create(fbb, max(1, cfg.host_buffer_bytes // fbb))
+            self._buffers[e] = HostBuffer.create(fbb, max(1, cfg.engines.host_buffer_bytes // fbb))
             if role == EngineRole.PREFILL:
-                self._landing[e] = HostBuffer.create(cfg.pe_hbm_bytes, 1)
+                self._landing[e] = HostBuffer.create(cfg.engines.pe_hbm_bytes, 1)
         segments = {e: (b.name, b.slot_bytes * b.num_slots) for e, b in self._buffers.items()}
         ctx, environ, plan = engine_context(), tuple(os.environ.items()), self.cpu_plan
         for e, role in engines:
-            landing = (self._landing[e].name, cfg.pe_hbm_bytes) if role == EngineRole.PREFILL else ()
+            landing = (self._landing[e].name, cfg.engines.pe_hbm_bytes) if role == EngineRole.PREFILL else ()
             seen = {e: segments[e]} if tcp else segments  # across hosts an engine maps only its own node's buffer
             endpoint = "tcp://127.0.0.1:0" if tcp else ipc_endpoint(self._tmp, f"e{e}")
             spec = EngineSpec(e, role, endpoint, self.router.endpoint, cfg, seen, landing, self._store_root,
@@ -180,7 +180,7 @@ class LocalCluster:
         root = tempfile.mkdtemp(prefix="dp-store-", dir=base)
         self._extra_stores.append(root)
         store = BlockStore(root, self._layout, self._fingerprint, self.cfg.kv_dtype,
-                           capacity_bytes=self.cfg.store_capacity_bytes, num_threads=1)
+                           capacity_bytes=self.cfg.store.capacity_bytes, num_threads=1)
         old = self.store
         await self.router.reconfigure(mode, store, root)
         self.store = store

@@ -294,7 +294,7 @@ class Reconfigured:
     mode: str
 
 
-# Beats per heartbeat timeout (RuntimeConfig.engine_heartbeat_timeout_s): a timeout is 5 missed
+# Beats per heartbeat timeout (RuntimeConfig.faults.heartbeat_timeout_s): a timeout is 5 missed
 # beats, so one late beat (a busy CPU) never fences an engine.
 HEARTBEATS_PER_TIMEOUT = 5
 

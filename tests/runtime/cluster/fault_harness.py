@@ -15,7 +15,8 @@ from typing import Any, Callable
 import httpx
 import uvicorn
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig
+from dualpath.config.overrides import set_fields
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable
 from dualpath.runtime.apps.serve import make_app
 
@@ -28,8 +29,10 @@ PROMPTS = [tuple(range(5 + i, 150 + 7 * i)) for i in range(4)]  # 145..166 token
 EXIT_BOUND_S = 3.0
 
 
-def config(**overrides: Any) -> RuntimeConfig:
-    return RuntimeConfig(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, **overrides)
+def config(changes: dict[str, Any] | None = None, **top: Any) -> RuntimeConfig:
+    """The faults' tiny cluster: top-level fields, then `changes` {section.field: value}."""
+    engines = EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+    return set_fields(RuntimeConfig(model="tiny", engines=engines, **top), changes or {})
 
 
 class Served:

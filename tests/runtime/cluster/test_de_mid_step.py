@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from persist_wait import wait_chain_stored
@@ -60,8 +60,8 @@ async def _conversation_beside_a_busy_decode(cfg: RuntimeConfig) -> tuple[list[l
 
 @pytest.mark.parametrize("mid_step", [True, False])
 def test_pulls_served_between_layers_give_the_reference_tokens(mid_step):
-    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=8192, de_serves_mid_step=mid_step)
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=8192, de_serves_mid_step=mid_step))
     outs, cached, still_busy, served = asyncio.run(_conversation_beside_a_busy_decode(cfg))
     assert outs == reference_conversation("tiny", TURNS, GEN)
     assert cached[0] == 0 and all(h > 0 for h in cached[1:])  # later turns loaded a hit on the DE path

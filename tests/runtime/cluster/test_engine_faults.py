@@ -96,7 +96,7 @@ def test_a_frozen_de_is_fenced_within_the_heartbeat_timeout_and_stays_dead():
     """SIGSTOP: detected by missed heartbeats within the stated bound; the requests migrate and
     finish with the reference tokens; the engine is killed (fenced for good), so SIGCONT finds no
     process and nothing it held can be overwritten by it; the survivor serves on."""
-    served = Served(config(num_decode=2, engine_heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+    served = Served(config({"faults.heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S}, num_decode=2))
     try:
         router = served.router
         reference = served.run(greedy_all(router))
@@ -130,7 +130,7 @@ def test_a_frozen_de_is_fenced_within_the_heartbeat_timeout_and_stays_dead():
 
 @pytest.mark.slow
 def test_policy_fail_ends_the_requests_of_a_killed_de_with_errors_not_retries():
-    served = Served(config(num_decode=2, engine_fault_policy="fail"))
+    served = Served(config({"faults.policy": "fail"}, num_decode=2))
     try:
         router = served.router
         reference = served.run(greedy_all(router))
@@ -147,7 +147,7 @@ def test_policy_fail_ends_the_requests_of_a_killed_de_with_errors_not_retries():
         for rid, tokens, ref in zip(rids, got, reference):
             if rid in hit["streams"]:
                 assert tokens[0] == "error" and tokens[2] < GEN_TOKENS
-                assert f"decode engine {de} killed by SIGKILL" in tokens[1] and "engine_fault_policy is fail" in tokens[1]
+                assert f"decode engine {de} killed by SIGKILL" in tokens[1] and "faults.policy is fail" in tokens[1]
             else:
                 assert tokens == ref
         assert router.metrics.num_migrated == 0 and router.metrics.num_failed == len(hit["streams"]) > 0
@@ -244,7 +244,7 @@ def test_a_de_killed_while_the_pe_waits_for_its_layers_lets_the_forward_go_on():
     """DE path with a slow CNIC (200 kB/s): the PE's forward waits for the DE's layer copies
     (`LayerPull` -> `LayerReady`) when the DE dies; `EngineDown` lets the forward go on without
     them (those items are cancelled), the PE serves on, the requests migrate, tokens identical."""
-    served = Served(config(num_decode=2, force_read_side="decode", cnic_bytes_per_s=200e3))
+    served = Served(config({"links.cnic_bytes_per_s": 200e3}, num_decode=2, force_read_side="decode"))
     try:
         router = served.router
         reference = served.run(greedy_all(router), timeout_s=300)
@@ -272,7 +272,7 @@ def test_across_hosts_a_killed_de_costs_its_peers_nothing():
     """engine_transport="tcp" (remote writes, engine/peers.py): a DE killed while its requests
     decode breaks the PE's connections to it; the PE counts the failures and lives on, the requests
     migrate to the other DE and finish with the fault-free tokens."""
-    served = Served(config(num_decode=2, force_read_side="decode", engine_transport="tcp"))
+    served = Served(config({"transport.kind": "tcp"}, num_decode=2, force_read_side="decode"))
     try:
         router = served.router
         reference = served.run(greedy_all(router))

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig, TransportConfig
 from test_kv_paths import DEVICE, cluster_conversation, reference_conversation
 
 
@@ -26,9 +26,9 @@ def test_engines_join_over_the_network_and_strangers_are_told_why_not(tmp_path):
     token, wrong = tmp_path / "token", tmp_path / "wrong"
     token.write_text("the cluster's secret\n")
     wrong.write_text("not the cluster's secret\n")
-    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp",
-                        peer_token_file=str(token))
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        transport=TransportConfig(kind="tcp", peer_token_file=str(token)), device=DEVICE)
     engines: list[subprocess.Popen] = []
     strangers: list[subprocess.Popen] = []
 

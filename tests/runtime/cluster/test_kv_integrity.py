@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, FaultConfig, RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
@@ -60,8 +60,8 @@ def reference():
 
 
 def _config(side: str, probability: float) -> RuntimeConfig:
-    return RuntimeConfig(model="tiny", force_read_side=side, kv_corrupt_probability=probability,
-                         host_buffer_bytes=16 * 2**20, pe_hbm_bytes=16 * 2**20, de_kv_tokens=2048)
+    return RuntimeConfig(model="tiny", force_read_side=side, faults=FaultConfig(kv_corrupt_probability=probability),
+                         engines=EngineConfig(host_buffer_bytes=16 * 2**20, pe_hbm_bytes=16 * 2**20, de_kv_tokens=2048))
 
 
 def test_flipped_bits_in_flight_are_caught_and_tokens_match_recompute(reference):

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig, TransportConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
@@ -69,8 +69,9 @@ def reference():
 
 @pytest.mark.parametrize("mode,side", [("dualpath", "prefill"), ("dualpath", "decode"), ("basic", None), ("oracle", None)])
 def test_tokens_identical_on_every_path_and_to_recompute(reference, mode, side):
-    cfg = RuntimeConfig(model="tiny", mode=mode, force_read_side=side, host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE)
+    cfg = RuntimeConfig(model="tiny", mode=mode, force_read_side=side,
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        device=DEVICE)
     outs, cached, summary = asyncio.run(cluster_conversation(cfg))
     assert outs == reference
     # turn 0 has nothing stored; later turns hit every full block of the previous context
@@ -97,9 +98,9 @@ def test_engines_talking_as_across_hosts_give_the_same_tokens(reference, tmp_pat
     path; streamed by the DE into the PE's landing zone, layer by layer, on the DE path)."""
     token = tmp_path / "token"
     token.write_text("a deployment's shared secret\n")
-    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side=side, host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp",
-                        peer_token_file=str(token))
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side=side,
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        transport=TransportConfig(kind="tcp", peer_token_file=str(token)), device=DEVICE)
     endpoints: list[str] = []
     outs, cached, summary = asyncio.run(cluster_conversation(cfg, endpoints))
     assert all(ep.startswith("tcp://127.0.0.1:") for ep in endpoints) and len(set(endpoints)) == 3

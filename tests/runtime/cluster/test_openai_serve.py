@@ -10,14 +10,15 @@ import openai
 import pytest
 import uvicorn
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig
 from dualpath.runtime.apps.serve import make_app
 from persist_wait import wait_block_files
 
 
 @pytest.fixture(scope="module")
 def server():
-    cfg = RuntimeConfig(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+    cfg = RuntimeConfig(model="tiny",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096))
     app, cluster = make_app(cfg)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     srv = uvicorn.Server(config)

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, LinkConfig, RuntimeConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 
@@ -52,8 +52,9 @@ def two_cpu_hogs():
 def test_next_turn_with_no_wait_hits_its_whole_earlier_context(two_cpu_hogs, mode, side):
     # a slow SNIC write (a 64 KB block of the tiny model takes ~30 ms) widens the window in
     # which the next turn's lookup arrives before the write has landed
-    cfg = RuntimeConfig(model="tiny", mode=mode, force_read_side=side, host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, snic_bytes_per_s=2e6, cnic_bytes_per_s=16e6)
+    cfg = RuntimeConfig(model="tiny", mode=mode, force_read_side=side,
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        links=LinkConfig(snic_bytes_per_s=2e6, cnic_bytes_per_s=16e6))
     cached, lengths, left = asyncio.run(conversation_without_waits(cfg))
     assert cached[0] == 0
     for i in range(1, len(TURNS)):

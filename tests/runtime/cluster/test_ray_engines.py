@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig, TransportConfig
 from dualpath.errors import InputError
 from dualpath.deploy.ray.engines import RayEngines, bundles_for
 from test_kv_paths import DEVICE, cluster_conversation, reference_conversation
@@ -28,8 +28,9 @@ def test_bundles_follow_the_cluster_resources():
 def test_engines_as_ray_actors_join_and_give_the_recompute_tokens():
     ray = pytest.importorskip("ray", reason="Ray is the optional `cluster` extra")
     listen = "tcp://127.0.0.1:0"  # the router binds a free port; the actors start once it has
-    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp")
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        transport=TransportConfig(kind="tcp"), device=DEVICE)
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         too_big = RayEngines(ray, RuntimeConfig(model="tiny", num_prefill=4, num_decode=4), "tcp://127.0.0.1:9", None)

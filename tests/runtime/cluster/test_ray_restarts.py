@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, FaultConfig, RuntimeConfig, TransportConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
@@ -82,10 +82,11 @@ def test_a_killed_decode_actor_is_restarted_and_its_place_given_back():
     ray = pytest.importorskip("ray", reason="Ray is the optional `cluster` extra")
     from dualpath.deploy.ray.engines import ENGINE_RESTART_WAIT_S, RayEngines, restart_config
 
-    cfg = restart_config(RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", host_buffer_bytes=32 * 2**20,
-                                       pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, device=DEVICE, engine_transport="tcp",
-                                       engine_heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
-    assert cfg.engine_restart_wait_s == ENGINE_RESTART_WAIT_S
+    engines = EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+    cfg = restart_config(RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode", engines=engines,
+                                       transport=TransportConfig(kind="tcp"), device=DEVICE,
+                                       faults=FaultConfig(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)))
+    assert cfg.faults.restart_wait_s == ENGINE_RESTART_WAIT_S
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         engines = RayEngines(ray, cfg, "", None, threads=1)

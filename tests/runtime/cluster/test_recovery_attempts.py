@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("zmq")
 
-from dualpath.config import RuntimeConfig  # noqa: E402
+from dualpath.config import FaultConfig, RuntimeConfig  # noqa: E402
 from dualpath.core.request import RequestId  # noqa: E402
 from dualpath.core.snapshot import QueuedRequest, ReadSide  # noqa: E402
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable  # noqa: E402
@@ -37,7 +37,7 @@ def _recovery(policy: str = "recompute", retries: int = 2) -> Recovery:
     ids = iter(range(100, 200))
     table = SimpleNamespace(metrics=_Metrics(), new_record=lambda req, queue: RouterRequest(
         next(ids), req, queue, 0.0, 128, QueuedRequest(RequestId(0, 0), len(req.prompt_ids), 0, 128)))
-    cfg = RuntimeConfig(model="tiny", engine_fault_policy=policy, engine_fault_retries=retries)
+    cfg = RuntimeConfig(model="tiny", faults=FaultConfig(policy=policy, retries=retries))
     return Recovery(table, None, None, None, cfg)
 
 
@@ -70,13 +70,13 @@ def test_the_retry_bound_and_policy_fail_end_the_stream_with_one_error():
     rr = _streaming([40])
     rr.attempt = 2
     nxt, why = _recovery(retries=2).next_attempt(rr, rr.de)
-    assert nxt is None and why == "its 2 retries (engine_fault_retries) are spent"
+    assert nxt is None and why == "its 2 retries (faults.retries) are spent"
     nxt, why = _recovery(policy="fail").next_attempt(_streaming([]), rr.de)
-    assert nxt is None and why == "engine_fault_policy is fail"
+    assert nxt is None and why == "faults.policy is fail"
     recovery = _recovery()
     recovery.fail(rr, "decode engine 1 killed by SIGKILL; " + why)
     recovery.fail(rr, "a second report")  # a stream ends once
     assert rr.queue.qsize() == 1 and recovery._table.metrics.failed_rids == [7]
     err = rr.queue.get_nowait()
     assert isinstance(err, ServiceUnavailable)
-    assert str(err) == "the request failed: decode engine 1 killed by SIGKILL; engine_fault_policy is fail"
+    assert str(err) == "the request failed: decode engine 1 killed by SIGKILL; faults.policy is fail"

@@ -19,7 +19,7 @@ WAIT_S = 1.5  # short for the test; Ray clusters wait deploy/ray/engines.py: ENG
 
 @pytest.mark.slow  # a cluster of its own and 4 x 600 greedy tokens: ~25 s on the loaded 2-core VM
 def test_requests_wait_for_a_successor_then_end_with_one_clear_error():
-    served = Served(config(engine_restart_wait_s=WAIT_S))
+    served = Served(config({"faults.restart_wait_s": WAIT_S}))
     try:
         router = served.router
         seen: dict = {}
@@ -37,7 +37,7 @@ def test_requests_wait_for_a_successor_then_end_with_one_clear_error():
         for tokens in [*got, late]:
             assert tokens[0] == "error", tokens[:3]
             assert "decode engine 1 killed by SIGKILL" in tokens[1]
-            assert f"no successor joined within engine_restart_wait_s ({WAIT_S:g} s)" in tokens[1]
+            assert f"no successor joined within faults.restart_wait_s ({WAIT_S:g} s)" in tokens[1]
         assert WAIT_S - 0.2 <= ended_s <= WAIT_S + EXIT_BOUND_S
         params = SamplingParams(max_tokens=4, temperature=0)
         with pytest.raises(ServiceUnavailable, match="no engine can serve it"):

@@ -5,7 +5,7 @@ tokens stay those of a full recompute (tiny model, real engine processes)."""
 import asyncio
 import time
 
-from dualpath.config import RuntimeConfig, SchedulerConfig
+from dualpath.config import EngineConfig, FaultConfig, RuntimeConfig, SchedulerConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from persist_wait import wait_chain_stored
@@ -40,8 +40,9 @@ async def conversation(cfg: RuntimeConfig) -> tuple[list[list[int]], list[int], 
 
 
 def test_a_slow_store_is_measured_and_its_hits_recomputed_with_the_same_tokens():
-    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="prefill", host_buffer_bytes=32 * 2**20,
-                        pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096, store_read_delay_s=DELAY_S,
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="prefill",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        faults=FaultConfig(store_read_delay_s=DELAY_S),
                         scheduler=SchedulerConfig(recompute_when_faster=True))
     outs, cached, ttft, summary = asyncio.run(conversation(cfg))
     assert outs == reference_conversation("tiny")  # recomputed or read, the same tokens as from scratch

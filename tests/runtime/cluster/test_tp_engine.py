@@ -8,14 +8,15 @@ import os
 import pytest
 
 from cli_helpers import cli_here
-from dualpath.config import RuntimeConfig
-from dualpath.config_tp import TensorParallelConfig
+from dualpath.config import EngineConfig, RuntimeConfig, TransportConfig
+from dualpath.config.tp import TensorParallelConfig
 from dualpath.errors import InputError
 from test_kv_paths import TURNS, cluster_conversation, reference_conversation
 
 
 def test_a_tp2_cluster_serves_the_tokens_of_tp1():
-    cfg = RuntimeConfig(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096,
+    cfg = RuntimeConfig(model="tiny",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
                         tp=TensorParallelConfig(2))
     outs, cached, summary = asyncio.run(cluster_conversation(cfg))
     assert outs == reference_conversation("tiny")
@@ -60,8 +61,9 @@ def test_a_joined_decode_engine_with_tp2_serves_the_tokens_of_tp1(tmp_path):
 
     token = tmp_path / "token"
     token.write_text("the cluster's secret\n")
-    cfg = RuntimeConfig(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096,
-                        engine_transport="tcp", peer_token_file=str(token))
+    cfg = RuntimeConfig(model="tiny",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        transport=TransportConfig(kind="tcp", peer_token_file=str(token)))
     engines = []
 
     def start(router: str) -> None:

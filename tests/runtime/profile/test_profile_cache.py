@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dualpath.config import RuntimeConfig
+from dualpath.config import EngineConfig, RuntimeConfig
 from dualpath.runtime.profile.calibrate import (PROFILE_SCHEMA, ProfileKey, check_speed, load_or_measure, machine_id, profile_path, read_cached,
                                              write_cached)
 from dualpath.runtime.model import load_model
@@ -63,8 +63,8 @@ def test_engines_run_on_their_planned_cpu_sets():
     from dualpath.runtime.cluster import LocalCluster
 
     async def engine_affinities() -> dict:
-        async with LocalCluster(RuntimeConfig(model="tiny", host_buffer_bytes=8 * 2**20, pe_hbm_bytes=8 * 2**20,
-                                              de_kv_tokens=1024)) as c:
+        engines = EngineConfig(host_buffer_bytes=8 * 2**20, pe_hbm_bytes=8 * 2**20, de_kv_tokens=1024)
+        async with LocalCluster(RuntimeConfig(model="tiny", engines=engines)) as c:
             pids = {i: p.pid for i, p in enumerate(c._procs)}
             return {i: tuple(sorted(os.sched_getaffinity(pid))) for i, pid in pids.items()}, c.cpu_plan
 

@@ -1,4 +1,4 @@
-"""The engines' store reads (RuntimeConfig.store_direct_io, on by default) bypass the page cache:
+"""The engines' store reads (RuntimeConfig.store.direct_io, on by default) bypass the page cache:
 a block read into a slot of a host buffer, as an engine's reader does, goes through O_DIRECT on a
 file system that allows it, with the same bytes as a buffered read."""
 
@@ -11,7 +11,7 @@ from store_helpers import DTYPE, FINGERPRINT, LAYOUT, chain, payloads
 
 
 def test_a_read_into_a_host_buffer_slot_uses_o_direct(tmp_path):
-    assert RuntimeConfig(model="tiny").store_direct_io  # what engines open their stores with
+    assert RuntimeConfig(model="tiny").store.direct_io  # what engines open their stores with
     digests, data = chain(3), payloads(3)
     store = store_for(str(tmp_path), LAYOUT, FINGERPRINT, DTYPE, num_threads=1, direct_io=True)
     for d, p in zip(digests, data):

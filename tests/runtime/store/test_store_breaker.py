@@ -98,7 +98,7 @@ def test_a_frozen_service_costs_n_lookups_one_timeout_and_a_probe_brings_it_back
         assert store.lookup(digests) == 0  # this one waits its timeout
         first_s = time.monotonic() - t0
         for _ in range(20):  # the router's lookups of 20 requests: answered at once
-            assert placement.lookup(prompt)[1] == 0 and store.lookup(digests) == 0
+            assert placement.lookup(prompt, placement.digests(prompt)) == 0 and store.lookup(digests) == 0
         assert store.read_into(digests, bytearray(4 * LAYOUT.full_block_bytes)) == 0
         with pytest.raises(RemoteStoreError, match="skipped"):
             store.put(chain(1, seed=5)[0], data[0])

@@ -324,11 +324,11 @@ async def _two_turns(cfg) -> tuple[list[list[int]], list[int], object]:
 def test_cluster_through_the_service_gives_the_local_store_tokens_and_hits(service):
     import asyncio
 
-    from dualpath.config import RuntimeConfig
+    from dualpath.config import EngineConfig, RuntimeConfig, StoreConfig
 
-    base = dict(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+    base = dict(model="tiny", engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096))
     local_outs, local_cached, _ = asyncio.run(_two_turns(RuntimeConfig(**base)))
-    outs, cached, stats = asyncio.run(_two_turns(RuntimeConfig(store_dir=service.url, **base)))
+    outs, cached, stats = asyncio.run(_two_turns(RuntimeConfig(store=StoreConfig(location=service.url), **base)))
     assert outs == local_outs
     assert cached == local_cached and cached[0] == 0 and cached[1] == (200 + len(outs[0])) // 64 * 64
     assert stats.num_blocks >= (200 + len(outs[0])) // 64  # the engines wrote to the service
@@ -351,23 +351,24 @@ def test_service_bench_reports_both_rates_side_by_side_and_leaves_nothing(tmp_pa
 
 def test_a_frozen_service_costs_the_router_one_timeout_for_many_requests_and_tokens_stay_right(tmp_path):
     """SIGSTOP the storage service between two turns: the router's first lookup times out
-    (RuntimeConfig.store_timeout_s), its client's breaker then answers "0 stored" at once
+    (RuntimeConfig.store.timeout_s), its client's breaker then answers "0 stored" at once
     (store/breaker.py), so the second turn and three more requests cost about one timeout in
     all, not one each; every one finishes with the tokens a local store gives (hits recomputed)."""
     import asyncio
     import time
 
-    from dualpath.config import RuntimeConfig
+    from dualpath.config import EngineConfig, RuntimeConfig, StoreConfig
     from dualpath.runtime.api import GenerationRequest, SamplingParams
     from dualpath.runtime.cluster import LocalCluster
 
     timeout_s, extra = 2.0, 3
-    base = dict(model="tiny", host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096)
+    base = dict(model="tiny", engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096))
     local_outs, _, _ = asyncio.run(_two_turns(RuntimeConfig(**base)))
     proc, url = spawn(str(tmp_path / "svc"))
 
     async def frozen_between_turns() -> tuple[list[list[int]], float, dict]:
-        async with LocalCluster(RuntimeConfig(store_dir=url, store_timeout_s=timeout_s, **base), start_timeout_s=180) as c:
+        async with LocalCluster(RuntimeConfig(store=StoreConfig(location=url, timeout_s=timeout_s), **base),
+                                start_timeout_s=180) as c:
             async def greedy(name: str, prompt: tuple) -> list[int]:
                 return [ev.token_id async for ev in c.router.generate(
                     GenerationRequest(name, prompt, SamplingParams(max_tokens=8, temperature=0)))]

@@ -7,10 +7,10 @@ router has bound a port (no port race), and stops them with the cluster."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 from typing import Any, AsyncIterator, Iterator
 
 from ...config import RuntimeConfig
+from ...config.overrides import set_fields
 from ...runtime.apps.run import ClusterFactory
 from ...runtime.apps.serve import serve_cluster
 from ...runtime.cluster import LocalCluster
@@ -33,8 +33,8 @@ def ray_clusters(address: str) -> Iterator[ClusterFactory]:
 
         @contextlib.asynccontextmanager
         async def cluster_on_ray(cfg: RuntimeConfig) -> AsyncIterator[LocalCluster]:
-            cfg = restart_config(replace(cfg, engine_transport="tcp"))
-            engines = RayEngines(ray, cfg, "", cfg.peer_token_file, cfg.store_dir)
+            cfg = restart_config(set_fields(cfg, {"transport.kind": "tcp"}))
+            engines = RayEngines(ray, cfg, "", cfg.transport.peer_token_file, cfg.store.location)
             engines.place()
             try:
                 cluster = LocalCluster(cfg, engines_listen=f"tcp://{host}:0",
@@ -52,7 +52,7 @@ def serve_on_ray(address: str, cfg: RuntimeConfig, **server: Any) -> None:
     arguments of runtime/apps/serve.py: serve_cluster."""
     with ray_session(address) as session:
         cfg = restart_config(cfg)
-        engines = RayEngines(session.ray, cfg, "", cfg.peer_token_file, cfg.store_dir)
+        engines = RayEngines(session.ray, cfg, "", cfg.transport.peer_token_file, cfg.store.location)
         engines.place()
         try:
             serve_cluster(cfg, joining_engines=engines, **server)

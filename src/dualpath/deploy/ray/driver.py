@@ -77,7 +77,7 @@ async def drive_on_ray(spec: dict, cfg: Any, workload: Any) -> tuple[dict, Any]:
         wait_for_nodes(ex.ray, r["nodes"])
         cfg = restart_config(cfg)
         addresses = {ip: NodeAddresses(host, url) for ip, (host, url) in r["addresses"].items()}
-        engines = RayEngines(ex.ray, cfg, "", cfg.peer_token_file, None, threads=r.get("threads"), addresses=addresses)
+        engines = RayEngines(ex.ray, cfg, "", cfg.transport.peer_token_file, None, threads=r.get("threads"), addresses=addresses)
         engines.place()
         try:
             cluster = LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"],

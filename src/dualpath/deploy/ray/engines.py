@@ -28,11 +28,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from ...config import RuntimeConfig
+from ...config.overrides import set_fields
 from ...errors import InputError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ ACTOR_STOP_TIMEOUT_S = 30.0  # an engine ends on the cluster's Stop within its w
 # Restarts per engine actor (Ray's max_restarts): a crash loop (a node that cannot load the model)
 # ends after these, with the role's requests failed, instead of restarting for ever. Project choice.
 ENGINE_MAX_RESTARTS = 3
-# How long a role left without engines waits for a restarted one (RuntimeConfig.engine_restart_wait_s):
+# How long a role left without engines waits for a restarted one (RuntimeConfig.faults.restart_wait_s):
 # a tiny-model actor's restart, from kill -9 to its Hello, took ~8 s on the 2-core VM with other
 # work running (Ray sees the exit at once, then a fresh worker imports Ray, torch and the model);
 # 60 s leaves room for a real model's load.
@@ -100,7 +101,7 @@ def source_address(router: str) -> str:
 
 def restart_config(cfg: RuntimeConfig) -> RuntimeConfig:
     """`cfg` for a cluster whose engines Ray restarts: a role short of engines waits for one."""
-    return cfg if cfg.engine_restart_wait_s > 0 else replace(cfg, engine_restart_wait_s=ENGINE_RESTART_WAIT_S)
+    return cfg if cfg.faults.restart_wait_s > 0 else set_fields(cfg, {"faults.restart_wait_s": ENGINE_RESTART_WAIT_S})
 
 
 def bundles_for(cfg: RuntimeConfig, resources: dict[str, float]) -> list[dict[str, float]]:

@@ -14,13 +14,21 @@ import json
 import sys
 from dataclasses import replace
 
+from ...config import RuntimeConfig
+from ...config.overrides import set_fields
 from ...runtime.cluster import LocalCluster
 from ...runtime.apps.demo import demo_config, demo_workload, run_workload
 
 
+def _across_hosts(cfg: RuntimeConfig, spec: dict) -> RuntimeConfig:
+    """Engines on the testbed's hosts: tcp with the shared token, the storage service at its URL."""
+    return set_fields(cfg, {"transport.kind": "tcp", "transport.peer_token_file": spec["token_file"],
+                            "store.location": spec["store_url"]})
+
+
 async def drive(spec: dict) -> dict:
-    cfg = replace(demo_config(spec["mode"], None, spec["model"]), seed=spec["seed"], device=spec["device"],
-                  engine_transport="tcp", peer_token_file=spec["token_file"], store_dir=spec["store_url"])
+    cfg = _across_hosts(replace(demo_config(spec["mode"], None, spec["model"]), seed=spec["seed"], device=spec["device"]),
+                        spec)
     workload = demo_workload(spec["agents"], spec["rounds"])
     if spec.get("ray"):  # engines as Ray actors on the hosts' Ray nodes (deploy/ray/driver.py)
         from ..ray.driver import drive_on_ray
@@ -41,8 +49,7 @@ async def drive_trace(spec: dict) -> dict:
     from ...runtime.apps.run import replay_on, trace_config
 
     t = spec["trace"]
-    cfg = replace(trace_config(spec["model"], spec["pd"], spec["mode"], t["max_len"], None, spec["device"]),
-                  engine_transport="tcp", peer_token_file=spec["token_file"], store_dir=spec["store_url"])
+    cfg = _across_hosts(trace_config(spec["model"], spec["pd"], spec["mode"], t["max_len"], None, spec["device"]), spec)
     async with LocalCluster(cfg, start_timeout_s=spec.get("start_timeout_s", 300.0), engines_listen=spec["listen"]) as c:
         result = await replay_on(c, Path(t["path"]), spec["mode"], t["limit"], t["max_len"], t["time_scale"])
     return {**result, "ledger": _ledger(c.router)}

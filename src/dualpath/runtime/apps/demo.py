@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
-from ...config import DEMO_AGENTS, RuntimeConfig
-from ...config_tp import TensorParallelConfig
+from ...config import DEMO_AGENTS, EngineConfig, LinkConfig, RuntimeConfig
+from ...config.tp import TensorParallelConfig
 from ...core.request import TurnSpec
 from ...metrics.decisions import DecisionLog
 from ...metrics.timeline import Timeline
@@ -54,9 +54,9 @@ def demo_workload(num_agents: int = DEMO_AGENTS, rounds: int = 15, first_prompt_
 
 
 def demo_config(mode: str, rates: EmulatedRates | None, model: str = "smollm2-135m") -> RuntimeConfig:
-    return RuntimeConfig(model=model, mode=mode, snic_bytes_per_s=None if rates is None else rates.snic_bytes_per_s,
-                         cnic_bytes_per_s=None if rates is None else rates.cnic_bytes_per_s,
-                         host_buffer_bytes=256 * 2**20, pe_hbm_bytes=128 * 2**20, de_kv_tokens=32768)
+    return RuntimeConfig(model=model, mode=mode,
+                         links=LinkConfig() if rates is None else LinkConfig(rates.snic_bytes_per_s, rates.cnic_bytes_per_s),
+                         engines=EngineConfig(host_buffer_bytes=256 * 2**20, pe_hbm_bytes=128 * 2**20, de_kv_tokens=32768))
 
 
 def cold_workload(num_agents: int = DEMO_AGENTS, rounds: int = 8) -> list[Trajectory]:
@@ -119,7 +119,7 @@ def calibrate_for(model: str, device: str, num_engines: int = 2, force: bool = F
 
     cfg = RuntimeConfig(model=model, device=device)
     mcfg = load_model(model, device="cpu").model.config
-    plan = plan_cpus(range(num_engines), available_cpus(), cfg.torch_threads)
+    plan = plan_cpus(range(num_engines), available_cpus(), cfg.engines.torch_threads)
     cal = load_or_measure(model, mcfg.fingerprint(), device, plan.threads_by_engine[0], plan.cpus_by_engine[0], force)
     if check:
         cal = check_speed(cal, model, plan.cpus_by_engine[0])
@@ -151,7 +151,7 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     router = cluster.router
     counters = dict(router.metrics.engine_counters)
     result = summarise(records, router.metrics.summary(), wall, len({r.agent for r in records}))
-    rate = cfg.snic_bytes_per_s
+    rate = cfg.links.snic_bytes_per_s
     result["mode"] = cfg.mode
     result["snic"] = {
         str(e): {"read_bytes": c.storage_read_bytes, "write_bytes": c.storage_write_bytes,

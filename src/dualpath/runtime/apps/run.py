@@ -6,9 +6,10 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import AsyncContextManager, Callable, Mapping
+from typing import AsyncContextManager, Callable, Mapping, Sequence
 
-from ...config import RuntimeConfig, parse_pd
+from ...config import EngineConfig, LinkConfig, RuntimeConfig, parse_pd
+from ...config.overrides import apply_overrides
 from ...metrics.decisions import DecisionLog, decisions_path, write_jsonl
 from ...metrics.timeline import Timeline, timeline_path, write_trace
 from ...workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
@@ -29,9 +30,9 @@ def _per_turn(on_turn: OnTurn | None, mode: str, total: int, router: Router) -> 
 def trace_config(model: str, pd: str, mode: str, max_len: int, snic_mb_s: float | None, device: str) -> RuntimeConfig:
     """The cluster `run` replays a trace on: the DE's KV cache holds twice the longest prompt."""
     p, d = parse_pd(pd)
-    return RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode,
-                         snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6,
-                         de_kv_tokens=max(32768, 2 * max_len), device=device)
+    return RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode, device=device,
+                         links=LinkConfig(snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6),
+                         engines=EngineConfig(de_kv_tokens=max(32768, 2 * max_len)))
 
 
 async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, max_len: int, time_scale: float,
@@ -78,16 +79,18 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
                     snic_mb_s: float | None, device: str = "cpu",
                     on_turn: OnTurn | None = None, decisions: Path | None = None,
                     timeline: Path | None = None, clusters: ClusterFactory = local_cluster,
-                    placement: Mapping[str, str] | None = None) -> dict:
+                    placement: Mapping[str, str] | None = None, overrides: Sequence[str] = ()) -> dict:
     """One fresh cluster per mode, from `clusters` (deploy/ray/commands.py: ray_clusters for the
     engines as Ray actors; `placement` then names it in the result's config); `on_turn(mode, turns
     done, total, storage bytes read per node)` after every finished turn; `decisions`: every
     scheduling decision of each mode as JSONL (metrics/decisions.py: decisions_path); `timeline`:
-    each mode's spans as a Chrome trace (metrics/timeline.py: timeline_path)."""
+    each mode's spans as a Chrome trace (metrics/timeline.py: timeline_path); `overrides`:
+    `--set section.field=value` on each mode's RuntimeConfig (config/overrides.py)."""
     detect_format(path)  # neither format: one line before any cluster starts
+    cfgs = [apply_overrides(replace(trace_config(model, pd, mode, max_len, snic_mb_s, device),
+                                    record_timeline=timeline is not None), list(overrides)) for mode in modes]
     runs = []
-    for mode in modes:
-        cfg = replace(trace_config(model, pd, mode, max_len, snic_mb_s, device), record_timeline=timeline is not None)
+    for mode, cfg in zip(modes, cfgs):  # every mode's config checked before any cluster starts
         async with clusters(cfg) as cluster:
             runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions, timeline))
     return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device,

@@ -125,20 +125,20 @@ class EngineBase:
         self.buffers: dict[int, np.ndarray] = {
             int(node): self._attached.view(ShmRegion(name, 0, size)) for node, (name, size) in spec.segments.items()
         }
-        self.token = None if cfg.peer_token_file is None else read_token(cfg.peer_token_file)
+        self.token = None if cfg.transport.peer_token_file is None else read_token(cfg.transport.peer_token_file)
         self.inbox = Inbox(spec.endpoint, token=self.token)
         self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
         self.node = spec.engine  # every engine is its own node on this runtime
         pe = spec.role == EngineRole.PREFILL  # the timeline's tracks: the engine's index within its role
         self.track, self.cnic_track = engine_tracks(pe, spec.engine - (0 if pe else cfg.num_prefill))
         self.snic_read_track, self.snic_write_track = snic_tracks(self.node)
-        self.peers = peers_for(self, cfg.engine_transport == "tcp", self.token,  # at the host its inbox bound
+        self.peers = peers_for(self, cfg.transport.kind == "tcp", self.token,  # at the host its inbox bound
                                 urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         self._outboxes: dict[str, Outbox] = {}
         self._out_lock = threading.Lock()
         self.counters = EngineTally()  # per mode: a reconfigure starts a new one
-        p = cfg.kv_corrupt_probability
+        p = cfg.faults.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
@@ -159,9 +159,9 @@ class EngineBase:
         """The node's emulated NICs: the CNIC's arbiter (two lanes, its rate) and the SNIC's read and
         write buckets, a Full Block a burst; the oracle's ablation (io_free) moves bytes at no cost."""
         cfg, io_free = self.cfg, self.features.io_free
-        self.arbiter = LinkArbiter(f"cnic{self.spec.engine}", None if io_free else cfg.cnic_rate,
-                                   cfg.scheduler.lane_weights, self.clock, chunk_bytes=cfg.chunk_bytes)
-        snic = None if io_free else cfg.snic_bytes_per_s
+        self.arbiter = LinkArbiter(f"cnic{self.spec.engine}", None if io_free else cfg.links.cnic_rate,
+                                   cfg.scheduler.lane_weights, self.clock, chunk_bytes=cfg.links.chunk_bytes)
+        snic = None if io_free else cfg.links.snic_bytes_per_s
         burst = self.layout.full_block_bytes
         self.snic_read = TokenBucket(snic, burst, self.clock)
         self.snic_write = TokenBucket(snic, burst, self.clock)
@@ -179,14 +179,14 @@ class EngineBase:
 
     def _beat(self) -> None:
         """Tell the router this process lives (router/liveness.py), whatever the main loop is doing."""
-        interval_s = self.cfg.engine_heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
+        interval_s = self.cfg.faults.heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         while not self._beating.wait(interval_s):
             self.to_router(Heartbeat(self.spec.engine))
 
     def _open_store(self, root: str) -> BlockStore | RemoteStore:
         return store_for(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
-                         capacity_bytes=self.cfg.store_capacity_bytes, num_threads=2, direct_io=self.cfg.store_direct_io,
-                         timeout_s=self.cfg.store_timeout_s)
+                         capacity_bytes=self.cfg.store.capacity_bytes, num_threads=2, direct_io=self.cfg.store.direct_io,
+                         timeout_s=self.cfg.store.timeout_s)
 
     def reconfigure(self, msg: Reconfigure) -> None:
         """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""
@@ -318,8 +318,8 @@ class EngineBase:
             for d, off in zip(digests, offsets):
                 self.snic_read.consume(fbb)
                 t0 = self.clock.now_s()
-                if not ok and self.cfg.store_read_delay_s:
-                    time.sleep(self.cfg.store_read_delay_s)  # fault injection: a slow store
+                if not ok and self.cfg.faults.store_read_delay_s:
+                    time.sleep(self.cfg.faults.store_read_delay_s)  # fault injection: a slow store
                 got = self.store.read_into([bytes(d)], buf[off : off + fbb])
                 if not ok:
                     self._sample_read_latency(self.clock.now_s() - t0)

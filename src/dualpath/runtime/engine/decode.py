@@ -65,7 +65,7 @@ class DecodeEngine(EngineBase):
     def __init__(self, spec: EngineSpec) -> None:
         super().__init__(spec)
         bt = self.cfg.block_tokens
-        self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.de_kv_tokens // bt), block_tokens=bt,
+        self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.engines.de_kv_tokens // bt), block_tokens=bt,
                                   dtype=self.dtype, device=self.device)
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
         self.reqs: dict[int, DecodeRequest] = {}
@@ -221,9 +221,9 @@ class DecodeEngine(EngineBase):
 
     # --- 4. decode ------------------------------------------------------------------------------
     def _step(self) -> None:
-        running = [r for r in self.reqs.values() if r.running][: self.cfg.max_decode_batch]
+        running = [r for r in self.reqs.values() if r.running][: self.cfg.engines.max_decode_batch]
         # only a request that has not joined the batch yet can be pulled from or read for
-        waiting = len(running) < len(self.reqs) and self.cfg.de_serves_mid_step
+        waiting = len(running) < len(self.reqs) and self.cfg.engines.de_serves_mid_step
         longest = max((self.cache.num_tokens(r.assign.rid) for r in running), default=0)
         t0, served0, step_s = time.perf_counter(), self.interleave.serve_s, self.timeline.now_s()
         logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import replace
 
 from ...config import RuntimeConfig
-from ...config_tp import TensorParallelConfig
-from ...config_overrides import config_from_json
+from ...config.tp import TensorParallelConfig
+from ...config.overrides import config_from_json, set_fields
 from ...errors import InputError
 from ..protocol import EngineRole, Join, Welcome
 from ..store.remote import read_token
@@ -69,18 +68,18 @@ def run_joined(welcome: Welcome, listen_host: str = "127.0.0.1", device: str | N
     """Create this node's buffers and run the engine the Welcome describes, until it is stopped.
     `store`: this host's URL of the cluster's storage service (its own SNIC's address of it)."""
     cfg: RuntimeConfig = config_from_json(RuntimeConfig, welcome.config_json)
-    local = {k: v for k, v in (("device", device), ("torch_threads", threads), ("tp", tp)) if v is not None}
-    cfg = replace(cfg, **local)
+    local = {k: v for k, v in (("device", device), ("engines.torch_threads", threads), ("tp", tp)) if v is not None}
+    cfg = set_fields(cfg, local)
     e = welcome.engine
     role = EngineRole.PREFILL if e < cfg.num_prefill else EngineRole.DECODE
     fbb = welcome.full_block_bytes
-    buffer = HostBuffer.create(fbb, max(1, cfg.host_buffer_bytes // fbb))
-    landing = HostBuffer.create(cfg.pe_hbm_bytes, 1) if role == EngineRole.PREFILL else None
+    buffer = HostBuffer.create(fbb, max(1, cfg.engines.host_buffer_bytes // fbb))
+    landing = HostBuffer.create(cfg.engines.pe_hbm_bytes, 1) if role == EngineRole.PREFILL else None
     try:
         spec = EngineSpec(e, role, f"tcp://{listen_host}:0", welcome.router_endpoint, cfg,
                           {e: (buffer.name, buffer.slot_bytes * buffer.num_slots)},
-                          (landing.name, cfg.pe_hbm_bytes) if landing else (), store or welcome.store_root,
-                          welcome.fingerprint, threads=cfg.torch_threads or os.cpu_count() or 1,
+                          (landing.name, cfg.engines.pe_hbm_bytes) if landing else (), store or welcome.store_root,
+                          welcome.fingerprint, threads=cfg.engines.torch_threads or os.cpu_count() or 1,
                           incarnation=welcome.incarnation)
         engine_main(spec)
     finally:

@@ -64,7 +64,7 @@ class PrefillEngine(EngineBase):
         landing = Budget("landing_bytes", lambda c, n: c * self.tbpl * depth, self.landing_bytes)
         # the quota's attention work (config: the paper PE's 300 ms), in this model's FLOPs
         self.budgets = prefill_budgets(self.features.dualpath_scheduler, self.attention_flops,
-                                       cfg.scheduler.compute_quota_s * cfg.quota_attention_flops_per_s,
+                                       cfg.scheduler.compute_quota_s * cfg.engines.quota_attention_flops_per_s,
                                        cfg.scheduler.basic_tokens_per_forward, landing)
         self.kv = PrefillKvStream(self, self.landing, self.features.layerwise_prefill, depth, self.model.dtype)
 

@@ -24,13 +24,13 @@ short for good:
      keeps refusing the old incarnation), and the request side moves its queued requests to a
      scheduler over the live engines, the successor among them (`RequestSide.successor_joined`).
      A Hello for a live place (a duplicate) changes nothing.
-  5. Waiting for a restart (`engine_restart_wait_s` > 0, a cluster whose engines restart): when a
+  5. Waiting for a restart (`faults.restart_wait_s` > 0, a cluster whose engines restart): when a
      role loses its last engine, its requests are not failed at once but wait, unscheduled, for a
      successor; new requests join them (`restart_pending`). If none is re-admitted within the
      wait, the request side ends each waiting request with `ServiceUnavailable` naming the cause
      (`RequestSide.wait_over`), and new ones get a 503.
 So an in-flight request of a dead engine ends within the failure's detection (process exit: at
-once; a frozen engine: the heartbeat timeout) plus `engine_restart_wait_s`: its tokens, or an error.
+once; a frozen engine: the heartbeat timeout) plus `faults.restart_wait_s`: its tokens, or an error.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ class RequestSide(Protocol):
 class Membership:
     def __init__(self, cfg: RuntimeConfig, clock: Clock, token: bytes | None, full_block_bytes: int) -> None:
         self._num_prefill, self._num_decode = cfg.num_prefill, cfg.num_decode
-        self._restart_wait_s = cfg.engine_restart_wait_s
-        self._beat_s = cfg.engine_heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
+        self._restart_wait_s = cfg.faults.restart_wait_s
+        self._beat_s = cfg.faults.heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         self._clock, self._token, self._full_block_bytes = clock, token, full_block_bytes
         self.engines: dict[int, EngineState] = {}
         self.buffers: dict[int, SlotLedger] = {}  # node -> its host buffer's slots, from the engine's Hello
-        self.liveness = Liveness(cfg.engine_heartbeat_timeout_s)
+        self.liveness = Liveness(cfg.faults.heartbeat_timeout_s)
         self.offered: dict[int, int] = {}  # engine -> incarnation offered to a joining engine, before its Hello
         self.restart_deadline_s: float | None = None  # a role short of engines waits for a successor until (step 5)
         self.requests: RequestSide | None = None  # the router's recovery, set once it is built
@@ -136,7 +136,7 @@ class Membership:
         if self.servable() or self.restart_deadline_s is None or self.requests is None:
             return
         self.requests.wait_over(f"{self.describe_down()}; no successor joined within "
-                                f"engine_restart_wait_s ({self._restart_wait_s:g} s)")
+                                f"faults.restart_wait_s ({self._restart_wait_s:g} s)")
 
     # --- 3-4. a place taken again ------------------------------------------------------------------
     def role_ids(self, role: EngineRole) -> range:

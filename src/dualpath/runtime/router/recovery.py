@@ -67,7 +67,7 @@ class Recovery:
     def __init__(self, table: RequestTable, membership: Membership, bookings: Bookings, placement: Placement,
                  cfg: RuntimeConfig) -> None:
         self._table, self._members, self._bookings, self._placement = table, membership, bookings, placement
-        self._policy, self._retries = cfg.engine_fault_policy, cfg.engine_fault_retries
+        self._policy, self._retries = cfg.faults.policy, cfg.faults.retries
 
     def engine_lost(self, lost: EngineState, why: str, servable: bool) -> None:
         t = self._table
@@ -158,9 +158,9 @@ class Recovery:
         """(the migrated request (step 3), registered with the router, ""), or (None, why not) when
         the policy or the retry budget says the stream ends with an error."""
         if self._policy != "recompute":
-            return None, f"engine_fault_policy is {self._policy}"
+            return None, f"faults.policy is {self._policy}"
         if rr.attempt >= self._retries:
-            return None, f"its {rr.attempt} retries (engine_fault_retries) are spent"
+            return None, f"its {rr.attempt} retries (faults.retries) are spent"
         origin = rr.origin
         done = len(rr.emitted)
         p = origin.params

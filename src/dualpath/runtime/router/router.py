@@ -66,7 +66,7 @@ class Router:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.full_block_bytes = full_block_bytes
         self.clock = clock
-        self.token = None if config.peer_token_file is None else read_token(config.peer_token_file)
+        self.token = None if config.transport.peer_token_file is None else read_token(config.transport.peer_token_file)
         self.membership = Membership(config, clock, self.token, full_block_bytes)
         self.engines: dict[int, EngineState] = self.membership.engines  # by id, as each engine said hello
         self.buffers: dict[int, SlotLedger] = self.membership.buffers  # node -> its host buffer's slots
@@ -190,8 +190,8 @@ class Router:
         if n + request.params.max_tokens > self.max_context_tokens:
             raise InputError(f"prompt ({n} tokens) + max_tokens ({request.params.max_tokens}) exceeds the context window "
                              f"({self.max_context_tokens} tokens)")
-        if n + request.params.max_tokens > self.cfg.de_kv_tokens:
-            raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.de_kv_tokens} tokens)")
+        if n + request.params.max_tokens > self.cfg.engines.de_kv_tokens:
+            raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.engines.de_kv_tokens} tokens)")
         if self.liveness.down and not self.membership.servable() and not self.membership.restart_pending():
             raise ServiceUnavailable(f"no engine can serve it: {self.membership.describe_down()}")
         rr = self.new_record(request, asyncio.Queue())
@@ -263,8 +263,9 @@ class Router:
     def _try_place(self, rr: RouterRequest) -> bool:
         prompt = list(rr.req.prompt_ids)
         stored = 0 if rr.recompute else self.placement.store.lookup(rr.digests)  # a persist may have landed since
-        if not rr.recompute and self.placement.wait_for_persist(rr, prompt, stored, self.clock.now_s(), self.cfg.persist_wait_s,
-                                                                lambda: self._loop.call_later(self.cfg.persist_wait_s, self.kick)):
+        wait_s = self.cfg.store.persist_wait_s
+        if not rr.recompute and self.placement.wait_for_persist(rr, prompt, stored, self.clock.now_s(), wait_s,
+                                                                lambda: self._loop.call_later(wait_s, self.kick)):
             return False
         regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side)
         if regions is None:
@@ -385,7 +386,7 @@ class Router:
         s = self.scheduler
         return self.metrics.families(QueueGauges(
             len(self.unscheduled) + (s.num_pe_queued if s else 0), s.num_de_queued if s else 0, len(self.placing),
-            tuple((e.engine, e.role, e.read_queue_tokens) for e in self.engines.values()), self.cfg.snic_bytes_per_s))
+            tuple((e.engine, e.role, e.read_queue_tokens) for e in self.engines.values()), self.cfg.links.snic_bytes_per_s))
 
     def check_invariants(self) -> None:
         """Loads and read queues equal the sums over live requests; reservations never exceed

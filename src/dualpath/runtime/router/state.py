@@ -198,13 +198,13 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     des = sorted(e.engine for e in engines if e.role == EngineRole.DECODE)
     by_id = {e.engine: e for e in engines}
     features = cfg.features
-    snic = None if features.io_free else cfg.snic_bytes_per_s
+    snic = None if features.io_free else cfg.links.snic_bytes_per_s
     rate = min(by_id[e].prefill_tokens_per_s for e in pes)
     thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, kv_bytes_per_token, rate)
     forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
     recompute = None
     if cfg.scheduler.recompute_when_faster:  # read or recompute (core/policy/recompute.py)
-        recompute = RecomputeRule(kv_bytes_per_token, cfg.snic_bytes_per_s or float("inf"), rate)
+        recompute = RecomputeRule(kv_bytes_per_token, cfg.links.snic_bytes_per_s or float("inf"), rate)
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
                            recompute)
     scheduler = GlobalScheduler(pes, des, rules)

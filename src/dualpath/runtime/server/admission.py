@@ -42,7 +42,7 @@ class ServerLimits:
     """What one server accepts at once. Defaults are sized for the default cluster (1P1D,
     SmolLM2-135M); `dualpath serve` exposes each as an option."""
 
-    # 4 x RuntimeConfig.max_decode_batch (64): one full decode batch running and three waiting; a
+    # 4 x RuntimeConfig.engines.max_decode_batch (64): one full decode batch running and three waiting; a
     # request past that would wait more than three whole generations, so it is better told to retry
     max_inflight_requests: int = 256
     # Prefill backlog: prompt tokens admitted and not yet past their first token. 4 prompts of the

@@ -21,7 +21,7 @@ from dualpath.runtime.clock import Clock, MonotonicClock
 # Back-off after a failed call. Long against a loopback or LAN call (milliseconds:
 # docs/results/store/service_vs_local.json reads 183 blocks of 2.9 MB in ~0.3 s), so a frozen
 # service costs the probe thread at most one store_timeout_s per period and the callers nothing;
-# short against the engines' heartbeat timeout (RuntimeConfig.engine_heartbeat_timeout_s, 5 s), so
+# short against the engines' heartbeat timeout (RuntimeConfig.faults.heartbeat_timeout_s, 5 s), so
 # a service that comes back serves hits again within about 2 s.
 STORE_RETRY_AFTER_S = 2.0
 

@@ -71,7 +71,7 @@ def bad_pieces(view: np.ndarray, sums: Sequence[int], base_bytes: int = 0) -> li
 
 class FlipInjector:
     """Fault injection: each piece of a checked copy gets one bit flipped in its destination, after
-    the arbiter has copied it, with probability `probability` (RuntimeConfig.kv_corrupt_probability).
+    the arbiter has copied it, with probability `probability` (RuntimeConfig.faults.kv_corrupt_probability).
     Deterministic: one RNG per engine, seeded, drawn on the submitting thread in submission order.
     Built only when the probability is positive, so a run without faults pays nothing for it."""
 

@@ -37,7 +37,7 @@ from .wire import (
 
 BOTH_LANES = (Lane.LATENCY_CRITICAL, Lane.KV)
 # A send that makes no progress this long breaks its lane instead of blocking the caller (a
-# LinkArbiter's thread) for ever: twice RuntimeConfig.engine_heartbeat_timeout_s's default of
+# LinkArbiter's thread) for ever: twice RuntimeConfig.faults.heartbeat_timeout_s's default of
 # 5 s, by when the router has fenced a frozen or dead peer. None blocks without limit.
 SEND_TIMEOUT_S = 10.0
 

@@ -56,7 +56,7 @@ MAX_WRITE_FRAME_BYTES = 64 * 2**20
 # An IMM is a control message (LayerReady, CopyDone: a few hundred bytes of msgpack); 1 MiB
 # bounds what a hostile peer can make the target allocate per frame.
 MAX_IMM_BYTES = 2**20
-# A peer silent this long during the handshake is dropped: the bound RuntimeConfig.store_timeout_s
+# A peer silent this long during the handshake is dropped: the bound RuntimeConfig.store.timeout_s
 # (5 s) puts on a storage-service call; a handshake is one round trip, milliseconds on a loaded host.
 HANDSHAKE_TIMEOUT_S = 5.0
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # iovecs per sendmsg (Linux: 1024)

@@ -1,20 +1,28 @@
-"""`--set section.field=value` on a frozen config tree: each value takes its field's type and the
-result is validated on construction (config.py's dataclasses)."""
+"""Changing a frozen config tree by path, `section.field`: `--set section.field=value` from text
+(each value takes its field's type), `set_fields` from values; the result is validated on
+construction (the sections' dataclasses). Config trees to and from JSON."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
-from .errors import InputError
+from ..errors import InputError
 
 T = TypeVar("T")
 
 
-def _coerce(text: str, current: Any, path: str) -> Any:
+def _coerce(text: str, current: Any, declared: str, path: str) -> Any:
+    """`text` as the field's value: the type of its current value, or, unset (None), its declared
+    type's first part ("float | None": a float; str or an enum: the text, which the section checks)."""
+    if hasattr(current, "__dataclass_fields__"):
+        raise InputError(f"--set {path}: is a section, name one of its fields")
     low = text.strip().lower()
     if low in ("none", "null"):
         return None
+    if current is None:
+        kind = declared.split("|")[0].strip()
+        current = 0 if kind == "int" else 0.0 if kind == "float" else ""
     if isinstance(current, bool):
         if low in ("true", "1", "yes", "on"):
             return True
@@ -24,7 +32,7 @@ def _coerce(text: str, current: Any, path: str) -> Any:
     try:
         if isinstance(current, int):
             return int(float(text)) if float(text).is_integer() else int(text)
-        if isinstance(current, float) or current is None:
+        if isinstance(current, float):
             return float(text)
     except ValueError:
         raise InputError(f"--set {path}: expected a number, got {text!r}") from None
@@ -39,21 +47,27 @@ def apply_overrides(cfg: T, assignments: list[str]) -> T:
             raise InputError(f"--set expects path=value, got {item!r}")
         path, text = item.split("=", 1)
         parts = path.strip().split(".")
-        cfg = _replace_path(cfg, parts, text, path)
+        cfg = _replace_path(cfg, parts, lambda current, declared, t=text, p=path: _coerce(t, current, declared, p), path)
     return cfg
 
 
-def _replace_path(obj: Any, parts: list[str], text: str, path: str) -> Any:
+def set_fields(cfg: T, changes: Mapping[str, Any]) -> T:
+    """`cfg` with each `section.field` (or top-level `field`) of `changes` set to its value, e.g.
+    {"faults.policy": "fail", "links.cnic_bytes_per_s": 2e5}; an unknown path is an InputError."""
+    for path, value in changes.items():
+        cfg = _replace_path(cfg, path.split("."), lambda current, declared, v=value: v, path)
+    return cfg
+
+
+def _replace_path(obj: Any, parts: list[str], value_for: Callable[[Any, str], Any], path: str) -> Any:
     name = parts[0]
     if not dataclass_has_field(obj, name):
         raise InputError(f"--set {path}: {type(obj).__name__} has no field {name!r}")
     current = getattr(obj, name)
-    if len(parts) == 1:
-        if hasattr(current, "__dataclass_fields__"):
-            raise InputError(f"--set {path}: is a section, name one of its fields")
-        value = _coerce(text, current, path)
+    if len(parts) == 1:  # a field, or a whole section (set_fields only)
+        value = value_for(current, str(obj.__dataclass_fields__[name].type))
     else:
-        value = _replace_path(current, parts[1:], text, path)
+        value = _replace_path(current, parts[1:], value_for, path)
     return replace(obj, **{name: value})
 
 

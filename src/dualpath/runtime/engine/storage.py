@@ -1,0 +1,162 @@
+"""An engine node's storage client: its SNIC, the KV store, and a reader and a writer thread.
+
+  1. Reads (`read_blocks`): a FIFO of read jobs; the reader thread reads each job's Full Blocks into
+     slots of a host buffer, each block through the SNIC's read bucket (a Full Block a burst). A
+     block that fails its checksum ends the job there: the hit is recomputed from that block on.
+     `ReadFinished` goes to the engine's own inbox; the first block's time feeds the store-latency
+     estimate (Counters.read_latency_s).
+  2. Writes (`persist`): a FIFO of Full Blocks; the writer thread puts each through the SNIC's write
+     bucket into the store and tells the router (`Persisted`: stored, or not, e.g. a full disk).
+  3. A mode switch (`reopen`) waits for both queues to drain, then opens the new store.
+The threads report through the engine's tally (`tally()`: the current mode's) and its timeline.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...config import RuntimeConfig
+from ...core.blocks import BlockLayout
+from ...metrics.timeline import Timeline, snic_tracks
+from ..clock import Clock
+from ..protocol import Persisted
+from ..store import BlockStore, PutOutcome
+from ..store.remote import RemoteStore, store_for
+from ..transport import TokenBucket
+from ..transport.messages import message
+from .tally import EngineTally
+
+STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
+# weight of the newest read in the store-latency EWMA (Counters.read_latency_s): a store that turns
+# slow is seen within two or three reads, one slow read does not flip the estimate on its own
+READ_LATENCY_EWMA_WEIGHT = 0.5
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ReadFinished:
+    """Reader thread -> own inbox."""
+
+    rid: int
+    ok_blocks: int
+    nbytes: int
+
+
+class NodeStorage:
+    def __init__(self, cfg: RuntimeConfig, engine: int, layout: BlockLayout, fingerprint: str, store_root: str,
+                 clock: Clock, timeline: Timeline, buffers: dict[int, np.ndarray], tally: Callable[[], EngineTally],
+                 to_self: Callable[[Any], None], to_router: Callable[[Any], None]) -> None:
+        self._cfg, self._engine, self._layout, self._fingerprint = cfg, engine, layout, fingerprint
+        self._clock, self._timeline, self._buffers, self._tally = clock, timeline, buffers, tally
+        self._to_self, self._to_router = to_self, to_router
+        self._read_track, self._write_track = snic_tracks(engine)  # every engine is its own node
+        snic = None if cfg.features.io_free else cfg.links.snic_bytes_per_s  # the oracle's reads cost nothing
+        self.snic_read = TokenBucket(snic, layout.full_block_bytes, clock)
+        self.snic_write = TokenBucket(snic, layout.full_block_bytes, clock)
+        self.store = self._open(store_root)
+        self._reads: queue.Queue = queue.Queue()
+        self._writes: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read_loop, name=f"reader{engine}", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name=f"writer{engine}", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def _open(self, root: str) -> BlockStore | RemoteStore:
+        s = self._cfg.store
+        return store_for(root, self._layout, self._fingerprint, self._cfg.kv_dtype, capacity_bytes=s.capacity_bytes,
+                         num_threads=2, direct_io=s.direct_io, timeout_s=s.timeout_s)
+
+    # 1. reads
+    def read_blocks(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> None:
+        """Queue a FIFO read of Full Blocks into slots of `node`'s buffer; ReadFinished follows."""
+        self._reads.put((rid, digests, node, offsets))
+
+    def _read_loop(self) -> None:
+        busy_since: float | None = None
+        while True:
+            if self._reads.empty() and busy_since is not None:
+                self._tally().read_busy_s += self._clock.now_s() - busy_since
+                busy_since = None
+            job = self._reads.get()
+            if job is None:
+                return
+            if busy_since is None:
+                busy_since = self._clock.now_s()
+            self._read_job(*job)
+            self._reads.task_done()
+
+    def _read_job(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> None:
+        fbb = self._layout.full_block_bytes
+        read_s = self._timeline.now_s()
+        buf = self._buffers[node]
+        delay_s = self._cfg.faults.store_read_delay_s
+        ok = 0
+        for d, off in zip(digests, offsets):
+            self.snic_read.consume(fbb)
+            t0 = self._clock.now_s()
+            if not ok and delay_s:
+                time.sleep(delay_s)  # fault injection: a slow store
+            got = self.store.read_into([bytes(d)], buf[off : off + fbb])
+            if not ok:
+                self._sample_latency(self._clock.now_s() - t0)
+            if got != 1:
+                break  # a block that fails its checksum is never used: the hit ends here
+            ok += 1
+        self._tally().storage_read_bytes += ok * fbb
+        self._timeline.until_now(self._read_track, "read", read_s, rid)
+        self._to_self(ReadFinished(rid, ok, ok * fbb))
+
+    def _sample_latency(self, seconds: float) -> None:
+        c = self._tally()
+        c.read_latency_s = seconds if not c.read_latency_s else (
+            READ_LATENCY_EWMA_WEIGHT * seconds + (1 - READ_LATENCY_EWMA_WEIGHT) * c.read_latency_s)
+
+    # 2. writes
+    def persist(self, digest: bytes, payload: np.ndarray, queued_s: float) -> None:
+        """Write one Full Block (a private copy) to storage through the node's SNIC (announced at `queued_s`)."""
+        self._writes.put((digest, payload, queued_s))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._writes.get()
+            if job is None:
+                return
+            digest, payload, queued_s = job
+            write_s = self._timeline.now_s()
+            self.snic_write.consume(len(payload))
+            try:
+                stored = self.store.put(digest, payload) in STORED_OUTCOMES
+            except OSError:
+                stored = False  # e.g. ENOSPC: the block is not persisted, serving goes on
+            self._tally().storage_write_bytes += len(payload)
+            self._timeline.until_now(self._write_track, "persist", write_s, None, {"wait_s": write_s - queued_s})
+            self._to_router(Persisted(self._engine, bytes(digest), stored))
+            self._writes.task_done()
+
+    # 3. a mode switch, and the end
+    def reopen(self, cfg: RuntimeConfig, store_root: str) -> None:
+        """Drain reads and writes, then open the store at `store_root` under `cfg` (the new mode)."""
+        self._reads.join()
+        self._writes.join()
+        self._cfg = cfg
+        self.store.close()
+        self.store = self._open(store_root)
+
+    def skipped_calls(self) -> int:
+        """Calls a storage service's breaker skipped (store/breaker.py); 0 for a local store."""
+        return sum(getattr(self.store, "skipped_calls", dict)().values())
+
+    def stop(self) -> None:
+        """End both threads once their queues are done (the writer's last blocks land first)."""
+        self._reads.put(None)
+        self._writes.put(None)
+        self._writer.join(timeout=30)
+
+    def close(self) -> None:
+        self.store.close()
