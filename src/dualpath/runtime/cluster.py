@@ -82,7 +82,7 @@ class LocalCluster:
         self.on_router_ready = on_router_ready  # called with the router's bound endpoint (port 0 resolved)
         self.on_fence: Callable[[int], None] | None = None  # also told of each fenced engine (Ray kills its actor)
         if engines_listen and config.transport.kind != "tcp":
-            raise InputError("engines that join over the network need engine_transport tcp")
+            raise InputError("engines that join over the network need transport.kind tcp")
         engines = range(config.num_prefill + config.num_decode)
         self.cpu_plan = plan_cpus(engines, available_cpus(), config.engines.torch_threads)
 

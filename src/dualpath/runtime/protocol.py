@@ -55,7 +55,7 @@ class Hello:
     attn_flops_per_s: float  # measured attention rate (PE), for the compute quota
     buffer_segment: str = ""  # the node's host buffer: its segment name and Full Block slots, from
     buffer_slots: int = 0  # which the router's ledger (SlotLedger) for this node is built
-    data_endpoint: str = ""  # HOST:PORT of its WriteTarget (engine_transport "tcp"; engine/peers.py)
+    data_endpoint: str = ""  # HOST:PORT of its WriteTarget (transport.kind tcp; engine/peers.py)
 
 
 @message

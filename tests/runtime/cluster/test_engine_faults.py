@@ -269,7 +269,7 @@ def test_a_de_killed_while_the_pe_waits_for_its_layers_lets_the_forward_go_on():
 
 
 def test_across_hosts_a_killed_de_costs_its_peers_nothing():
-    """engine_transport="tcp" (remote writes, engine/peers.py): a DE killed while its requests
+    """transport.kind tcp (remote writes, engine/peers.py): a DE killed while its requests
     decode breaks the PE's connections to it; the PE counts the failures and lives on, the requests
     migrate to the other DE and finish with the fault-free tokens."""
     served = Served(config({"transport.kind": "tcp"}, num_decode=2, force_read_side="decode"))

@@ -90,7 +90,7 @@ def test_tokens_identical_on_every_path_and_to_recompute(reference, mode, side):
 
 @pytest.mark.parametrize("side", ["decode", "prefill"])
 def test_engines_talking_as_across_hosts_give_the_same_tokens(reference, tmp_path, side):
-    """engine_transport="tcp": the engines and the router talk over tcp:// (loopback), CURVE-
+    """transport.kind tcp: the engines and the router talk over tcp:// (loopback), CURVE-
     authenticated with a shared token (transport/peer_auth.py), and every KV byte between engines
     is a remote write over TCP (engine/peers.py), each engine mapping only its own memory, as on
     separate hosts. The tokens are the recompute's, and the bytes written into peers are exactly

@@ -16,12 +16,13 @@ from dualpath.runtime.transport.messages import Stop
 
 
 class _Engine:
-    """What RemotePeers asks of an engine: an arbiter, and somewhere for messages to go."""
+    """What RemotePeers asks of an engine: an arbiter, and its mail for messages to go to (itself here)."""
 
     def __init__(self) -> None:
         self.arbiter = LinkArbiter("cnic-test", None, LaneWeights(), MonotonicClock())
         self.inbox: list = []
         self.got = threading.Event()
+        self.mail = self
 
     def to_self(self, msg) -> None:
         self.inbox.append(msg)

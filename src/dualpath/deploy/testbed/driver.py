@@ -1,7 +1,7 @@
 """The router's side of a testbed run: started in the router host's namespace by deploy/testbed/demo.py.
 
 `python -m dualpath.deploy.testbed.driver SPEC.json OUT.json`: a cluster whose engines join over the
-compute network (`engines_listen`), KV and control over TCP (`engine_transport="tcp"`), the store
+compute network (`engines_listen`), KV and control over TCP (`transport.kind` tcp), the store
 the storage service reached through the router host's SNIC link, no emulated rate anywhere (the
 kernel's qdiscs enforce them); the demo's workload in one mode; the result as JSON. With
 `spec["ray"]` the engines are Ray actors on the hosts' Ray nodes (deploy/ray/driver.py).

@@ -1,19 +1,17 @@
-"""What every engine process has: the model, its node's emulated NICs, buffers, store and mail.
+"""What every engine process has: the model, its node's CNIC (a `LinkArbiter`), host buffers, its
+storage client (storage.py: the SNIC, the store, reader and writer threads) and its mail
+(mailbox.py), and what it counts (tally.py), reported to the router as Counters with its timeline.
 
 An engine process runs one control loop on its main thread. Everything that completes elsewhere
 (a storage read on the reader thread, a copy on the CNIC arbiter's thread) posts a message to the
-engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`. Its timeline
-(metrics/timeline.py) travels with its Counters. One concept, what both roles share, past 400 lines.
+engine's own inbox, so the loop has exactly one place to wait: `EngineBase.pump`.
 """
 
 from __future__ import annotations
 
-import collections
 import enum
 import gc
-import queue
 import threading
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -24,27 +22,22 @@ import torch
 from ...config import RuntimeConfig
 from ...core.blocks import BlockLayout
 from ...core.lanes import Lane
-from ...metrics.timeline import NULL_TIMELINE, Timeline, engine_tracks, snic_tracks
+from ...metrics.timeline import NULL_TIMELINE, Timeline, engine_tracks
 from ..clock import MonotonicClock
 from .device import engine_device, visible_gpus
 from ..transport.integrity import FlipInjector, piece_sums
 from ..transport.transfer import SpanCopy
 from ..model import load_model
 from ..protocol import (HEARTBEATS_PER_TIMEOUT, INTEGRITY_COUNTERS, Counters, EngineDown, EngineRole, EngineUp, Heartbeat,
-                        Persisted, Reconfigure, Reconfigured)
-from ..store import BlockStore, PutOutcome
-from ..store.remote import RemoteStore, read_token, store_for
-
-STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
-# weight of the newest read in the store-latency EWMA (Counters.read_latency_s): a store that turns
-# slow is seen within two or three reads, one slow read does not flip the estimate on its own
-READ_LATENCY_EWMA_WEIGHT = 0.5
-from ..transport import LinkArbiter, ShmRegion, TokenBucket
-from ..transport.channel import Inbox, Outbox
+                        Reconfigure, Reconfigured)
+from ..store.remote import read_token
+from ..transport import LinkArbiter, ShmRegion
 from ..transport.messages import Stop, message
 from ..transport.shm import SharedSegments
 from . import leave
+from .mailbox import Mailbox
 from .peers import peers_for
+from .storage import NodeStorage, ReadFinished
 from .tally import EngineTally
 from .tp import start_engine_tp, tp_payload_bytes
 
@@ -68,14 +61,7 @@ class EngineSpec:
     incarnation: int = 0  # which holder of this engine id (Welcome): named in every remote-write hello
 
 
-@message
-@dataclass(frozen=True, slots=True)
-class ReadFinished:
-    """Reader thread -> own inbox."""
-
-    rid: int
-    ok_blocks: int
-    nbytes: int
+__all__ = ["CopyDone", "CopyKind", "EngineBase", "EngineSpec", "ReadFinished", "as_tensor", "kv_dtype"]
 
 
 class CopyKind(enum.StrEnum):
@@ -119,90 +105,57 @@ class EngineBase:
         self.clock = MonotonicClock()
         self.timeline = Timeline(clock=self.clock.now_s) if cfg.record_timeline else NULL_TIMELINE
         self.features = cfg.features
-        self._open_nics()
-        self.store = self._open_store(spec.store_root)
+        # the CNIC: two lanes at its rate; the oracle's ablation (io_free) moves bytes at no cost
+        self.arbiter = LinkArbiter(f"cnic{spec.engine}", None if self.features.io_free else cfg.links.cnic_rate,
+                                   cfg.scheduler.lane_weights, self.clock, chunk_bytes=cfg.links.chunk_bytes)
         self._attached = SharedSegments()
         self.buffers: dict[int, np.ndarray] = {
             int(node): self._attached.view(ShmRegion(name, 0, size)) for node, (name, size) in spec.segments.items()
         }
         self.token = None if cfg.transport.peer_token_file is None else read_token(cfg.transport.peer_token_file)
-        self.inbox = Inbox(spec.endpoint, token=self.token)
-        self.spec = spec = replace(spec, endpoint=self.inbox.endpoint)  # tcp://HOST:0: the port it bound
+        self.mail = Mailbox(spec.endpoint, spec.router_endpoint, self.token)
+        self.spec = spec = replace(spec, endpoint=self.mail.endpoint)  # tcp://HOST:0: the port it bound
         self.node = spec.engine  # every engine is its own node on this runtime
+        self.counters = EngineTally()  # per mode: a reconfigure starts a new one
+        self.storage = NodeStorage(cfg, spec.engine, self.layout, spec.fingerprint, spec.store_root, self.clock,
+                                   self.timeline, self.buffers, lambda: self.counters, self.mail.to_self, self.mail.to_router)
         pe = spec.role == EngineRole.PREFILL  # the timeline's tracks: the engine's index within its role
         self.track, self.cnic_track = engine_tracks(pe, spec.engine - (0 if pe else cfg.num_prefill))
-        self.snic_read_track, self.snic_write_track = snic_tracks(self.node)
         self.peers = peers_for(self, cfg.transport.kind == "tcp", self.token,  # at the host its inbox bound
                                 urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
-        self._outboxes: dict[str, Outbox] = {}
-        self._out_lock = threading.Lock()
-        self.counters = EngineTally()  # per mode: a reconfigure starts a new one
         p = cfg.faults.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None
-        self._reads: queue.Queue = queue.Queue()
-        self._writes: queue.Queue = queue.Queue()
         self._stop = False
-        self._early: dict[int, list] = {}
         self.lost_engines: set[int] = set()  # peers the router fenced (EngineDown): never wait for them
-        self._ended: set[int] = set()
-        self._ended_order: collections.deque[int] = collections.deque()
         self._lane_base = (0, 0)
         self._stalled_base_s = 0.0
         self._tp_base_bytes = 0
         self._last_report_s = self.clock.now_s()
         self._handlers = self.handlers()  # the role's table, chosen once
-        self._start_threads()
-        leave.install(spec.engine, spec.incarnation, self.to_router, self._close_router_box)
-
-    def _open_nics(self) -> None:
-        """The node's emulated NICs: the CNIC's arbiter (two lanes, its rate) and the SNIC's read and
-        write buckets, a Full Block a burst; the oracle's ablation (io_free) moves bytes at no cost."""
-        cfg, io_free = self.cfg, self.features.io_free
-        self.arbiter = LinkArbiter(f"cnic{self.spec.engine}", None if io_free else cfg.links.cnic_rate,
-                                   cfg.scheduler.lane_weights, self.clock, chunk_bytes=cfg.links.chunk_bytes)
-        snic = None if io_free else cfg.links.snic_bytes_per_s
-        burst = self.layout.full_block_bytes
-        self.snic_read = TokenBucket(snic, burst, self.clock)
-        self.snic_write = TokenBucket(snic, burst, self.clock)
-
-    def _start_threads(self) -> None:
-        """The store reader and writer, and the heartbeat (each of its own: a forward delays none)."""
-        e = self.spec.engine
-        self._reader = threading.Thread(target=self._read_loop, name=f"reader{e}", daemon=True)
-        self._writer = threading.Thread(target=self._write_loop, name=f"writer{e}", daemon=True)
-        self._reader.start()
-        self._writer.start()
-        self._beating = threading.Event()
-        self._heart = threading.Thread(target=self._beat, name=f"heartbeat{e}", daemon=True)
+        self._beating = threading.Event()  # the heartbeat, a thread of its own: a forward delays no beat
+        self._heart = threading.Thread(target=self._beat, name=f"heartbeat{spec.engine}", daemon=True)
         self._heart.start()
+        leave.install(spec.engine, spec.incarnation, self.mail.to_router, self.mail.close_router_box)
 
     def _beat(self) -> None:
         """Tell the router this process lives (router/liveness.py), whatever the main loop is doing."""
         interval_s = self.cfg.faults.heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         while not self._beating.wait(interval_s):
-            self.to_router(Heartbeat(self.spec.engine))
-
-    def _open_store(self, root: str) -> BlockStore | RemoteStore:
-        return store_for(root, self.layout, self.spec.fingerprint, self.cfg.kv_dtype,
-                         capacity_bytes=self.cfg.store.capacity_bytes, num_threads=2, direct_io=self.cfg.store.direct_io,
-                         timeout_s=self.cfg.store.timeout_s)
+            self.mail.to_router(Heartbeat(self.spec.engine))
 
     def reconfigure(self, msg: Reconfigure) -> None:
         """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""
-        self._reads.join()
-        self._writes.join()
         self.cfg = replace(self.cfg, mode=msg.mode)
         self.features = self.cfg.features
-        self.store.close()
-        self.store = self._open_store(msg.store_root)
+        self.storage.reopen(self.cfg, msg.store_root)
         self.counters = EngineTally()  # counters are per mode
         self.timeline.drain()  # spans too: the last mode's went with its Counters
         st = self.arbiter.stats()
         self._lane_base, self._stalled_base_s = st.sent_bytes, st.stalled_s
         self._tp_base_bytes = tp_payload_bytes(self.tp)
         self.on_reconfigured()
-        self.to_router(Reconfigured(self.spec.engine, msg.mode))
+        self.mail.to_router(Reconfigured(self.spec.engine, msg.mode))
 
     def on_reconfigured(self) -> None:
         """Subclasses rebuild what depends on the mode."""
@@ -217,38 +170,18 @@ class EngineBase:
         """A writable view of a region of any segment on this host (a peer's, on one host)."""
         return self._attached.view(region)
 
-    # --- mail -------------------------------------------------------------------------------
-    def send(self, endpoint: str, msg: Any) -> None:
-        with self._out_lock:
-            box = self._outboxes.get(endpoint)
-            if box is None:
-                box = self._outboxes[endpoint] = Outbox(endpoint, token=self.token)
-        box.send(msg)
-
-    def to_router(self, msg: Any) -> None:
-        self.send(self.spec.router_endpoint, msg)
-
-    def _close_router_box(self) -> None:
-        """Flush what was sent to the router (the outbox's linger) before the process ends."""
-        with self._out_lock:
-            box = self._outboxes.pop(self.spec.router_endpoint, None)
-        if box is not None:
-            box.close()
-
-    def to_self(self, msg: Any) -> None:
-        self.send(self.spec.endpoint, msg)
-
+    # --- mail ------------------------------------------------------------------------------
     def pump(self, until: Callable[[], bool], timeout_s: float = 0.05) -> None:
         """Handle messages until `until()` holds (or forever in the idle loop)."""
         while not until() and not self._stop:
-            msg = self.inbox.recv(timeout_s)
+            msg = self.mail.recv(timeout_s)
             if msg is not None:
                 self.handle(msg)
             self.maybe_report_counters()
 
     def serve_queued(self) -> None:
         """Handle the messages already here, waiting for none (a PE between two layers)."""
-        while not self._stop and (msg := self.inbox.recv(0)) is not None:
+        while not self._stop and (msg := self.mail.recv(0)) is not None:
             self.handle(msg)
 
     def handle(self, msg: Any) -> None:
@@ -276,81 +209,10 @@ class EngineBase:
     def _on_stop(self, msg: Stop) -> None:
         self._stop = True
 
-    # --- messages that overtake the assignment they depend on ----------------------------------
-    # The router's assignment and a peer's message about the same request travel on different
-    # sockets, so a peer's message can arrive first: keep it until the assignment is here.
-    def stash(self, rid: int, msg: Any) -> None:
-        if rid not in self._ended:
-            self._early.setdefault(rid, []).append(msg)
-
-    def replay_stashed(self, rid: int) -> None:
-        for msg in self._early.pop(rid, ()):
+    def replay_held(self, rid: int) -> None:
+        """Handle the messages that came before `rid`'s assignment (mailbox.py), now that it is here."""
+        for msg in self.mail.take_held(rid):
             self.handle(msg)
-
-    def ended(self, rid: int) -> None:
-        self._early.pop(rid, None)
-        self._ended.add(rid)
-        self._ended_order.append(rid)
-        if len(self._ended_order) > 65536:
-            self._ended.discard(self._ended_order.popleft())
-
-    # --- storage (the node's SNIC) ------------------------------------------------------------
-    def read_blocks(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> None:
-        """Queue a FIFO read of Full Blocks into slots of `node`'s buffer; ReadFinished follows."""
-        self._reads.put((rid, digests, node, offsets))
-
-    def _read_loop(self) -> None:
-        fbb = self.layout.full_block_bytes
-        busy_since: float | None = None
-        while True:
-            if self._reads.empty() and busy_since is not None:
-                self.counters.read_busy_s += self.clock.now_s() - busy_since
-                busy_since = None
-            job = self._reads.get()
-            if job is None:
-                return
-            if busy_since is None:
-                busy_since = self.clock.now_s()
-            rid, digests, node, offsets = job
-            read_s = self.timeline.now_s()
-            buf = self.buffers[node]
-            ok = 0
-            for d, off in zip(digests, offsets):
-                self.snic_read.consume(fbb)
-                t0 = self.clock.now_s()
-                if not ok and self.cfg.faults.store_read_delay_s:
-                    time.sleep(self.cfg.faults.store_read_delay_s)  # fault injection: a slow store
-                got = self.store.read_into([bytes(d)], buf[off : off + fbb])
-                if not ok:
-                    self._sample_read_latency(self.clock.now_s() - t0)
-                if got != 1:
-                    break  # a block that fails its checksum is never used: the hit ends here
-                ok += 1
-            self.counters.storage_read_bytes += ok * fbb
-            self.timeline.until_now(self.snic_read_track, "read", read_s, rid)
-            self.to_self(ReadFinished(rid, ok, ok * fbb))
-            self._reads.task_done()
-
-    def persist(self, digest: bytes, payload: np.ndarray, queued_s: float) -> None:
-        """Write one Full Block (a private copy) to storage through the node's SNIC (announced at `queued_s`)."""
-        self._writes.put((digest, payload, queued_s))
-
-    def _write_loop(self) -> None:
-        while True:
-            job = self._writes.get()
-            if job is None:
-                return
-            digest, payload, queued_s = job
-            write_s = self.timeline.now_s()
-            self.snic_write.consume(len(payload))
-            try:
-                stored = self.store.put(digest, payload) in STORED_OUTCOMES
-            except OSError:
-                stored = False  # e.g. ENOSPC: the block is not persisted, serving goes on
-            self.counters.storage_write_bytes += len(payload)
-            self.timeline.until_now(self.snic_write_track, "persist", write_s, None, {"wait_s": write_s - queued_s})
-            self.to_router(Persisted(self.spec.engine, bytes(digest), stored))
-            self._writes.task_done()
 
     # --- copies over the CNIC ------------------------------------------------------------------
     def copy(self, src: np.ndarray, src_spans: list, dst: np.ndarray, dst_spans: list, on_done: Callable[[Any], None] | None,
@@ -372,11 +234,6 @@ class EngineBase:
         self.arbiter.submit(Lane.KV, job.nbytes, chunk, lambda _res: on_done(sums))
         return sums
 
-    def _sample_read_latency(self, seconds: float) -> None:
-        c = self.counters
-        c.read_latency_s = seconds if not c.read_latency_s else (
-            READ_LATENCY_EWMA_WEIGHT * seconds + (1 - READ_LATENCY_EWMA_WEIGHT) * c.read_latency_s)
-
     def maybe_report_counters(self, every_s: float = 0.5) -> None:
         now = self.clock.now_s()
         if now - self._last_report_s >= every_s:
@@ -386,28 +243,21 @@ class EngineBase:
     def report_counters(self) -> None:
         st, c = self.arbiter.stats(), self.counters
         kv, lc = Lane.KV, Lane.LATENCY_CRITICAL
-        self.to_router(Counters(
+        self.mail.to_router(Counters(
             engine=self.spec.engine, storage_read_bytes=int(c.storage_read_bytes),
             storage_write_bytes=int(c.storage_write_bytes), read_busy_s=float(c.read_busy_s), cnic_kv_bytes=int(st.sent_bytes[kv] - self._lane_base[kv]),
             cnic_lc_bytes=int(st.sent_bytes[lc] - self._lane_base[lc] + tp_payload_bytes(self.tp) - self._tp_base_bytes),  # + the collectives
             busy_s=float(c.busy_s), forwards=int(c.forwards), **{k: int(getattr(c, k)) for k in INTEGRITY_COUNTERS},
             read_latency_s=float(c.read_latency_s), remote_write_bytes=self.peers.sent_bytes(),
-            store_skipped_calls=sum(getattr(self.store, "skipped_calls", dict)().values()),
+            store_skipped_calls=self.storage.skipped_calls(),
             forward_items=int(c.forward_items), served_mid_step=int(c.served_mid_step),
             fit_terms=(float(c.fit_items), float(c.fit_ctx), float(c.fit_keys)),
             cnic_stalled_s=float(st.stalled_s - self._stalled_base_s),
-            control_bytes=self.control_bytes_sent(), spans=self.timeline.drain()))
-
-    def control_bytes_sent(self) -> int:
-        """The encoded bytes of the messages sent to other processes (the router, peers), to itself not."""
-        with self._out_lock:
-            return sum(box.sent_bytes for endpoint, box in self._outboxes.items() if endpoint != self.spec.endpoint)
+            control_bytes=self.mail.control_bytes_sent(), spans=self.timeline.drain()))
 
     def close(self) -> None:
         self._stop = True
-        self._reads.put(None)
-        self._writes.put(None)
-        self._writer.join(timeout=30)
+        self.storage.stop()
         self.arbiter.close()
         self.report_counters()
         if self.tp is not None:
@@ -415,11 +265,8 @@ class EngineBase:
         self.peers.close()
         self._beating.set()  # beats until the outboxes close
         self._heart.join(timeout=5)
-        with self._out_lock:
-            for box in self._outboxes.values():
-                box.close()
-        self.inbox.close()
-        self.store.close()
+        self.mail.close()
+        self.storage.close()
         # drop every view into the shared segments before unmapping them
         self.buffers.clear()
         self.release_views()

@@ -70,15 +70,15 @@ class DecodeEngine(EngineBase):
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
         self.reqs: dict[int, DecodeRequest] = {}
         self.eos = set(self.mcfg.eos_token_ids)
-        self.interleave = StepInterleave(lambda: self.inbox.recv(0), self._serve_mid_step, self.handle)
+        self.interleave = StepInterleave(lambda: self.mail.recv(0), self._serve_mid_step, self.handle)
 
     def run(self) -> None:
         # HBM in whole blocks: the router reserves prompt + max_tokens rounded up to blocks
-        self.to_router(Hello(self.spec.engine, EngineRole.DECODE, self.spec.endpoint, self.cache.num_blocks * self.cfg.block_tokens,
+        self.mail.to_router(Hello(self.spec.engine, EngineRole.DECODE, self.spec.endpoint, self.cache.num_blocks * self.cfg.block_tokens,
                              self.buffers[self.node].nbytes, 0.0, 0.0, *self.own_buffer()))
         while not self._stop:
             while True:
-                msg = self.inbox.recv(0)
+                msg = self.mail.recv(0)
                 if msg is None:
                     break
                 self.handle(msg)
@@ -100,18 +100,18 @@ class DecodeEngine(EngineBase):
             if msg.rid in self.reqs:
                 handler(msg)
             else:
-                self.stash(msg.rid, msg)
+                self.mail.hold(msg.rid, msg)
         return handle
 
     def _read_finished(self, msg: ReadFinished) -> None:
         r = self.reqs.get(msg.rid)
         if r is not None:
             r.reading = False
-            self.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
+            self.mail.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
             if r.cancelled:
                 self._cancel(r)
             else:
-                self.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
+                self.mail.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
 
     def _on_cancel(self, msg: Cancel) -> None:
         r = self.reqs.get(msg.rid)
@@ -142,8 +142,8 @@ class DecodeEngine(EngineBase):
         if a.read_side == ReadSide.DECODE and a.hit_tokens:
             nb = a.hit_tokens // self.cfg.block_tokens
             r.reading = True
-            self.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
-        self.replay_stashed(a.rid)
+            self.storage.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
+        self.replay_held(a.rid)
 
     # --- 2. layer streams to the PE -----------------------------------------------------------
     def _layer_pull(self, m: LayerPull) -> None:
@@ -188,7 +188,7 @@ class DecodeEngine(EngineBase):
     def _h2d_copied(self, rid: int) -> None:
         """The prompt is in the KV cache (on the link's thread): the `h2d` span ends, the loop is told."""
         self.timeline.end(("h2d", rid), self.cnic_track, "h2d", rid)
-        self.to_self(CopyDone(rid, CopyKind.H2D, None))
+        self.mail.to_self(CopyDone(rid, CopyKind.H2D, None))
 
     def _recompute_prompt(self, r: DecodeRequest) -> None:
         """The prompt's KV from its tokens, written into its region as the PE would have (a PD
@@ -208,7 +208,7 @@ class DecodeEngine(EngineBase):
         if m.kind == CopyKind.H2D:
             if not r.cancelled:
                 self._persist_full_blocks(r)  # announced before PromptLoaded (a 1-token request ends there)
-            self.to_router(PromptLoaded(m.rid))
+            self.mail.to_router(PromptLoaded(m.rid))
             if r.cancelled:
                 self._finish(r)
                 return
@@ -246,7 +246,7 @@ class DecodeEngine(EngineBase):
             done = self._done(r, tok)
             reason = ("length" if r.generated >= r.assign.max_tokens else "stop") if done else ""
             self._persist_full_blocks(r)  # announced before the token (PersistQueued)
-            self.to_router(Token(r.assign.rid, tok, idx, done, reason))
+            self.mail.to_router(Token(r.assign.rid, tok, idx, done, reason))
             if done:
                 self._finish(r)
         self.timeline.until_now(self.track, "decode", step_s, None,  # ctx, model_s: fidelity/calibration.py
@@ -273,7 +273,7 @@ class DecodeEngine(EngineBase):
         fbb = self.layout.full_block_bytes
         queued = r.digests[max(r.persisted_blocks, r.hit_blocks):have]
         if queued:
-            self.to_router(PersistQueued(self.spec.engine, queued))
+            self.mail.to_router(PersistQueued(self.spec.engine, queued))
         queued_s = self.timeline.now_s()  # the persist spans' wait counts from the announcement
         while r.persisted_blocks < have:
             b = r.persisted_blocks
@@ -285,8 +285,8 @@ class DecodeEngine(EngineBase):
             r.pending_copies += 1
 
             def done(_res, d=digest, s=staging, rid=rid, q=queued_s) -> None:
-                self.persist(d, s, q)
-                self.to_self(CopyDone(rid, CopyKind.D2H, None))
+                self.storage.persist(d, s, q)
+                self.mail.to_self(CopyDone(rid, CopyKind.D2H, None))
 
             self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
 
@@ -302,5 +302,5 @@ class DecodeEngine(EngineBase):
         if rid in self.cache.seq_ids:
             self.cache.free(rid)
         del self.reqs[rid]
-        self.ended(rid)
-        self.to_router(DecodeDone(rid, self.spec.engine))
+        self.mail.ended(rid)
+        self.mail.to_router(DecodeDone(rid, self.spec.engine))

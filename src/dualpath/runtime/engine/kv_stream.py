@@ -178,9 +178,9 @@ class PrefillKvStream:
             dst = self._landing[at_bytes : at_bytes + r.cached * self._bytes_per_token_layer]
             rid = a.rid
             eng.copy_checked(eng.buffers[eng.spec.engine], spans, dst, contiguous(0, dst.nbytes),
-                             lambda sums: eng.to_self(LayerReady(rid, layer, sums)))
+                             lambda sums: eng.mail.to_self(LayerReady(rid, layer, sums)))
         else:
-            eng.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint,
+            eng.mail.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint,
                                               eng.peers.data_endpoint))
 
     # --- 3, 4, 5: saves ---------------------------------------------------------------------------
@@ -228,9 +228,9 @@ class PrefillKvStream:
         eng.timeline.begin(("pd", a.rid))  # ended by the engine's CopyDone handling when none is pending
         region = ShmRegion(a.de_segment, 0, max(off + n for off, n in dst_spans))
         r.pd_sums += eng.peers.write(a.de_endpoint, a.de_data, src, src_spans, region, dst_spans,
-                                     lambda _sums: eng.to_self(msg))
+                                     lambda _sums: eng.mail.to_self(msg))
 
 
 def _post(engine: EngineBase, msg: object) -> Callable[[object], None]:
     """A copy's completion callback (on the arbiter's thread): post `msg` to the engine's inbox."""
-    return lambda _result: engine.to_self(msg)
+    return lambda _result: engine.mail.to_self(msg)

@@ -5,7 +5,7 @@ writing a layer into the PE's landing zone (then `LayerReady`), and the PE write
 into the DE's host buffer (then, once every copy is done, `PromptReady`). The receiver reads the
 bytes when the message comes, so the message must not overtake them.
 
-- One host (`engine_transport="local"`): the destination is a view of the peer's shared-memory
+- One host (`transport.kind` local): the destination is a view of the peer's shared-memory
   segment (shm.SharedSegments); the copy has landed when the link reports it done, and the message
   goes over the control channel.
 - Across hosts (`"tcp"`, also on loopback to exercise it): every engine runs a `WriteTarget`
@@ -73,7 +73,7 @@ class LocalPeers:
 
         def done(sums: list[int]) -> None:
             if reply is not None:
-                eng.send(peer_control, reply(sums))
+                eng.mail.send(peer_control, reply(sums))
             on_sent(sums)
 
         return eng.copy_checked(src, src_spans, dst, dst_spans, done)
@@ -83,7 +83,7 @@ class LocalPeers:
 
     def send_after_writes(self, peer_control: str, peer_data: str, msg: Any) -> None:
         """`msg` to a peer, after every byte this engine has written to it (a done copy has landed)."""
-        self._engine.send(peer_control, msg)
+        self._engine.mail.send(peer_control, msg)
 
     def fence(self, engine: int, incarnation: int = 0) -> None:
         """Nothing writes into this engine's memory from outside it on one host."""
@@ -177,7 +177,7 @@ class RemotePeers:
 
     def _initiator(self, peer_data: str) -> WriteInitiator:
         if not peer_data:
-            raise RuntimeError("a remote write needs the peer's data endpoint (engine_transport mismatch?)")
+            raise RuntimeError("a remote write needs the peer's data endpoint (transport.kind mismatch?)")
         with self._lock:
             init = self._initiators.get(peer_data)
             if init is None:
@@ -199,7 +199,7 @@ class RemotePeers:
             self.bad_immediates += 1
             log.warning("dropped a malformed immediate of %d bytes: %s", len(data), exc)
             return
-        self._engine.to_self(msg)
+        self._engine.mail.to_self(msg)
 
     def close(self) -> None:
         with self._lock:
@@ -211,5 +211,5 @@ class RemotePeers:
 
 def peers_for(engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1", me: int = -1,
               incarnation: int = 0) -> LocalPeers | RemotePeers:
-    """The engine's peers, chosen once: remote (engine_transport "tcp") or on one host."""
+    """The engine's peers, chosen once: remote (transport.kind tcp) or on one host."""
     return RemotePeers(engine, token, host, me, incarnation) if remote else LocalPeers(engine)

@@ -100,7 +100,7 @@ class PrefillEngine(EngineBase):
 
     # --- control loop ---------------------------------------------------------------------
     def run(self) -> None:
-        self.to_router(Hello(self.spec.engine, EngineRole.PREFILL, self.spec.endpoint, 0, self.buffers[self.node].nbytes,
+        self.mail.to_router(Hello(self.spec.engine, EngineRole.PREFILL, self.spec.endpoint, 0, self.buffers[self.node].nbytes,
                              self.prefill_tokens_per_s, self.attn_flops_per_s, *self.own_buffer()))
         while not self._stop:
             batch = self._form_batch()
@@ -129,7 +129,7 @@ class PrefillEngine(EngineBase):
         if msg.rid in self.reqs:
             self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
         else:
-            self.stash(msg.rid, msg)  # the DE's read finished before our assignment came
+            self.mail.hold(msg.rid, msg)  # the DE's read finished before our assignment came
 
     def _on_cancel(self, msg: Cancel) -> None:
         r = self.reqs.get(msg.rid)
@@ -149,13 +149,13 @@ class PrefillEngine(EngineBase):
             r.ready = True
         elif r.pe_path:
             nb = a.hit_tokens // self.cfg.block_tokens
-            self.read_blocks(a.rid, a.hit_digests, self.node, a.pe_offsets[:nb])
-        self.replay_stashed(a.rid)
+            self.storage.read_blocks(a.rid, a.hit_digests, self.node, a.pe_offsets[:nb])
+        self.replay_held(a.rid)
 
     def _hit_loaded(self, rid: int, ok_blocks: int, report: int | None) -> None:
         r = self.reqs.get(rid)
         if report is not None:
-            self.to_router(ReadDone(rid, self.spec.engine, r.hit_tokens if r else 0, report, ok_blocks))
+            self.mail.to_router(ReadDone(rid, self.spec.engine, r.hit_tokens if r else 0, report, ok_blocks))
         if r is None:
             return
         ok_tokens = min(r.hit_tokens, ok_blocks * self.cfg.block_tokens)
@@ -165,13 +165,13 @@ class PrefillEngine(EngineBase):
     def _drop(self, r: PrefillRequest) -> None:
         self.queue.remove(r)
         del self.reqs[r.assign.rid]
-        self.ended(r.assign.rid)
-        self.to_router(PrefillDone(r.assign.rid, self.spec.engine))
+        self.mail.ended(r.assign.rid)
+        self.mail.to_router(PrefillDone(r.assign.rid, self.spec.engine))
 
     # --- batch ------------------------------------------------------------------------------
     def _form_batch(self) -> list[tuple[PrefillRequest, int]]:
         while True:
-            msg = self.inbox.recv(0)
+            msg = self.mail.recv(0)
             if msg is None:
                 break
             self.handle(msg)
@@ -249,7 +249,7 @@ class PrefillEngine(EngineBase):
         r.first_token = sampler(logits)
         r.computed = True
         if not r.cancelled:
-            self.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens))
+            self.mail.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens))
         if r.pending_pd == 0:
             self._finish(r)
 
@@ -259,5 +259,5 @@ class PrefillEngine(EngineBase):
             self.peers.send_after_writes(a.de_endpoint, a.de_data, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums))
         self.queue.remove(r)
         del self.reqs[a.rid]
-        self.ended(a.rid)
-        self.to_router(PrefillDone(a.rid, self.spec.engine))
+        self.mail.ended(a.rid)
+        self.mail.to_router(PrefillDone(a.rid, self.spec.engine))

@@ -6,7 +6,7 @@ the receiver registers its regions with a `WriteTarget`, the sender opens a `Wri
 (one DSCP-marked TCP connection per lane) and writes into them; an immediate message on the same
 lane is delivered only after every earlier write has landed, as RDMA's WRITE_WITH_IMM
 completion is. `RemoteSpanWrite` is the `do_chunk` a `LinkArbiter` drives, SpanCopy's
-counterpart. Engines use it across hosts: engine/peers.py (engine_transport "tcp").
+counterpart. Engines use it across hosts: engine/peers.py (transport.kind tcp).
 
 - `wire`: handshake (challenge, HMAC hello), frame headers, limits.
 - `target`: `WriteTarget`, registered regions, bounds-checked recv_into, per-lane counters.
