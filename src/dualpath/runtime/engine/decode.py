@@ -38,6 +38,7 @@ from ..model.generate import TokenSampler
 from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
+from .stages import DECODE_MOVES, DecodeStage, moved
 
 _SEED_STRIDE = 0x9E3779B1  # decode tokens use a seed derived from the request's, distinct from the PE's
 
@@ -51,11 +52,12 @@ class DecodeRequest:
     persisted_blocks: int = 0
     hit_blocks: int = 0
     sampler: TokenSampler | None = None
-    running: bool = False
-    cancelled: bool = False
-    finishing: bool = False
+    stage: DecodeStage = DecodeStage.WAITING  # stages.py
+    cancelled: bool = False  # beside the stage: ends it when nothing in flight touches it
     pending_copies: int = 0  # H2D and D2H copies that still touch this request's cache blocks
-    reading: bool = False  # the DE-path read still writes into its region: a cancel waits for it
+
+    def move(self, stage: DecodeStage) -> None:
+        self.stage = moved(DECODE_MOVES, self.stage, stage)
 
 
 _SERVED_MID_STEP = (LayerPull, ReadFinished, CopyDone)  # _serve_mid_step: what a step serves between its layers
@@ -82,11 +84,11 @@ class DecodeEngine(EngineBase):
                 if msg is None:
                     break
                 self.handle(msg)
-            if any(r.running for r in self.reqs.values()):
+            if self._running():
                 self._step()
                 self.maybe_report_counters()
             else:
-                self.pump(lambda: self._stop or any(r.running for r in self.reqs.values()), timeout_s=0.05)
+                self.pump(lambda: self._stop or bool(self._running()), timeout_s=0.05)
         self.close()
 
     def handlers(self) -> dict:
@@ -106,7 +108,7 @@ class DecodeEngine(EngineBase):
     def _read_finished(self, msg: ReadFinished) -> None:
         r = self.reqs.get(msg.rid)
         if r is not None:
-            r.reading = False
+            r.move(DecodeStage.WAITING)
             self.mail.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
             if r.cancelled:
                 self._cancel(r)
@@ -130,8 +132,9 @@ class DecodeEngine(EngineBase):
         return r is not None and not r.cancelled
 
     def _cancel(self, r: DecodeRequest) -> None:
-        """End a cancelled request now unless a read or copy still touches it (then when it ends)."""
-        if not r.reading and (r.running or (r.generated == 0 and r.pending_copies == 0)):
+        """End a cancelled request now unless a read or copy still touches it (then when it ends:
+        `_read_finished`, `_copy_done`); one already finishing ends as it would."""
+        if r.stage in (DecodeStage.WAITING, DecodeStage.RUNNING):
             self._finish(r)
 
     # --- 1. assignment and the DE read path ---------------------------------------------------
@@ -141,7 +144,7 @@ class DecodeEngine(EngineBase):
         self.reqs[a.rid] = r
         if a.read_side == ReadSide.DECODE and a.hit_tokens:
             nb = a.hit_tokens // self.cfg.block_tokens
-            r.reading = True
+            r.stage = DecodeStage.READING  # its first stage
             self.storage.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
         self.replay_held(a.rid)
 
@@ -181,6 +184,7 @@ class DecodeEngine(EngineBase):
         src_spans = [(off, fbb) for off in r.assign.de_offsets]
         dst_spans = [(b * fbb, fbb) for b in table]
         rid = m.rid
+        r.move(DecodeStage.LOADING)
         r.pending_copies += 1
         self.timeline.begin(("h2d", rid))
         self.copy(self.buffers[self.node], src_spans, self.cache_bytes, dst_spans, lambda _res: self._h2d_copied(rid))
@@ -215,13 +219,13 @@ class DecodeEngine(EngineBase):
             if self._done(r, r.tokens[-1]):
                 self._finish(r)
             else:
-                r.running = True
-        elif r.finishing and r.pending_copies == 0:
+                r.move(DecodeStage.RUNNING)
+        elif r.stage is DecodeStage.FINISHING and r.pending_copies == 0:
             self._release(r)
 
     # --- 4. decode ------------------------------------------------------------------------------
     def _step(self) -> None:
-        running = [r for r in self.reqs.values() if r.running][: self.cfg.engines.max_decode_batch]
+        running = self._running()[: self.cfg.engines.max_decode_batch]
         # only a request that has not joined the batch yet can be pulled from or read for
         waiting = len(running) < len(self.reqs) and self.cfg.engines.de_serves_mid_step
         longest = max((self.cache.num_tokens(r.assign.rid) for r in running), default=0)
@@ -253,6 +257,9 @@ class DecodeEngine(EngineBase):
                                 lambda: {"batch": len(running), "ctx": longest, "model_s": model_s,
                                          "requests": [r.assign.rid for r in running]})
         self.counters.served_mid_step += self.interleave.drain()
+
+    def _running(self) -> list[DecodeRequest]:
+        return [r for r in self.reqs.values() if r.stage is DecodeStage.RUNNING]
 
     def _done(self, r: DecodeRequest, last: int) -> bool:
         if r.generated >= r.assign.max_tokens:
@@ -292,8 +299,7 @@ class DecodeEngine(EngineBase):
 
     def _finish(self, r: DecodeRequest) -> None:
         """Stop decoding; the cache blocks are freed once no copy touches them any more."""
-        r.running = False
-        r.finishing = True
+        r.move(DecodeStage.FINISHING)
         if r.pending_copies == 0:
             self._release(r)
 

@@ -35,6 +35,7 @@ from ...metrics.timeline import PE_TO_DE
 from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
+from .stages import PrefillStage
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
 from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
@@ -112,7 +113,7 @@ class PrefillEngine(EngineBase):
         self.close()
 
     def _has_work(self) -> bool:
-        return any(r.ready and r.pending_pd == 0 and not r.computed for r in self.queue)
+        return any(r.computable for r in self.queue)
 
     def handlers(self) -> dict:
         return {**super().handlers(), PrefillAssign: self._assign, ReadFinished: self._read_finished,
@@ -135,7 +136,7 @@ class PrefillEngine(EngineBase):
         r = self.reqs.get(msg.rid)
         if r is not None:
             r.cancelled = True  # dropped at the next batch formation unless in flight
-            if not r.ready and not r.pe_path:
+            if r.stage is PrefillStage.LOADING and not r.pe_path:
                 self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
 
     def on_peer_lost(self) -> None:
@@ -146,7 +147,7 @@ class PrefillEngine(EngineBase):
         self.reqs[a.rid] = r
         self.queue.append(r)
         if a.hit_tokens == 0:
-            r.ready = True
+            r.move(PrefillStage.READY)
         elif r.pe_path:
             nb = a.hit_tokens // self.cfg.block_tokens
             self.storage.read_blocks(a.rid, a.hit_digests, self.node, a.pe_offsets[:nb])
@@ -160,7 +161,7 @@ class PrefillEngine(EngineBase):
             return
         ok_tokens = min(r.hit_tokens, ok_blocks * self.cfg.block_tokens)
         r.hit_tokens = r.cached = ok_tokens  # a block that failed its checksum is recomputed
-        r.ready = True
+        r.move(PrefillStage.READY)
 
     def _drop(self, r: PrefillRequest) -> None:
         self.queue.remove(r)
@@ -175,9 +176,9 @@ class PrefillEngine(EngineBase):
             if msg is None:
                 break
             self.handle(msg)
-        for r in [r for r in self.queue if r.cancelled and r.ready and r.pending_pd == 0 and not r.computed]:
+        for r in [r for r in self.queue if r.cancelled and r.computable]:
             self._drop(r)
-        eligible = [r for r in self.queue if r.ready and r.pending_pd == 0 and not r.computed]
+        eligible = [r for r in self.queue if r.computable]
         cands = (BatchCandidate(RequestId(r.assign.rid, 0), r.cached, r.remaining) for r in eligible)
         entries = form_prefill_batch(cands, self.budgets)
         return [(eligible[i], e.compute_tokens) for i, e in enumerate(entries)]
@@ -237,7 +238,7 @@ class PrefillEngine(EngineBase):
         r.pending_pd -= 1
         if r.pending_pd == 0 and msg.rid not in self._in_forward:  # mid-forward, more layers follow
             self._pd_sent(msg.rid)
-        if r.pending_pd == 0 and r.computed:
+        if r.pending_pd == 0 and r.stage is PrefillStage.COMPUTED:
             self._finish(r)
 
     def _first_token(self, r: PrefillRequest, logits: torch.Tensor) -> None:
@@ -247,7 +248,7 @@ class PrefillEngine(EngineBase):
             logits[list(self.mcfg.eos_token_ids)] = float("-inf")
         sampler = TokenSampler(SamplerParams(temperature=a.temperature, top_p=a.top_p, seed=a.seed))
         r.first_token = sampler(logits)
-        r.computed = True
+        r.move(PrefillStage.COMPUTED)
         if not r.cancelled:
             self.mail.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens))
         if r.pending_pd == 0:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ...core.snapshot import ReadSide
 from ..protocol import PrefillAssign
+from .stages import PREFILL_MOVES, PrefillStage, moved
 
 
 @dataclass(slots=True)
@@ -13,14 +14,21 @@ class PrefillRequest:
     assign: PrefillAssign
     hit_tokens: int
     cached: int = 0
-    ready: bool = False
+    stage: PrefillStage = PrefillStage.LOADING  # stages.py
     hit_sent: bool = False
     pending_pd: int = 0
-    computed: bool = False
     first_token: int | None = None  # sampled when the last chunk is computed
-    cancelled: bool = False
+    cancelled: bool = False  # beside the stage: ends it when nothing in flight touches it
     prompt: list = field(default_factory=list)
     pd_sums: list = field(default_factory=list)  # checksums of every PD piece sent (transport/integrity.py)
+
+    def move(self, stage: PrefillStage) -> None:
+        self.stage = moved(PREFILL_MOVES, self.stage, stage)
+
+    @property
+    def computable(self) -> bool:
+        """Ready for a forward: its cached KV in place, not yet computed, no PD copy in flight."""
+        return self.stage is PrefillStage.READY and self.pending_pd == 0
 
     def restart(self) -> None:
         """Its loaded KV failed every check: forget the hit and everything computed, so the next
