@@ -14,7 +14,8 @@ from dualpath.core.phase import Phase  # noqa: E402
 from dualpath.core.request import RequestId  # noqa: E402
 from dualpath.core.snapshot import QueuedRequest  # noqa: E402
 from dualpath.runtime.api import GenerationRequest, SamplingParams  # noqa: E402
-from dualpath.runtime.router.state import RouterRequest  # noqa: E402
+from dualpath.core.phase import IllegalTransition  # noqa: E402
+from dualpath.runtime.router.state import RouterRequest, Stream  # noqa: E402
 
 
 def _request(max_tokens: int, hit_tokens: int) -> RouterRequest:
@@ -64,6 +65,22 @@ def test_a_one_token_answer_finishes_without_decoding():
 def test_a_cancelled_request_stops_where_it_was():
     rr = _request(max_tokens=4, hit_tokens=64)
     rr.advance(Phase.READING)
-    rr.cancelled = True
+    rr.end(Stream.CANCELLED)
     rr.advance(Phase.FINISHED)
     assert rr.phase is Phase.READING and rr.placed
+
+
+def test_a_stream_ends_once_and_a_cut_off_attempt_may_still_fail():
+    rr = _request(max_tokens=4, hit_tokens=0)
+    assert (rr.finished, rr.cancelled, rr.failed) == (False, False, False)
+    rr.end(Stream.CANCELLED)  # another attempt carries the stream on, or the client went away
+    rr.end(Stream.CANCELLED)  # said twice: no change
+    assert (rr.finished, rr.cancelled, rr.failed) == (True, True, False)
+    rr.end(Stream.FAILED)
+    assert (rr.finished, rr.cancelled, rr.failed) == (True, True, True)
+    done = _request(max_tokens=4, hit_tokens=0)
+    done.end(Stream.FINISHED)
+    assert done.finished and not done.cancelled
+    for later in (Stream.CANCELLED, Stream.FAILED, Stream.OPEN):
+        with pytest.raises(IllegalTransition, match=f"FINISHED -> {later.name}"):
+            done.end(later)

@@ -38,7 +38,7 @@ from .bookings import Bookings
 from .membership import Membership
 from .metrics import RouterMetrics
 from .placement import Placement
-from .state import EngineState, RouterRequest
+from .state import EngineState, RouterRequest, Stream
 
 
 class RequestTable(Protocol):
@@ -131,10 +131,11 @@ class Recovery:
             for e, done in ((rr.pe, rr.pe_done), (rr.de, rr.de_done)):
                 if not done and self._members.liveness.is_alive(e.engine):
                     e.outbox.send(Cancel(rr.rid))
-            rr.finished = rr.cancelled = True  # this attempt's later tokens are dropped
             nxt, refusal = self.next_attempt(rr, lost) if servable else (None, "no engine of its role is left")
             if nxt is None:
                 self.fail(rr, f"{why}; {refusal}")
+            else:
+                rr.end(Stream.CANCELLED)  # this attempt's later tokens are dropped: `nxt` carries on
         if rr.pe_done and rr.de_done:
             self._bookings.read_ended(rr)
             self._table.requests.pop(rr.rid, None)
@@ -177,8 +178,7 @@ class Recovery:
 
     def fail(self, rr: RouterRequest, why: str) -> None:
         """End the client's stream with an error naming the cause (exactly once)."""
-        rr.finished = rr.cancelled = True
         if not rr.failed:
-            rr.failed = True
+            rr.end(Stream.FAILED)
             self._table.metrics.failed(rr.stream_rid)
             rr.queue.put_nowait(ServiceUnavailable(f"the request failed: {why}"))

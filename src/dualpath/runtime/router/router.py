@@ -46,7 +46,7 @@ from .membership import Membership
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
 from .recovery import Recovery
-from .state import EngineState, RouterRequest, RouterView, build_scheduler, check_ledgers
+from .state import EngineState, RouterRequest, RouterView, Stream, build_scheduler, check_ledgers
 from .tokens import emit, first_token
 
 # a request's message that carries no engine field: which of its engines sent it (Router._from_fenced)
@@ -213,7 +213,7 @@ class Router:
         return rr
 
     def _cancel(self, rr: RouterRequest) -> None:
-        rr.finished = rr.cancelled = True
+        rr.end(Stream.CANCELLED)
         self.metrics.cancelled(rr.stream_rid)
         if rr in self.unscheduled:
             self.unscheduled.remove(rr)
@@ -314,7 +314,8 @@ class Router:
         if rr.pe_done and rr.de_done:
             self.bookings.read_ended(rr)  # a read cancelled before it ran never reports
             self.requests.pop(rr.rid, None)
-            rr.finished = True  # perhaps without a final token (e.g. cancelled in flight)
+            if not rr.finished:
+                rr.end(Stream.FINISHED)  # without a final token (a request cut off in flight)
         self.kick()
 
     # an engine's own news (no request); methods, not the collaborators' bound ones: a mode switch

@@ -7,13 +7,14 @@ questions (`core.scheduler.ClusterView`) from them: every engine is its own grou
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ...config import RuntimeConfig
 from ...core.policy import RecomputeRule
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulerRules, derive_thresholds
-from ...core.phase import Phase, check_transition
+from ...core.phase import IllegalTransition, Phase, check_transition
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..api import GenerationRequest
 from ..protocol import EngineRole, FirstToken
@@ -41,6 +42,23 @@ class EngineState:
         return EngineLoad(self.engine, self.engine, self.num_seqs, self.num_tokens, max(0, free))
 
 
+class Stream(enum.Enum):
+    """The client's stream of one attempt, beside its `phase` (the path its engines report)."""
+
+    OPEN = 1  # tokens may still reach the client
+    FINISHED = 2  # its last token was sent, or both engines let it go
+    CANCELLED = 3  # the client went away, or a migrated attempt carries the stream on (recovery.py)
+    FAILED = 4  # ended with one ServiceUnavailable naming why (recovery.py)
+
+
+STREAM_MOVES: dict[Stream, frozenset[Stream]] = {
+    Stream.OPEN: frozenset({Stream.FINISHED, Stream.CANCELLED, Stream.FAILED}),
+    Stream.CANCELLED: frozenset({Stream.FAILED}),  # an attempt cut off whose stream then fails
+    Stream.FINISHED: frozenset(),
+    Stream.FAILED: frozenset(),
+}
+
+
 @dataclass(slots=True)
 class RouterRequest:
     rid: int
@@ -62,8 +80,10 @@ class RouterRequest:
     # check_transition. Two engines report it, and their messages may arrive in either order, so
     # `advance` walks forward and a step already passed is a no-op.
     phase: Phase = Phase.QUEUED
-    finished: bool = False  # the token stream has ended (last token, or the client went away)
-    cancelled: bool = False  # the client went away: the phase stops where it was
+    stream: Stream = Stream.OPEN  # once not OPEN, the phase stops where it was (unless FINISHED)
+    # What each engine has let go (its load, and on the DE the HBM, released): the PE at
+    # PrefillDone, the DE at DecodeDone, either when it is lost. Not steps of `phase`: the two
+    # engines let go in either order, independently of the path's last step the router has seen.
     pe_done: bool = False  # the PE has let the request go (PrefillDone): its load is released
     de_done: bool = False  # the DE has let it go (DecodeDone): its load and HBM are released
     final_first_token: FirstToken | None = None  # a 1-token answer, held until prompt_loaded
@@ -79,11 +99,31 @@ class RouterRequest:
     pe_side_only: bool = False  # a DE-path read whose DE died: the retry reads on the PE side
     recompute: bool = False  # the scheduler chose to compute its hit again (a slow store): a miss
     successor: "RouterRequest | None" = None
-    failed: bool = False  # the stream ended with an error (ServiceUnavailable)
 
     def __post_init__(self) -> None:
         if self.origin is None:
             self.origin = self.req
+
+    def end(self, stream: Stream) -> None:
+        """The stream moves on (STREAM_MOVES); ending it again the same way changes nothing."""
+        if stream is not self.stream:
+            if stream not in STREAM_MOVES[self.stream]:
+                raise IllegalTransition(f"stream {self.stream.name} -> {stream.name} is not a legal move")
+            self.stream = stream
+
+    @property
+    def finished(self) -> bool:
+        """The stream has ended: its last token, the client gone, another attempt, or an error."""
+        return self.stream is not Stream.OPEN
+
+    @property
+    def cancelled(self) -> bool:
+        """Its later tokens are dropped and its phase stops where it was."""
+        return self.stream in (Stream.CANCELLED, Stream.FAILED)
+
+    @property
+    def failed(self) -> bool:
+        return self.stream is Stream.FAILED
 
     @property
     def stream_rid(self) -> int:

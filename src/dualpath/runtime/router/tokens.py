@@ -8,7 +8,7 @@ from typing import Any
 
 from ..api import TokenEvent
 from ..protocol import FirstToken
-from .state import RouterRequest
+from .state import RouterRequest, Stream
 
 
 def emit(rr: RouterRequest, metrics: Any, now_s: float, token: int, index: int, finished: bool, reason: str | None) -> None:
@@ -20,7 +20,7 @@ def emit(rr: RouterRequest, metrics: Any, now_s: float, token: int, index: int, 
     rr.emitted.append(token)
     metrics.token(rr.stream_rid, index, now_s)
     if finished:
-        rr.finished = True
+        rr.end(Stream.FINISHED)
         metrics.finished(rr.stream_rid)
     prompt = len(rr.origin.prompt_ids)
     rr.queue.put_nowait(TokenEvent(token, index, finished, reason if finished else None, prompt, min(prompt, rr.hit_tokens)))
