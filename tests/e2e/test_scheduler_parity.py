@@ -28,6 +28,7 @@ from dualpath.runtime.router.router import Router  # noqa: E402
 from dualpath.runtime.router.state import EngineState  # noqa: E402
 from dualpath.sim.simulator import Simulator  # noqa: E402
 from dualpath.workloads.trajectory import Trajectory  # noqa: E402
+from fakes import RecordingOutbox  # noqa: E402
 
 BLOCK_TOKENS = 64
 # slow storage reads (0.2 GB/s, a 250th of the paper's 50 GB/s SNIC), so that reads queue and
@@ -99,20 +100,6 @@ def _simulate(mode: str, seed: int):
     return sim, log
 
 
-class _Outbox:
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def send(self, msg) -> None:
-        self.sent.append(msg)
-
-    def send_many(self, msgs) -> None:
-        self.sent.extend(msgs)
-
-    def close(self) -> None:
-        pass
-
-
 class _Region:
     offset_bytes = 0
 
@@ -150,7 +137,7 @@ class _Clock:
         return 0.0
 
 
-def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Outbox]]:
+def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, RecordingOutbox]]:
     cl = sim.cfg.cluster
     kvb = sim.kv_bytes_per_token
     cfg = RuntimeConfig(num_prefill=cl.num_prefill_nodes, num_decode=cl.num_decode_nodes, mode=mode,
@@ -164,7 +151,7 @@ def _router(sim: Simulator, mode: str, tmp_path) -> tuple[Router, dict[int, _Out
     outboxes = {}
     for n in sim.nodes:
         eid = n.engines[0].eid
-        outboxes[eid] = _Outbox()
+        outboxes[eid] = RecordingOutbox()
         role = "prefill" if n.is_prefill else "decode"
         router.engines[eid] = EngineState(eid, role, f"fake://{eid}", kv_capacity_tokens=cfg.engines.de_kv_tokens,
                                           prefill_tokens_per_s=sim.prefill_tokens_per_s, outbox=outboxes[eid])

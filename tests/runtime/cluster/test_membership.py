@@ -9,22 +9,9 @@ from dualpath.config import RuntimeConfig
 from dualpath.runtime.clock import ManualClock
 from dualpath.runtime.protocol import EngineDown, EngineRole, EngineUp, Hello, Leaving
 from dualpath.runtime.router.membership import Membership
+from fakes import RecordingOutbox
 
 P, D = EngineRole.PREFILL, EngineRole.DECODE
-
-
-class Box:
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def send(self, msg) -> None:
-        self.sent.append(msg)
-
-    def send_many(self, msgs) -> None:
-        self.sent.extend(msgs)
-
-    def close(self) -> None:
-        pass
 
 
 class Requests:
@@ -73,7 +60,7 @@ def test_a_successor_is_readmitted_and_the_others_hear_engine_up():
     for e, role in ((0, P), (1, D)):
         r.offer_place(role, e)
         r.on_hello(_hello(e, role))
-    pe_box = r.engines[0].outbox = Box()
+    pe_box = r.engines[0].outbox = RecordingOutbox()
     old_state = r.engines[1]
     r.liveness.fence(1, "its Ray actor died")
     r.on_hello(_hello(1, D))  # a late Hello of the fenced holder (never offered): ignored
@@ -94,7 +81,7 @@ def test_a_lost_engine_is_fenced_once_and_the_request_side_told_if_the_cluster_s
     for e, role in ((0, P), (1, D), (2, D)):
         r.offer_place(role, e)
         r.on_hello(_hello(e, role))
-        boxes[e] = r.engines[e].outbox = Box()
+        boxes[e] = r.engines[e].outbox = RecordingOutbox()
     fenced: list[int] = []
     r.on_fence = fenced.append
     r.engine_lost(1, "killed by SIGKILL")
@@ -112,7 +99,7 @@ def test_leaving_fences_only_the_current_holder_of_the_place():
     for e, role in ((0, P), (1, D)):
         r.offer_place(role, e)
         r.on_hello(_hello(e, role))
-        r.engines[e].outbox = Box()
+        r.engines[e].outbox = RecordingOutbox()
     r.liveness.incarnation[1] = 2  # place 1 is held by its second successor
     r.on_leaving(Leaving(1, 1))  # an earlier holder of place 1: ignored
     assert r.liveness.down == {} and r.requests.calls == []

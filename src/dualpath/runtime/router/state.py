@@ -241,7 +241,7 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     snic = None if features.io_free else cfg.links.snic_bytes_per_s
     rate = min(by_id[e].prefill_tokens_per_s for e in pes)
     thresholds = derive_thresholds(cfg.scheduler.alpha_read_s, cfg.scheduler.beta_compute_s, snic, kv_bytes_per_token, rate)
-    forced = None if cfg.force_read_side is None else ReadSide.DECODE if cfg.force_read_side == "decode" else ReadSide.PREFILL
+    forced = None if cfg.force_read_side is None else ReadSide[cfg.force_read_side.name]  # ForcedSide -> ReadSide
     recompute = None
     if cfg.scheduler.recompute_when_faster:  # read or recompute (core/policy/recompute.py)
         recompute = RecomputeRule(kv_bytes_per_token, cfg.links.snic_bytes_per_s or float("inf"), rate)
