@@ -1,6 +1,7 @@
 """The client's token stream (router step 5): the engines' token reports become `TokenEvent`s on
 the request's queue, in order, the last one `finished`; a migrated attempt (recovery.py) continues
-the stream at the client's next index, with the client's prompt length in every event."""
+the stream at the client's next index, with the client's prompt length in every event. Tokens
+stream in index order whichever engine's report arrives first."""
 
 from __future__ import annotations
 
@@ -12,15 +13,29 @@ from .state import RouterRequest, Stream
 
 
 def emit(rr: RouterRequest, metrics: Any, now_s: float, token: int, index: int, finished: bool, reason: str | None) -> None:
-    """Token `index` of this attempt (0: the PE's first token); nothing once the attempt ended."""
-    if rr.finished:
+    """Token `index` of this attempt (0: the PE's first token); nothing once the attempt ended.
+    The PE reports token 0 and the DE the rest, on different sockets, so the DE's token 1 may
+    overtake the PE's token 0 (the PE's report queued, the DE's decode quick): a token ahead of the
+    next index waits in `rr.early` until the ones before it have streamed."""
+    if rr.finished or index < rr.generated:
         return
-    rr.generated = index + 1
-    index += rr.base_tokens
+    if index > rr.generated:
+        rr.early[index] = (token, finished, reason)
+        return
+    _stream(rr, metrics, now_s, token, finished, reason)
+    while rr.generated in rr.early and not rr.finished:
+        _stream(rr, metrics, now_s, *rr.early.pop(rr.generated))
+
+
+def _stream(rr: RouterRequest, metrics: Any, now_s: float, token: int, finished: bool, reason: str | None) -> None:
+    """The attempt's next token to the client, at the client's next index."""
+    index = rr.base_tokens + rr.generated
+    rr.generated += 1
     rr.emitted.append(token)
     metrics.token(rr.stream_rid, index, now_s)
     if finished:
         rr.end(Stream.FINISHED)
+        rr.early.clear()
         metrics.finished(rr.stream_rid)
     prompt = len(rr.origin.prompt_ids)
     rr.queue.put_nowait(TokenEvent(token, index, finished, reason if finished else None, prompt, min(prompt, rr.hit_tokens)))
