@@ -100,9 +100,13 @@ class DecodeAssign:
 @message
 @dataclass(frozen=True, slots=True)
 class PromptLoaded:
-    """D -> R: the prompt's KV is in D's KV cache; its DE-buffer region may be freed."""
+    """D -> R: the prompt's KV is in D's KV cache; its DE-buffer region may be freed. It repeats
+    the first token (from `PromptReady`), so the stream has token 0 even if the PE's `FirstToken`
+    never arrives (the PE killed with it still queued, after its `PromptReady` went out)."""
 
     rid: int
+    first_token: int
+    cached_tokens: int
 
 
 @message

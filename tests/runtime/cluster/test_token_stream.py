@@ -67,3 +67,46 @@ def test_an_early_last_token_ends_the_stream_once_the_gap_fills_and_later_report
     emit(rr, m, 0.0, 22, 2, False, None)  # nothing after the end
     emit(rr, m, 0.0, 20, 0, False, None)  # nor a repeat
     assert _drain(rr) == [] and rr.emitted == [20, 21]
+
+
+def _router_with_a_placed_request(tmp_path, max_tokens: int):
+    """A Router with no engine processes (one fake PE, one fake DE) and a request it placed on them."""
+    from dualpath.config import RuntimeConfig
+    from dualpath.core.phase import Phase
+    from dualpath.runtime.router.router import Router
+    from dualpath.runtime.router.state import EngineState
+
+    class Clock:
+        def now_s(self) -> float:
+            return 0.0
+
+    router = Router(RuntimeConfig(), model_name="t", tokenizer=None, max_context_tokens=4096, eos_token_ids=(),
+                    kv_bytes_per_token=1, full_block_bytes=64, store=None, endpoint=f"ipc://{tmp_path}/router",
+                    clock=Clock())
+    pe, de = (EngineState(e, role, f"fake://{e}") for e, role in ((0, "prefill"), (1, "decode")))
+    rr = router.new_record(GenerationRequest("r", (1, 2, 3), SamplingParams(max_tokens=max_tokens)), asyncio.Queue())
+    router.metrics.arrived(rr.rid)
+    rr.pe, rr.de = pe, de
+    rr.advance(Phase.PREFILL_READY)
+    return router, rr
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_the_des_copy_of_the_first_token_stands_in_for_a_pe_report_that_never_came(tmp_path, max_tokens):
+    """The PE killed with its FirstToken still queued, after its PromptReady went out: the DE's
+    PromptLoaded carries the first token, so the stream neither hangs nor skips index 0."""
+    from dualpath.runtime.protocol import FirstToken, PromptLoaded, Token
+
+    router, rr = _router_with_a_placed_request(tmp_path, max_tokens)
+    try:
+        if max_tokens > 1:
+            router._token(rr, Token(rr.rid, 31, 1, False, ""))  # the DE decodes on, the PE's report lost
+        router._prompt_loaded(rr, PromptLoaded(rr.rid, 30, 0))
+        if max_tokens > 1:
+            router._token(rr, Token(rr.rid, 32, 2, True, "length"))
+        want = [(0, 30, max_tokens == 1)] + ([(1, 31, False), (2, 32, True)] if max_tokens > 1 else [])
+        assert _drain(rr) == want and rr.finished
+        router._first_token(rr, FirstToken(rr.rid, 30, 0))  # a late PE report changes nothing
+        assert _drain(rr) == [] and rr.emitted == [t for _, t, _ in want]
+    finally:
+        router.inbox.close()

@@ -50,6 +50,7 @@ class DecodeRequest:
     generated: int = 0
     digests: list = field(default_factory=list)  # chained digests of the full blocks so far
     persisted_blocks: int = 0
+    hit_tokens: int = 0  # the PE's hit (PromptReady), repeated to the router in PromptLoaded
     hit_blocks: int = 0
     sampler: TokenSampler | None = None
     stage: DecodeStage = DecodeStage.WAITING  # stages.py
@@ -169,7 +170,7 @@ class DecodeEngine(EngineBase):
         if r is None or r.cancelled:
             return
         bt = self.cfg.block_tokens
-        r.hit_blocks = m.hit_tokens // bt
+        r.hit_tokens, r.hit_blocks = m.hit_tokens, m.hit_tokens // bt
         r.tokens.append(m.first_token)
         r.generated = 1
         n = len(r.assign.prompt_ids)
@@ -212,7 +213,7 @@ class DecodeEngine(EngineBase):
         if m.kind == CopyKind.H2D:
             if not r.cancelled:
                 self._persist_full_blocks(r)  # announced before PromptLoaded (a 1-token request ends there)
-            self.mail.to_router(PromptLoaded(m.rid))
+            self.mail.to_router(PromptLoaded(m.rid, r.tokens[len(r.assign.prompt_ids)], r.hit_tokens))
             if r.cancelled:
                 self._finish(r)
                 return

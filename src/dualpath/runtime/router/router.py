@@ -360,8 +360,11 @@ class Router:
         self.placement.free(rr.de.engine, rr.de_regions)
         rr.de_regions = []
         rr.advance(Phase.DECODING)
-        if rr.final_first_token is not None:
-            first_token(rr, rr.final_first_token, self.eos_token_ids, self.metrics, self.clock.now_s())
+        first = rr.final_first_token  # a 1-token answer held for this, or the PE's report never came:
+        if first is None and rr.generated == 0:  # the DE's copy of the first token (protocol.py)
+            first = FirstToken(rr.rid, msg.first_token, msg.cached_tokens)
+        if first is not None:
+            first_token(rr, first, self.eos_token_ids, self.metrics, self.clock.now_s())
 
     def _decode_done(self, rr: RouterRequest, msg: DecodeDone) -> None:
         if rr.de_regions:  # never loaded (cancelled early)
