@@ -56,7 +56,8 @@ def test_the_timeline_lays_both_worlds_side_by_side_with_the_same_names(run_dir,
 @pytest.mark.realtime
 def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_checks_only(report):
     """predicted = the SpeedModel fitted on the calibration runs' forwards, at their drift, moved to
-    the mean drift before the scored runs (fidelity/calibration.py); the replayed speed is the one
+    the mean drift of the mode's scored runs, each at the drift of its middle between the checks
+    before and after its cluster (fidelity/calibration.py); the replayed speed is the one
     fitted on the scored runs' own forwards; start speed is the drift alone. Recomputed here from the
     profile and the step records the report holds."""
     from types import SimpleNamespace
@@ -66,7 +67,9 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
 
     cal = report["calibration"]
     assert cal["workloads"] == [CALIBRATION] and len(report["drift"]) == report["repeat"] == 2
-    assert all(0.2 < d < 5 for d in report["drift"] + cal["drift"])
+    assert all(0.2 < d < 5 for d in report["drift"] + report["drift_after"] + cal["drift"])
+    assert report["drift"][1:] == report["drift_after"][:-1]  # the check after a cluster is the next one's before
+    assert report["drift"][0] == cal["drift_after"]
     fits, points = report["profile_fit"], report["profile_points"]
     profile = SimpleNamespace(prefill_fit=StepFit(**fits["prefill"]), decode_fit=StepFit(**fits["decode"]),
                               decode=[StepTime(**p) for p in points["decode"]])
@@ -77,9 +80,13 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     calibrated = fit_speed(profile, runs)
     assert SpeedModel(**cal["speed"]) == calibrated
     for mode, r in report["modes"].items():
-        want = calibrated.drifted(mean(report["drift"]), mean(cal["drift"]))
+        drifts = report["drift_by_mode"][mode]
+        assert len(drifts) == report["repeat"]
+        for d, before, after in zip(drifts, report["drift"], report["drift_after"]):
+            assert min(before, after) - 1e-12 <= d <= max(before, after) + 1e-12
+        want = calibrated.drifted(mean(drifts), mean(cal["drift"]))
         assert r["speed"]["predicted"] == pytest.approx(want.to_json())
-        assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(mean(report["drift"])).to_json())
+        assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(mean(drifts)).to_json())
         own = fit_speed(profile, [(steps, 1.0) for steps in r["runtime_steps"]])
         assert r["speed"]["replayed"] == pytest.approx(own.to_json())
         for steps in r["runtime_steps"]:  # every forward of the scored runs, with what the profile needs

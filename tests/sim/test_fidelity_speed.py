@@ -116,11 +116,23 @@ def test_the_calibration_fits_one_speed_over_every_modes_runs():
             + TRUE.decode_join_s * 1.1 * row[5]
         row[6] = 0.0
     calib = CalibrationRuns()
-    calib.add("demo", [{"mode": "basic", "jct_s": 1.0, "steps": basic}], 1.1)
-    calib.add("demo", [{"mode": "dualpath", "jct_s": 1.0, "steps": _steps(0.9)}], 0.9)
+    calib.add("demo", [{"mode": "basic", "jct_s": 1.0, "steps": basic}], [1.1])
+    calib.add("demo", [{"mode": "dualpath", "jct_s": 1.0, "steps": _steps(0.9)}], [0.9])
     got = calib.speed(PROFILE)
     for name in ("prefill_scale", "prefill_overhead_s", "decode_scale", "decode_io_slowdown", "decode_join_s"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     alone = fit_speed(PROFILE, [(basic, 1.1)])  # basic's runs alone see no slowdown to fit
     assert alone.decode_io_slowdown == 0.0 and alone.decode_scale == pytest.approx(TRUE.decode_scale, rel=1e-6)
     assert calib.to_json(PROFILE)["speed"] == got.to_json()
+
+
+def test_each_run_of_a_cluster_gets_the_drift_at_its_middle():
+    """calibration.py: a cluster runs its modes in turn between a check before and one after; a
+    machine slowing down through them slows the later mode more, in proportion to the time."""
+    from dualpath.fidelity.calibration import CalibrationRuns, drifts_through
+
+    assert drifts_through(1.0, 1.3, [10.0, 20.0]) == pytest.approx([1.05, 1.2])
+    assert drifts_through(1.2, 1.2, [5.0, 1.0, 3.0]) == pytest.approx([1.2] * 3)
+    assert drifts_through(1.0, 2.0, [0.0]) == [1.5]
+    with pytest.raises(ValueError):  # a drift for every run
+        CalibrationRuns().add("demo", [{"mode": "basic"}, {"mode": "dualpath"}], [1.0])

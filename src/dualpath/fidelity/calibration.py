@@ -3,11 +3,13 @@
 The compute profile (`dualpath calibrate`, runtime/profile/calibrate.py) times each prefill and decode
 step alone, in a process pinned to an engine's CPU set. A prediction corrects it twice:
 
-1. Drift: a shared machine's speed moves within minutes. Right before every runtime run (the
-   calibration's and the scored ones) the profile's warm points are timed again
-   (`calibrate.check_speed`); `drift` is the median of now / cached. The prediction of the scored
-   runs takes the mean of the drifts measured before them: a measurement made before each run,
-   never of it.
+1. Drift: a shared machine's speed moves within minutes. Right before and right after every
+   runtime cluster (the calibration's and the scored ones, each running every mode in turn) the
+   profile's warm points are timed again (`calibrate.check_speed`); `drift` is the median of now /
+   cached. Each mode's run is given the drift at its middle, linear between the two checks
+   (`drifts_through`): a machine that slows down through a cluster's runs slows its later modes
+   more. The prediction of the scored runs takes the mean of those drifts: measurements made beside
+   each run, never of it.
 2. Contention: inside a running cluster the engines' forwards take longer than the profile timed
    them alone, by how much depending on the forward and on what runs beside it (speed.py: the
    `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine moves
@@ -60,11 +62,13 @@ class CalibrationRuns:
 
     workloads: list[str] = field(default_factory=list)
     runs: list[dict] = field(default_factory=list)  # runtime results (runtime/apps/demo.py: run_workload)
-    drifts: list[float] = field(default_factory=list)  # per run, the drift before its cluster's first mode
+    drifts: list[float] = field(default_factory=list)  # per run, the drift at its middle (drifts_through)
+    last_after: float | None = None  # the check after the last cluster (the scored runs' first check)
     wall_s: float = 0.0
 
-    def add(self, workload: str, runs: Sequence[dict], drift: float) -> None:
-        for run in runs:
+    def add(self, workload: str, runs: Sequence[dict], drifts: Sequence[float]) -> None:
+        """A cluster's runs, each with its drift (`drifts_through`)."""
+        for run, drift in zip(runs, drifts, strict=True):
             self.workloads.append(workload)
             self.runs.append(run)
             self.drifts.append(drift)
@@ -78,10 +82,21 @@ class CalibrationRuns:
         return mean(self.drifts) if self.drifts else 1.0
 
     def to_json(self, profile: Any) -> dict[str, Any]:
-        return {"workloads": sorted(set(self.workloads)), "drift": self.drifts, "wall_s": self.wall_s,
+        return {"workloads": sorted(set(self.workloads)), "drift": self.drifts, "drift_after": self.last_after,
+                "wall_s": self.wall_s,
                 "speed": self.speed(profile).to_json(),
                 "runs": [{"workload": w, "mode": r["mode"], "jct_s": r["jct_s"], "model_time": r.get("model_time"),
                           "steps": r.get("steps")} for w, r in zip(self.workloads, self.runs)]}
+
+
+def drifts_through(before: float, after: float, wall_s: Sequence[float]) -> list[float]:
+    """The drift at the middle of each of a cluster's runs, run in turn for `wall_s` seconds each
+    between a check `before` and one `after` (linear in time between the two)."""
+    total, out, start = sum(wall_s), [], 0.0
+    for w in wall_s:
+        out.append(before + (after - before) * ((start + w / 2) / total if total > 0 else 0.5))
+        start += w
+    return out
 
 
 def step_records(trace: dict[str, Any]) -> dict[str, list[list[float]]]:
@@ -140,5 +155,5 @@ def _covered(t0: float, t1: float, spans: list[tuple[float, float]]) -> float:
 
 
 def predicted_speed(calibrated: SpeedModel, calibration_drift: float, drifts: Sequence[float]) -> SpeedModel:
-    """The calibration's SpeedModel on the machine of the scored runs (the mean drift before them)."""
+    """The calibration's SpeedModel on the machine of the scored runs (the mean of their drifts)."""
     return calibrated.drifted(mean(drifts) if drifts else 1.0, calibration_drift)

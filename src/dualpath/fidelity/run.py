@@ -6,10 +6,10 @@ Numbered path:
      plan_demo; a trace's time scale from those rates and its `load`, `_replan`). A workload never
      calibrates its own prediction.
   2. Calibration: each calibration workload runs once per mode on the local runtime cluster, the
-     profile's drift timed right before (calibration.py). Their forwards, every mode's together,
-     give the engines' contention.
+     profile's drift timed right before and right after (calibration.py: each mode's run at the
+     drift of its middle). Their forwards, every mode's together, give the engines' contention.
   3. The scored runs: `repeat` fresh clusters, each running every mode in turn on a fresh store, the
-     drift timed right before each, the scheduler's decisions recorded.
+     drift timed right before and right after each, the scheduler's decisions recorded.
   4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, per
      mode at four speeds (speed.py: SpeedModel): `predicted` (fitted on the calibration runs, at the
      scored runs' drift: nothing measured from the scored runs), `replayed` (fitted on the scored
@@ -31,7 +31,7 @@ from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
 from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
-from .calibration import CalibrationRuns, DriftCheck, predicted_speed, step_records
+from .calibration import CalibrationRuns, DriftCheck, drifts_through, predicted_speed, step_records
 from .compare import causes, compare_decisions, errors, runtime_stats
 from .preset import local_sim_config
 from .speed import SpeedModel, fit_speed
@@ -65,21 +65,28 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     plan = _plan(spec, now, kvbpt, block, model, window)
     cal_plans = [_plan(c, now, kvbpt, block, model, window) for c in cal_specs]
     calib = await _calibrate(cal_specs, cal_plans, modes, model, device, drift, base, first_drift, on_turn)
-    scored, drifts, t0 = [], [], time.perf_counter()
+    scored, drifts, after, t0 = [], [], [], time.perf_counter()
+    mode_drifts: dict[str, list[float]] = {m: [] for m in modes}  # per mode, its runs' drifts
     for i in range(repeat):
-        drifts.append(first_drift if i == 0 and not cal_specs else drift(base))
+        # the check before a cluster: the one after the cluster before it (only a cluster's start between)
+        drifts.append(after[-1] if after else calib.last_after or first_drift)
         scored.append(await _run(plan, modes, model, device, seed=i, on_turn=on_turn, keep_trace=timeline and i == 0))
+        after.append(drift(base))
+        runs = scored[-1]["runs"]
+        for run, d in zip(runs, drifts_through(drifts[-1], after[-1], [r["wall_s"] for r in runs])):
+            mode_drifts[run["mode"]].append(d)
     report: dict[str, Any] = {
         "workload": spec.key, "model": model, "device": device, "repeat": repeat,
         "rates": plan.rates.to_json(), "profile": None if base.path is None else str(base.path),
         **_workload_size(plan.trajectories), "runtime_wall_s": time.perf_counter() - t0,
-        "calibration": calib.to_json(base.profile), "drift": drifts, "modes": {}}
+        "calibration": calib.to_json(base.profile), "drift": drifts, "drift_after": after,
+        "drift_by_mode": mode_drifts, "modes": {}}
     source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
         real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in scored]
-        speeds = {"predicted": predicted_speed(calib.speed(base.profile), calib.mean_drift(), drifts),
+        speeds = {"predicted": predicted_speed(calib.speed(base.profile), calib.mean_drift(), mode_drifts[mode]),
                   "replayed": fit_speed(base.profile, [(r["steps"], 1.0) for r in real_runs]),
-                  "start_speed": predicted_speed(SpeedModel(), 1.0, drifts)}
+                  "start_speed": predicted_speed(SpeedModel(), 1.0, mode_drifts[mode])}
         runtime_cfg = _demo_config(mode, plan.rates, model)
         cfgs = {name: local_sim_config(runtime_cfg, base.profile, kvbpt, f"{source} at {s}", s) for name, s in speeds.items()}
         cfgs["shared_cnics"] = replace(cfgs["predicted"], cluster=replace(cfgs["predicted"].cluster,
@@ -109,9 +116,10 @@ async def _calibrate(specs: Sequence[WorkloadSpec], plans: Sequence[Any], modes:
     """Each calibration workload once per mode, on a cluster of its own (calibration.py)."""
     calib, t0 = CalibrationRuns(), time.perf_counter()
     for i, (spec, plan) in enumerate(zip(specs, plans)):
-        d = first_drift if i == 0 else drift(base)
+        before = first_drift if i == 0 else calib.last_after
         res = await _run(plan, modes, model, device, seed=1000 + i, on_turn=on_turn)
-        calib.add(spec.key, res["runs"], d)
+        calib.last_after = drift(base)  # also the next cluster's check before it
+        calib.add(spec.key, res["runs"], drifts_through(before, calib.last_after, [r["wall_s"] for r in res["runs"]]))
     calib.wall_s = time.perf_counter() - t0
     return calib
 
