@@ -10,6 +10,7 @@ from dualpath.core.blocks import (
     chain_digests,
     join_layer_blocks,
     longest_stored_prefix,
+    salted_root,
     split_full_block,
 )
 
@@ -34,6 +35,18 @@ def test_changing_a_token_changes_its_block_and_all_later_ones_only():
     da, db = chain_digests(a, 4), chain_digests(b, 4)
     assert da[:2] == db[:2]
     assert all(x != y for x, y in zip(da[2:], db[2:]))
+
+
+def test_a_cache_salt_changes_every_key_of_the_chain():
+    """salted_root: block 0's parent, so every block key differs under another salt; no salt is the
+    plain chain; the same salt is the same chain."""
+    tokens = list(range(12))
+    plain = chain_digests(tokens, 4)
+    assert salted_root("") == ROOT_DIGEST and chain_digests(tokens, 4, salted_root("")) == plain
+    a, b = chain_digests(tokens, 4, salted_root("a")), chain_digests(tokens, 4, salted_root("b"))
+    assert a == chain_digests(tokens, 4, salted_root("a"))
+    assert not set(a) & set(b) and not set(a) & set(plain)
+    assert a[0] == block_digest(salted_root("a"), [0, 1, 2, 3]) and len(salted_root("a")) == 32
 
 
 def test_longest_stored_prefix_stops_at_first_gap():

@@ -56,6 +56,15 @@ def test_a_later_request_hits_exactly_the_shared_full_blocks(tmp_path, mode):
     assert hits == [0, 0, 2 * MC, 1 * MC]
 
 
+def test_the_whole_trace_is_replayed_unless_a_limit_is_given(tmp_path):
+    """`sim --trace` replays every request of the file by default (`run` takes its first 8)."""
+    rows = [(1000 * i, 100, 2, [i]) for i in range(12)]
+    _, w, got = _simulate(_cfg(_write(tmp_path / "mc.jsonl", rows)))
+    assert len(got) == 12 and w.stats["num_requests"] == 12 and w.stats["limit"] is None
+    _, w, got = _simulate(_cfg(_write(tmp_path / "mc.jsonl", rows)), TraceReplay(limit=5))
+    assert len(got) == 5 and w.stats["num_requests"] == 5
+
+
 def test_every_request_misses_when_all_arrive_before_anything_is_stored(tmp_path):
     _, w, rows = _simulate(_cfg(_write(tmp_path / "mc.jsonl", TRACE)), TraceReplay(time_scale=0.0))
     assert w.arrivals_s == (0.0,) * len(TRACE)
@@ -151,7 +160,7 @@ def test_sim_detects_a_mooncake_trace_and_a_trajectory_file(tmp_path):
     q = _cli("--trajectories", str(traj), "--agents", "1", "--mode", "dualpath", "--json", str(tmp_path / "traj.json"))
     assert q.returncode == 0, q.stderr
     m, t = json.loads((tmp_path / "mc.json").read_text()), json.loads((tmp_path / "traj.json").read_text())
-    assert m["workload"]["num_requests"] == len(TRACE) and m["workload"]["limit"] == 8  # `dualpath run`'s default
+    assert m["workload"]["num_requests"] == len(TRACE) and m["workload"]["limit"] is None  # the whole file
     assert m["runs"][0]["num_turns"] == len(TRACE)
     with open(tmp_path / "mc.csv", newline="") as f:
         turns = sorted(csv.DictReader(f), key=lambda r: int(r["agent"]))

@@ -52,13 +52,14 @@ def _device(spec: str) -> str:
 
 def generate(
     model: Annotated[str, typer.Option(help="smollm2-135m, tiny, a .gguf file or a safetensors folder")] = "smollm2-135m",
-    prompt: Annotated[Optional[str], typer.Option(help="text (goes through the chat template)")] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="text (through the chat template when the model has one)")] = None,
     prompt_ids: Annotated[Optional[str], typer.Option(help="comma-separated token ids")] = None,
     max_tokens: Annotated[int, typer.Option()] = 64,
     temperature: Annotated[float, typer.Option()] = 0.0,
     top_p: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[Optional[int], typer.Option()] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print prompt_ids, generated_ids and text as JSON")] = False,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="--prompt through the chat template, or raw (default: the template when the model has one)")] = None,
     device: DeviceOption = "cpu",
 ) -> None:
     """One-shot generation (prefill + paged decode) for scripts and checks."""
@@ -77,7 +78,7 @@ def generate(
         if not ids:
             raise InputError("--prompt-ids is empty")
     res = generate_text(model, prompt=prompt, prompt_ids=ids, max_tokens=max_tokens, temperature=temperature,
-                        top_p=top_p, seed=seed, device=_device(device))
+                        top_p=top_p, seed=seed, chat=chat, device=_device(device))
     if res.text is None:  # a folder without tokenizer: ids only (stderr keeps stdout parseable)
         typer.echo(f"no tokenizer in {model}: text not decoded", err=True)
     if as_json:
@@ -94,6 +95,7 @@ def serve(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
     api_key: Annotated[Optional[str], typer.Option(help="require this Bearer key on /v1")] = None,
+    api_keys: Annotated[Optional[Path], typer.Option(help="a JSON object of Bearer keys to tenants: each key's requests are cached apart (cache_salt)")] = None,
     store_dir: Annotated[Optional[str], typer.Option("--store-dir", "--store", help="KV store: a directory or tcp://HOST:PORT of `dualpath store serve` (default: a temporary directory)")] = None,
     snic_mb_s: Annotated[Optional[float], typer.Option(help="emulated SNIC cap per node, MB/s (default: none)")] = None,
     device: DeviceOption = "cpu",
@@ -134,7 +136,7 @@ def serve(
                         store=StoreConfig(location=store_dir or None), faults=faults, transport=transport)
     cfg = apply_overrides(cfg, set_ or [])
     _device(device)
-    server = dict(host=host, port=port, api_key=api_key, limits=limits, engines_listen=engines_listen)
+    server = dict(host=host, port=port, api_key=_api_keys(api_key, api_keys), limits=limits, engines_listen=engines_listen)
     if ray is None:
         serve_cluster(cfg, **server)
     else:
@@ -142,6 +144,24 @@ def serve(
 
         serve_on_ray(ray, cfg, **server)
 
+
+
+def _api_keys(key: str | None, keys_file: Path | None) -> str | dict[str, str] | None:
+    """--api-key, or --api-keys' map of keys to tenants (checked: one line and exit 2 if wrong)."""
+    if keys_file is None:
+        return key
+    if key is not None:
+        raise InputError("give one of --api-key and --api-keys")
+    try:
+        keys = json.loads(keys_file.read_text())
+    except OSError as exc:
+        raise InputError(f"--api-keys: cannot read {keys_file} ({exc.strerror})") from None
+    except ValueError as exc:
+        raise InputError(f"--api-keys: {keys_file} is not JSON ({exc})") from None
+    if not isinstance(keys, dict) or not keys or not all(isinstance(k, str) and k and isinstance(t, str) and t
+                                                         for k, t in keys.items()):
+        raise InputError(f"--api-keys: {keys_file} must be a JSON object of non-empty keys to non-empty tenant names")
+    return keys
 
 
 def engine(

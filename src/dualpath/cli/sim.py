@@ -57,7 +57,7 @@ def sim(
     trajectories: Annotated[Optional[Path], typer.Option(
         "--trajectories", "--trace",
         help="trajectory JSONL or a Mooncake trace (auto-detected) instead of the generator")] = None,
-    limit: Annotated[int, typer.Option(help="Mooncake: the first N requests that fit --max-len (as `dualpath run`)")] = 8,
+    limit: Annotated[Optional[int], typer.Option(help="Mooncake: the first N requests that fit --max-len (default: every one)")] = None,
     time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps (as `dualpath run`)")] = 1.0,
     append_scale: Annotated[float, typer.Option(help="multiply every round's append (Fig. 9)")] = 1.0,
     gen_scale: Annotated[float, typer.Option(help="multiply every round's generation (Fig. 9)")] = 1.0,

@@ -7,6 +7,9 @@ blocks are hashed, stored and reused; a trailing partial block is always recompu
 Block id k = SHA-256(parent_digest || token ids as 4-byte little-endian), where the parent of
 block 0 is `ROOT_DIGEST`. Equal ids therefore mean equal token prefixes (up to SHA-256
 collisions), which is what makes a stored block reusable by any request with that prefix.
+A request's `cache_salt` (a tenant, say) gives block 0 another parent (`salted_root`), and so
+every key of its chain: prompts under different salts never share a stored block, so no tenant
+can tell from a hit's speed what another sent (vLLM and SGLang salt their prefix hashes alike).
 
 Traces that only carry opaque block ids (Mooncake `hash_ids`) use `OpaqueBlockId`: the chain is
 implied by the trace itself, so ids are taken as given.
@@ -36,12 +39,21 @@ def block_digest(parent: bytes, tokens: Sequence[int]) -> bytes:
     return h.digest()
 
 
-def chain_digests(tokens: Sequence[int], block_tokens: int = BLOCK_TOKENS_DEFAULT) -> list[bytes]:
-    """Digests of every full block of `tokens`, in order; the trailing partial block is skipped."""
+def salted_root(salt: str) -> bytes:
+    """The parent of block 0 for a request with `cache_salt` `salt` ("": none, `ROOT_DIGEST`)."""
+    if not salt:
+        return ROOT_DIGEST
+    return hashlib.sha256(b"dualpath cache_salt\x00" + salt.encode()).digest()
+
+
+def chain_digests(tokens: Sequence[int], block_tokens: int = BLOCK_TOKENS_DEFAULT,
+                  root: bytes = ROOT_DIGEST) -> list[bytes]:
+    """Digests of every full block of `tokens`, in order, block 0's parent `root`; the trailing
+    partial block is skipped."""
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
     digests: list[bytes] = []
-    parent = ROOT_DIGEST
+    parent = root
     for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
         parent = block_digest(parent, tokens[start : start + block_tokens])
         digests.append(parent)

@@ -57,6 +57,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    cache_salt: str = ""  # its blocks' keys are salted with it (core/blocks.py: salted_root); "": none
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,7 @@ class TokenEvent:
     finish_reason: str | None  # "stop" | "length" | None while running
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose KV was loaded instead of computed
+    cached_path: str = ""  # the read path that loaded them: "prefill" or "decode" ("": none loaded)
 
 
 class TokenizerLike(Protocol):

@@ -89,6 +89,7 @@ class DecodeAssign:
     read_side: int
     pe_endpoint: str
     de_offsets: list
+    root_digest: bytes  # block 0's parent: the request's cache salt (core/blocks.py: salted_root)
     max_tokens: int
     min_tokens: int
     ignore_eos: bool

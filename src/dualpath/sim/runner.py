@@ -30,16 +30,16 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True, slots=True)
 class TraceReplay:
-    """How a Mooncake trace is replayed: `dualpath run`'s options, meanings and defaults
-    (cli/runtime.py:run)."""
+    """How a Mooncake trace is replayed: `dualpath run`'s options and meanings (cli/runtime.py:run);
+    by default the whole trace, where `run` takes its first 8 requests to save time."""
 
     time_scale: float = 1.0  # request i arrives at (timestamp_i - first timestamp) * time_scale, s
-    limit: int = 8  # replay the first `limit` records whose input + output tokens fit max_len
+    limit: int | None = None  # replay the first `limit` records whose input + output tokens fit max_len (None: all)
 
     def __post_init__(self) -> None:
         if not self.time_scale >= 0:  # also refuses NaN
             raise InputError(f"--time-scale must be >= 0, got {self.time_scale}")
-        if self.limit <= 0:
+        if self.limit is not None and self.limit <= 0:
             raise InputError(f"--limit must be positive, got {self.limit}")
 
 

@@ -103,6 +103,27 @@ def test_generate_with_word_level_tokenizer_matches_transformers(folders):
     assert out.text == " ".join(WORDS[i] for i in out.generated_ids if WORDS[i] not in SPECIALS)
 
 
+def test_a_prompt_goes_raw_when_the_tokenizer_has_no_chat_template(folders, tmp_path):
+    """generate_text's chat=None: the template when the tokenizer has one, else the raw prompt;
+    --chat forced on a tokenizer without one is refused, naming the options that exist."""
+    import shutil
+
+    model, with_tok, _ = folders
+    plain = tmp_path / "no-template"
+    shutil.copytree(with_tok, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_model(plain).tokenizer
+    raw = ([1] if tok.add_bos_token else []) + [VOCAB["hello"], VOCAB["world"]]  # the raw prompt, BOS as configured
+    out = generate_text(str(plain), prompt="Hello world", max_tokens=MAX_NEW_TOKENS)
+    assert list(out.prompt_ids) == raw
+    assert list(out.generated_ids) == _hf_greedy(model, raw)
+    assert list(generate_text(str(with_tok), prompt="Hello world", max_tokens=2, chat=False).prompt_ids) == raw
+    with pytest.raises(InputError, match="--no-chat"):
+        generate_text(str(plain), prompt="Hello world", max_tokens=2, chat=True)
+
+
 def test_folder_without_tokenizer_takes_and_gives_ids(folders):
     model, _, without_tok = folders
     assert load_model(without_tok).tokenizer is None

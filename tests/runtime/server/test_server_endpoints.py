@@ -111,3 +111,30 @@ def test_lifespan_runs_on_the_server_loop(start_server):
     assert httpx.get(server.url + "/health").status_code == 200
     server.stop()
     assert events[-1] == "stop"
+
+
+def test_keys_mapped_to_tenants_salt_each_tenants_cache(start_server):
+    """--api-keys: each key's tenant salts its requests' cache keys (app.py: cache_salt), whatever
+    cache_salt the request sends; a request's own salt separates it further within its tenant."""
+    from dualpath.runtime.server.app import cache_salt
+
+    server = start_server(api_key={"key-a": "alpha", "key-b": "beta"})
+    with httpx.Client(base_url=server.url) as client:
+        assert client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer key-c"}).status_code == 401
+        for key, body in (("key-a", CHAT), ("key-b", CHAT), ("key-a", {**CHAT, "cache_salt": "s"}),
+                          ("key-b", {**CHAT, "cache_salt": "s"})):
+            assert client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        bad = client.post("/v1/chat/completions", json={**CHAT, "cache_salt": ""}, headers={"Authorization": "Bearer key-a"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
+    salts = [r.cache_salt for r in server.router.received]
+    assert salts == [cache_salt("alpha", None), cache_salt("beta", None), cache_salt("alpha", "s"), cache_salt("beta", "s")]
+    assert len(set(salts)) == 4 and all(salts)  # no two tenants share a salt, even when both send "s"
+
+
+def test_without_tenants_the_requests_cache_salt_is_its_own(start_server):
+    server = start_server()
+    with httpx.Client(base_url=server.url) as client:
+        assert client.post("/v1/chat/completions", json={**CHAT, "cache_salt": "team-1"}).status_code == 200
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "cache_salt": "team-2"}).status_code == 200
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert [r.cache_salt for r in server.router.received] == ["team-1", "team-2", ""]

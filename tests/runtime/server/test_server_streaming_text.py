@@ -122,3 +122,28 @@ def test_server_stop_string_ends_generation(start_server, tokenizer):
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
     assert server.router.active_request_ids == frozenset()
     assert len(server.router.cancelled_request_ids) == 2  # both closed at the stop string, before max_tokens
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_return_token_ids_gives_the_prompts_and_every_generated_token_streaming_or_not(start_server, tokenizer, route):
+    """vLLM's `return_token_ids`: `prompt_token_ids` (top level on chat, in the choice on
+    completions) are the ids the backend received; `token_ids` every generated id in order, streamed
+    too, even the tokens whose text is held back (the bytes of a character travel together)."""
+    reply_ids = tokenizer.encode(MULTIBYTE_TEXT)
+    server = start_server(FakeBackend(reply=lambda _prompt: reply_ids))
+    body = ({"prompt": "x y"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "x y"}]})
+    body |= {"max_tokens": len(reply_ids), "return_token_ids": True}
+    reply = httpx.post(server.url + route, json=body).json()
+    sent = list(server.router.received[-1].prompt_ids)
+    choice = reply["choices"][0]
+    assert (reply if route == "/v1/chat/completions" else choice)["prompt_token_ids"] == sent
+    assert choice["token_ids"] == reply_ids
+    with httpx.stream("POST", server.url + route, json=body | {"stream": True}) as response:
+        events = sse_events(response)
+    streamed = [i for e in events for i in e["choices"][0]["token_ids"]]
+    assert streamed == reply_ids
+    carriers = [e if route == "/v1/chat/completions" else e["choices"][0] for e in events]
+    assert [("prompt_token_ids" in c) for c in carriers] == [True] + [False] * (len(events) - 1)
+    assert carriers[0]["prompt_token_ids"] == list(server.router.received[-1].prompt_ids)
+    plain = httpx.post(server.url + route, json={k: v for k, v in body.items() if k != "return_token_ids"}).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain | plain["choices"][0]

@@ -7,7 +7,7 @@ lifespan that starts it, and a proxy that forwards to the router once it is up.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 from ...config import RuntimeConfig
 from ..cluster import LocalCluster
@@ -34,7 +34,7 @@ class ClusterRouter:
         return {"status": "ok", **router.health()}
 
 
-def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimits | None = None,
+def make_app(cfg: RuntimeConfig, api_key: str | Mapping[str, str] | None = None, limits: ServerLimits | None = None,
              engines_listen: str | None = None, joining_engines: Any = None):
     """The app and its cluster; `joining_engines` (engines started elsewhere that join the router,
     placed already: deploy/ray/engines.py: RayEngines): its `start_for(endpoint, cluster)` is called
@@ -57,7 +57,7 @@ def make_app(cfg: RuntimeConfig, api_key: str | None = None, limits: ServerLimit
     return create_app(proxy, api_key, limits=limits or ServerLimits(), lifespan=lifespan), cluster
 
 
-def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+def serve_cluster(cfg: RuntimeConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | Mapping[str, str] | None = None,
                   limits: ServerLimits | None = None, engines_listen: str | None = None,
                   joining_engines: Any = None) -> None:
     """Serve until stopped (`joining_engines`: make_app; deploy/ray/commands.py: serve_on_ray)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...core.blocks import ROOT_DIGEST, block_digest
+from ...core.blocks import block_digest
 from ...core.snapshot import ReadSide
 from ...metrics.timeline import DE_TO_PE
 from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
@@ -275,7 +275,7 @@ class DecodeEngine(EngineBase):
         have = self.cache.num_tokens(r.assign.rid) // bt
         while len(r.digests) < have:
             b = len(r.digests)
-            parent = r.digests[-1] if r.digests else ROOT_DIGEST
+            parent = r.digests[-1] if r.digests else r.assign.root_digest
             r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
         table = self.cache.block_table(r.assign.rid)
         fbb = self.layout.full_block_bytes

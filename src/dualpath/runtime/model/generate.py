@@ -140,11 +140,12 @@ def generate_text(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
-    chat: bool = True,
+    chat: bool | None = None,
     device: str = "cpu",
 ) -> GenerationResult:
     """For the CLI: load a model, then generate from a text prompt (through the chat template when
-    `chat`) or from token ids (used as given; the only input a model without tokenizer takes)."""
+    `chat`; None: when the tokenizer has one, else the raw prompt) or from token ids (used as given;
+    the only input a model without tokenizer takes)."""
     if (prompt is None) == (prompt_ids is None):
         raise InputError("give exactly one of --prompt and --prompt-ids")
     loaded = load_model(name_or_path, device=device)
@@ -153,6 +154,8 @@ def generate_text(
         raise InputError(f"no tokenizer in {name_or_path} (no tokenizer.json) to encode --prompt; "
                          "pass token ids with --prompt-ids")
     if prompt is not None:
+        if chat is None:
+            chat = tok.chat_template is not None
         if chat:
             ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
         else:

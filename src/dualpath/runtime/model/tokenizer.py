@@ -149,7 +149,8 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The conversation as text, through the model's chat template (as transformers renders it)."""
         if self.chat_template is None:
-            raise InputError("this model's tokenizer has no chat template; pass a plain prompt (chat off)")
+            raise InputError("this model's tokenizer has no chat template: send a plain prompt "
+                             "(/v1/completions, or `dualpath generate --no-chat`)")
         if self._compiled_template is None:
             self._compiled_template = _chat_environment().from_string(self.chat_template)
         names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_id,

@@ -39,6 +39,7 @@ class RouterMetrics:
         self.persist_failures = 0  # DE writes that ended without the block stored (Persisted.stored False)
         self.reqs: dict[int, _Req] = {}
         self.bytes_by_side = [0, 0]  # storage reads landing on the PE / DE side
+        self.hit_tokens_by_side = [0, 0]  # cached tokens placed to load through the PE / DE side
         self.engine_counters: dict[int, Counters] = {}
         self.num_cancelled = 0
         self.num_migrated = 0  # attempts moved to another engine after theirs died (recovery.py)
@@ -69,6 +70,7 @@ class RouterMetrics:
     def placed(self, rid: int, hit_tokens: int, side: int) -> None:
         r = self.reqs[rid]
         r.hit_tokens, r.side = hit_tokens, int(side)
+        self.hit_tokens_by_side[int(side)] += hit_tokens
         self.timeline.mark(ROUTER, "placed", rid, {"hit_tokens": hit_tokens, "side": SIDES[side]})
 
     def read_done(self, rid: int, on_prefill_side: bool, nbytes: int) -> None:
@@ -151,6 +153,9 @@ class RouterMetrics:
                    [Sample(self.num_failed)]),
             family("dualpath_storage_read_bytes_total", "counter", "KV bytes read from storage, by read path.",
                    [Sample(self.bytes_by_side[0], {"path": "prefill"}), Sample(self.bytes_by_side[1], {"path": "decode"})]),
+            family("dualpath_kv_load_tokens_total", "counter", "Cached prompt tokens placed to load, by read path.",
+                   [Sample(self.hit_tokens_by_side[0], {"path": "prefill"}),
+                    Sample(self.hit_tokens_by_side[1], {"path": "decode"})]),
             family("dualpath_cnic_bytes_total", "counter", "Bytes through engines' CNIC arbiters, by lane.",
                    [Sample(s["bytes"]["cnic_lane_kv"], {"lane": "kv"}),
                     Sample(s["bytes"]["cnic_lane_latency_critical"], {"lane": "latency_critical"})]),

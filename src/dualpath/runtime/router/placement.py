@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from ...core.blocks import chain_digests
+from ...core.blocks import chain_digests, salted_root
 from ...core.request import usable_hit_tokens
 from ...core.snapshot import ReadSide
 from ..transport.shm import BufferFull, HostBuffer, ShmRegion
@@ -30,9 +30,10 @@ class Placement:
         self._persisting_on: dict[int, Counter[bytes]] = {}  # the same, per DE that queued them
 
     # 1. hit
-    def digests(self, prompt: Sequence[int]) -> list[bytes]:
-        """The prompt's chained block digests (the store's keys), computed once per request."""
-        return chain_digests(prompt, self.block_tokens)
+    def digests(self, prompt: Sequence[int], salt: str = "") -> list[bytes]:
+        """The prompt's chained block digests (the store's keys) under its cache salt, computed
+        once per request."""
+        return chain_digests(prompt, self.block_tokens, salted_root(salt))
 
     def lookup(self, prompt: Sequence[int], digests: list[bytes]) -> int:
         """The usable hit in tokens as the scheduling pass counts it: a block whose persist is in

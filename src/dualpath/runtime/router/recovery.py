@@ -167,7 +167,7 @@ class Recovery:
         p = origin.params
         params = replace(p, max_tokens=p.max_tokens - done, min_tokens=max(0, p.min_tokens - done),
                          seed=p.seed if p.seed is not None else rr.stream_rid)
-        req = GenerationRequest(origin.request_id, tuple(origin.prompt_ids) + tuple(rr.emitted), params)
+        req = GenerationRequest(origin.request_id, tuple(origin.prompt_ids) + tuple(rr.emitted), params, origin.cache_salt)
         nxt = self._table.new_record(req, rr.queue)
         nxt.origin, nxt.client_rid, nxt.attempt = origin, rr.stream_rid, rr.attempt + 1
         nxt.emitted, nxt.base_tokens = list(rr.emitted), done

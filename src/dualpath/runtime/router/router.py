@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from ...config import RuntimeConfig
+from ...core.blocks import salted_root
 from ...core.phase import Phase
 from ...core.request import RequestId
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulePass
@@ -209,7 +210,7 @@ class Router:
         total = -(-(n + request.params.max_tokens) // bt) * bt
         qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
         rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview,
-                                                digests=self.placement.digests(request.prompt_ids))
+                                                digests=self.placement.digests(request.prompt_ids, request.cache_salt))
         return rr
 
     def _cancel(self, rr: RouterRequest) -> None:
@@ -285,7 +286,7 @@ class Router:
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
-                                       p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature, p.top_p, seed))
+                                       salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature, p.top_p, seed))
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
                                         [r.offset_bytes for r in rr.pe_regions],

@@ -37,8 +37,9 @@ def _stream(rr: RouterRequest, metrics: Any, now_s: float, token: int, finished:
         rr.end(Stream.FINISHED)
         rr.early.clear()
         metrics.finished(rr.stream_rid)
-    prompt = len(rr.origin.prompt_ids)
-    rr.queue.put_nowait(TokenEvent(token, index, finished, reason if finished else None, prompt, min(prompt, rr.hit_tokens)))
+    prompt, cached = len(rr.origin.prompt_ids), min(len(rr.origin.prompt_ids), rr.hit_tokens)
+    rr.queue.put_nowait(TokenEvent(token, index, finished, reason if finished else None, prompt, cached,
+                                   rr.side.name.lower() if cached else ""))
 
 
 def first_token(rr: RouterRequest, m: FirstToken, eos_token_ids: tuple[int, ...], metrics: Any, now_s: float) -> None:

@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from typing import AsyncContextManager, Callable
+from typing import AsyncContextManager, Callable, Mapping
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dualpath.errors import InputError
 from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable, ServingBackend
 from dualpath.runtime.server.admission import Admission, Overloaded, ServerLimits, Ticket
-from dualpath.runtime.server.front_door import FrontDoor
+from dualpath.runtime.server.front_door import TENANT_KEY, FrontDoor
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
 from dualpath.runtime.server.streaming import (EventStream, Job, close_quietly, collect_deltas, completion_json, event_stream,
                                                token_deltas, unless_disconnected)
@@ -121,7 +121,8 @@ class _Server:
                                f"context window of {window} tokens", name, "context_length_exceeded")
         return room if value is None else value
 
-    def prepare(self, body: ChatCompletionBody | CompletionBody) -> Job:
+    def prepare(self, body: ChatCompletionBody | CompletionBody, tenant: str = "") -> Job:
+        """The request's job; `tenant`: its API key's (front_door.py), which salts its cache."""
         chat = isinstance(body, ChatCompletionBody)
         if body.model is not None and body.model != self.router.model_name:
             raise RequestError(f"model: {body.model!r} does not exist; this server serves "
@@ -152,13 +153,14 @@ class _Server:
         )
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.new_request_id()}"
         return Job(chat=chat, response_id=response_id, created=int(self.wall_time_s()), model=self.router.model_name,
-                   request=GenerationRequest(response_id, tuple(prompt_ids), params), stops=tuple(body.stop or ()),
-                   stream=bool(body.stream),
+                   request=GenerationRequest(response_id, tuple(prompt_ids), params, cache_salt(tenant, body.cache_salt)),
+                   stops=tuple(body.stop or ()),
+                   stream=bool(body.stream), return_token_ids=bool(body.return_token_ids),
                    include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage))
 
     async def respond(self, request: Request, body: ChatCompletionBody | CompletionBody) -> Response:
         self.admission.check_room()  # a full server answers 429 before spending CPU on the prompt
-        job = await anyio.to_thread.run_sync(self.prepare, body)
+        job = await anyio.to_thread.run_sync(self.prepare, body, request.scope.get(TENANT_KEY, ""))
         ticket = self.admission.admit(len(job.request.prompt_ids))
         try:
             return await self._generate(request, job, ticket)
@@ -243,11 +245,21 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(500, "internal server error", kind="server_error")
 
 
-def create_app(router: ServingBackend, api_key: str | None = None, *, limits: ServerLimits = ServerLimits(),
+def cache_salt(tenant: str, salt: str | None) -> str:
+    """The salt of a request's cache keys: its tenant's, then its own `cache_salt` within the
+    tenant, so that two tenants never share a block whatever salts they send ("": none)."""
+    if not tenant:
+        return salt or ""
+    return f"tenant {tenant}\x00{salt or ''}"
+
+
+def create_app(router: ServingBackend, api_key: str | Mapping[str, str] | None = None, *,
+               limits: ServerLimits = ServerLimits(),
                wall_time_s: Callable[[], float] = system_wall_time_s, monotonic_s: Callable[[], float] = system_monotonic_s,
                new_request_id: Callable[[], str] = random_request_id, lifespan: Lifespan | None = None) -> FastAPI:
     """The OpenAI-compatible API over `router`. With `api_key`, /v1/ routes need
-    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers).
+    `Authorization: Bearer <api_key>`; /health and /metrics stay open (probes, scrapers). Given
+    as a map of keys to tenants, each key's requests are cached under its tenant (`cache_salt`).
     `limits` bound what is accepted (admission.py; 429 / 413 / 400 beyond them). `lifespan`
     (FastAPI's) runs on the server's event loop: start the router there, stop it after.
     The app's admission ledger is `app.state.admission`."""
@@ -255,7 +267,8 @@ def create_app(router: ServingBackend, api_key: str | None = None, *, limits: Se
     server = _Server(router, wall_time_s, new_request_id, admission)
     app = FastAPI(title="dualpath", summary="OpenAI-compatible API of the dualpath runtime", lifespan=lifespan)
     app.state.admission = admission
-    app.add_middleware(FrontDoor, responses=server.responses, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+    keys = {api_key: ""} if isinstance(api_key, str) else api_key
+    app.add_middleware(FrontDoor, responses=server.responses, api_keys=keys, max_body_bytes=limits.max_body_bytes)
 
     _add_error_handlers(app)
 
@@ -288,7 +301,7 @@ def create_app(router: ServingBackend, api_key: str | None = None, *, limits: Se
     return app
 
 
-def serve(router: ServingBackend, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
+def serve(router: ServingBackend, host: str = "127.0.0.1", port: int = 8000, api_key: str | Mapping[str, str] | None = None, *,
           limits: ServerLimits = ServerLimits(), lifespan: Lifespan | None = None, log_level: str = "info",
           graceful_shutdown_s: int = 5) -> None:
     """Run the API with uvicorn until interrupted; binds to localhost unless told otherwise. On

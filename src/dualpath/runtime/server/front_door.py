@@ -1,6 +1,7 @@
 """The outermost ASGI layer (server path step 1 of app.py), before FastAPI sees anything:
 
-  1. the API key on /v1/ routes, compared in constant time (401 otherwise);
+  1. the API key on /v1/ routes, compared in constant time (401 otherwise); with keys mapped to
+     tenants, the key's tenant goes in the request's scope (`TENANT_KEY`: its cache salt, app.py);
   2. the body limit: a POST body over `max_body_bytes` is a 413 before any of it is parsed,
      whether the client declared its size (`Content-Length`: refused before a byte is read, so a
      client sending `Expect: 100-continue` never sends it) or streamed it chunked (refused as soon
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter
-from typing import Any
+from typing import Any, Mapping
 
 from dualpath.runtime.server.openai_schema import error_response
 
+TENANT_KEY = "dualpath.tenant"  # the scope's entry: the tenant of the request's API key ("" without tenants)
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -26,13 +28,21 @@ class _ClientGone(Exception):
 
 
 class FrontDoor:
-    def __init__(self, app: Any, responses: Counter[tuple[str, int]], api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, responses: Counter[tuple[str, int]], api_keys: Mapping[str, str] | None,
+                 max_body_bytes: int) -> None:
+        """`api_keys`: each accepted key -> its tenant ("" for none); None: no key needed."""
         self.app, self.responses, self.max_body_bytes = app, responses, max_body_bytes
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.expected = None if api_keys is None else [(f"Bearer {k}".encode(), t) for k, t in api_keys.items()]
 
-    def _authorized(self, scope: dict) -> bool:
+    def _tenant(self, scope: dict) -> str | None:
+        """The tenant of the request's key, or None when it has none of ours (every key compared,
+        each in constant time, so the time does not say which key came close)."""
         given = dict(scope.get("headers") or ()).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        found = None
+        for expected, tenant in self.expected or ():
+            if hmac.compare_digest(given, expected):
+                found = tenant
+        return found
 
     def _declared_too_large(self, scope: dict) -> bool:
         length = dict(scope.get("headers") or ()).get(b"content-length")
@@ -60,12 +70,15 @@ class FrontDoor:
                                    "bytes", code="request_too_large")
 
     async def _dispatch(self, scope: dict, receive: Any, send: Any) -> None:
-        if self.expected is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
-            response = error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                                      code="invalid_api_key", kind="authentication_error")
-            response.headers["WWW-Authenticate"] = "Bearer"
-            await response(scope, receive, send)
-            return
+        if self.expected is not None and scope["path"].startswith("/v1/"):
+            tenant = self._tenant(scope)
+            if tenant is None:
+                response = error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                                          code="invalid_api_key", kind="authentication_error")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                await response(scope, receive, send)
+                return
+            scope[TENANT_KEY] = tenant
         if scope.get("method") not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return

@@ -82,6 +82,11 @@ class _GenerationBody(_Strict):
     # vLLM extensions; trace replay sets min_tokens = max_tokens to force exactly that many tokens
     min_tokens: int | None = Field(None, ge=0)
     ignore_eos: bool | None = None
+    # vLLM's: the prompt's cached blocks are keyed under it (core/blocks.py: salted_root), so only
+    # requests with the same salt share them
+    cache_salt: str | None = Field(None, min_length=1)
+    # vLLM's: the prompt's token ids and each choice's generated ones in the response
+    return_token_ids: bool | None = None
 
 
 class ChatCompletionBody(_GenerationBody):

@@ -34,11 +34,16 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cached_path: str = ""  # TokenEvent.cached_path
 
     def as_json(self) -> dict:
+        """OpenAI's usage, and our extension `dualpath.cached_tokens_by_path`: the cached tokens
+        loaded through each read path (an OpenAI client keeps unknown fields)."""
+        by_path = {path: self.cached_tokens if path == self.cached_path else 0 for path in ("prefill", "decode")}
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "dualpath": {"cached_tokens_by_path": by_path}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class Delta:
     text: str
     finish_reason: str | None = None  # set on the last delta only, with `usage`
     usage: Usage | None = None
+    token_ids: tuple[int, ...] = ()  # the tokens this delta's text came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,7 @@ class Job:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the response
 
 
 async def close_quietly(agen: Any) -> None:
@@ -96,9 +103,10 @@ async def token_deltas(router: ServingBackend, job: Job, progress: Progress | No
                 reason = "stop" if stops.stopped else (event.finish_reason or "stop")
                 if progress is not None:
                     progress.finished()
-                yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens))
+                yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens, event.cached_path),
+                            (event.token_id,))
                 return
-            yield Delta(text)
+            yield Delta(text, token_ids=(event.token_id,))
     finally:
         await close_quietly(events)
     raise RuntimeError(f"router ended request {job.request.request_id} without a finished event")
@@ -106,11 +114,13 @@ async def token_deltas(router: ServingBackend, job: Job, progress: Progress | No
 
 async def collect_deltas(deltas: AsyncIterator[Delta]) -> Delta:
     parts: list[str] = []
+    ids: list[int] = []
     try:
         async for delta in deltas:
             parts.append(delta.text)
+            ids.extend(delta.token_ids)
             if delta.finish_reason is not None:
-                return Delta("".join(parts), delta.finish_reason, delta.usage)
+                return Delta("".join(parts), delta.finish_reason, delta.usage, tuple(ids))
     finally:
         await close_quietly(deltas)
     raise RuntimeError("generation ended without a finish reason")
@@ -175,23 +185,37 @@ class EventStream(StreamingResponse):
 # ---- response bodies ---------------------------------------------------------------------------
 
 
+def _with_token_ids(job: Job, body: dict, choice: dict, token_ids: tuple[int, ...], prompt: bool) -> None:
+    """vLLM's `return_token_ids` fields: the choice's `token_ids` and, where `prompt`, the prompt's
+    (`prompt_token_ids`: top level on chat, in the choice on completions)."""
+    if not job.return_token_ids:
+        return
+    choice["token_ids"] = list(token_ids)
+    if prompt:
+        (body if job.chat else choice)["prompt_token_ids"] = list(job.request.prompt_ids)
+
+
 def completion_json(job: Job, final: Delta) -> dict:
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
     if job.chat:
         choice["message"] = {"role": "assistant", "content": final.text}
     else:
         choice["text"] = final.text
-    return {"id": job.response_id, "object": "chat.completion" if job.chat else "text_completion",
+    body = {"id": job.response_id, "object": "chat.completion" if job.chat else "text_completion",
             "created": job.created, "model": job.model, "choices": [choice],
             "usage": final.usage.as_json() if final.usage else None}
+    _with_token_ids(job, body, choice, final.token_ids, prompt=True)
+    return body
 
 
 def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
-    """A chunk with one choice; `text` None means an empty delta (the finishing chunk)."""
+def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False,
+           token_ids: tuple[int, ...] = (), first: bool = False) -> str:
+    """A chunk with one choice; `text` None means an empty delta (the finishing chunk); `first`:
+    the stream's first chunk (it carries the prompt's token ids when asked for)."""
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
     if job.chat:
         choice["delta"] = {"role": "assistant", "content": text or ""} if role else (
@@ -200,6 +224,7 @@ def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: b
         choice["text"] = text or ""
     body = {"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
             "created": job.created, "model": job.model, "choices": [choice]}
+    _with_token_ids(job, body, choice, token_ids, prompt=first)
     if job.include_usage:
         body["usage"] = None
     return _sse(body)
@@ -207,19 +232,23 @@ def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: b
 
 async def event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[str]:
     try:
+        opening = True  # the next chunk is the stream's first
         if job.chat:
-            yield _chunk(job, "", role=True)
+            yield _chunk(job, "", role=True, first=True)
+            opening = False
         delta = first
         while delta.finish_reason is None:
-            if delta.text:
-                yield _chunk(job, delta.text)
+            if delta.text or (job.return_token_ids and delta.token_ids):  # no token's id goes unsent
+                yield _chunk(job, delta.text, token_ids=delta.token_ids, first=opening)
+                opening = False
             # The router (events already queued) and a send to a gone client may both return without
             # suspending; this lets the disconnect listener run, so a gone client is noticed.
             await anyio.lowlevel.checkpoint()
             delta = await anext(deltas)
-        if delta.text:
-            yield _chunk(job, delta.text)
-        yield _chunk(job, None, delta.finish_reason)
+        if delta.text or (job.return_token_ids and delta.token_ids):
+            yield _chunk(job, delta.text, token_ids=delta.token_ids, first=opening)
+            opening = False
+        yield _chunk(job, None, delta.finish_reason, first=opening)
         if job.include_usage and delta.usage is not None:
             yield _sse({"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
                         "created": job.created, "model": job.model, "choices": [], "usage": delta.usage.as_json()})
