@@ -9,7 +9,7 @@ from ..results import Node, Results
 
 # held-out workloads: no part of the `local` preset was developed on them (docs/results.md, fidelity);
 # the agents workload's first run and its rerun (the same command, no code changed between them)
-FIDELITY_RUNS = {"fidelity/heldout_agents_24k.json": "", "fidelity/heldout_mooncake_120s.json": ""}
+FIDELITY_RUNS = {"fidelity/heldout_agents_20k.json": "", "fidelity/heldout_mooncake_600s.json": ""}
 
 
 def _plan(r: Node) -> str:
@@ -107,7 +107,8 @@ def _cell(errs: Node, stats: Node, name: str) -> str:
 
 
 def _drifts(drift: list) -> str:
-    """Drift checks (the profile's points timed again, now over then), once per distinct value."""
+    """Drifts (the profile's points timed again, now over then; a run's at its middle between the
+    checks before and after its cluster), once per distinct value."""
     return ", ".join(f"{d:.2f}" for d in dict.fromkeys(drift))
 
 
@@ -121,7 +122,7 @@ def _speeds(mode: Node) -> str:
 @block("fidelity", reads=tuple(FIDELITY_RUNS),
        command=("dualpath fidelity --workload W --calibrate-on C [--calibrate-on C ...] --repeat R "
                 "--json docs/results/fidelity/heldout_F.json --plot docs/results/fidelity/heldout_F.png "
-                "(W, C and R per row below; F: agents_24k, mooncake_120s)"))
+                "(W, C and R per row below; F: agents_20k, mooncake_600s)"))
 def fidelity(r: Results) -> str:
     rows, held, unresolved, missed = [], 0, [], []
     for rel in FIDELITY_RUNS:
@@ -138,7 +139,8 @@ def fidelity(r: Results) -> str:
                 else:
                     missed.append(f"{what} (cause: {mode['causes'][g].split(':')[0]})")
             rows.append([f"`{f['workload']}`{label}, {name}",
-                         ", ".join(cal["workloads"]) + f" (drift {_drifts(cal['drift'])}; scored runs {_drifts(f['drift'])})",
+                         ", ".join(cal["workloads"]) + f" (drift {_drifts(cal['drift'])}; scored runs "
+                         f"{_drifts(f['drift_by_mode'][name])})",
                          f["repeat"],
                          *(_cell(errs, stats, g) for g in GOAL_LABELS),
                          f"{pct(errs['predicted']['pe_path_bytes']['rel_error'])} / "
