@@ -48,7 +48,7 @@ from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
 from .recovery import Recovery
 from .state import EngineState, RouterRequest, RouterView, Stream, build_scheduler, check_ledgers
-from .tokens import emit, first_token
+from .tokens import emit, first_token, prompt_loaded
 
 # a request's message that carries no engine field: which of its engines sent it (Router._from_fenced)
 _SENDER = {FirstToken: EngineRole.PREFILL, Token: EngineRole.DECODE, PromptLoaded: EngineRole.DECODE}
@@ -361,11 +361,8 @@ class Router:
         self.placement.free(rr.de.engine, rr.de_regions)
         rr.de_regions = []
         rr.advance(Phase.DECODING)
-        first = rr.final_first_token  # a 1-token answer held for this, or the PE's report never came:
-        if first is None and rr.generated == 0:  # the DE's copy of the first token (protocol.py)
-            first = FirstToken(rr.rid, msg.first_token, msg.cached_tokens)
-        if first is not None:
-            first_token(rr, first, self.eos_token_ids, self.metrics, self.clock.now_s())
+        prompt_loaded(rr, FirstToken(rr.rid, msg.first_token, msg.cached_tokens), self.eos_token_ids, self.metrics,
+                      self.clock.now_s())
 
     def _decode_done(self, rr: RouterRequest, msg: DecodeDone) -> None:
         if rr.de_regions:  # never loaded (cancelled early)
