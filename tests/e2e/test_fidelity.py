@@ -62,18 +62,18 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     profile and the step records the report holds."""
     from types import SimpleNamespace
 
-    from dualpath.fidelity.speed import SpeedModel, fit_speed
+    from dualpath.fidelity.speed import Drift, SpeedModel, fit_speed
     from dualpath.runtime.profile.calibrate import StepFit, StepTime
 
     cal = report["calibration"]
     assert cal["workloads"] == [CALIBRATION] and len(report["drift"]) == report["repeat"] == 2
-    assert all(0.2 < d < 5 for d in report["drift"] + report["drift_after"] + cal["drift"])
+    checks = [Drift.of(d) for d in report["drift"] + report["drift_after"] + cal["drift"]]
+    assert all(0.2 < d.prefill < 5 and 0.2 < d.decode < 5 for d in checks)  # each role checked
     assert report["drift"][1:] == report["drift_after"][:-1]  # the check after a cluster is the next one's before
     assert report["drift"][0] == cal["drift_after"]
     fits, points = report["profile_fit"], report["profile_points"]
     profile = SimpleNamespace(prefill_fit=StepFit(**fits["prefill"]), decode_fit=StepFit(**fits["decode"]),
                               decode=[StepTime(**p) for p in points["decode"]])
-    mean = lambda xs: sum(xs) / len(xs)
     runs = [(run["steps"], d) for run, d in zip(cal["runs"], cal["drift"])]  # every mode's runs, one fit
     assert sorted(run["mode"] for run in cal["runs"]) == sorted(report["modes"])
     assert all(steps["decode"] and steps["prefill"] for steps, _ in runs)
@@ -83,10 +83,11 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
         drifts = report["drift_by_mode"][mode]
         assert len(drifts) == report["repeat"]
         for d, before, after in zip(drifts, report["drift"], report["drift_after"]):
-            assert min(before, after) - 1e-12 <= d <= max(before, after) + 1e-12
-        want = calibrated.drifted(mean(drifts), mean(cal["drift"]))
+            for role in ("prefill", "decode"):
+                assert min(before[role], after[role]) - 1e-12 <= d[role] <= max(before[role], after[role]) + 1e-12
+        want = calibrated.drifted(Drift.mean(drifts), Drift.mean(cal["drift"]))
         assert r["speed"]["predicted"] == pytest.approx(want.to_json())
-        assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(mean(drifts)).to_json())
+        assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(Drift.mean(drifts)).to_json())
         own = fit_speed(profile, [(steps, 1.0) for steps in r["runtime_steps"]])
         assert r["speed"]["replayed"] == pytest.approx(own.to_json())
         for steps in r["runtime_steps"]:  # every forward of the scored runs, with what the profile needs

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from dualpath.core.measured import StepGrid
-from dualpath.fidelity.speed import SpeedModel, curve_s, decode_grid, fit_speed
+from dualpath.fidelity.speed import Drift, SpeedModel, curve_s, decode_grid, fit_speed
 from dualpath.runtime.profile.calibrate import StepFit, StepTime
 
 DECODE = [StepTime(b, c, 0.05 + 0.01 * b + 2e-5 * c + 4e-6 * b * c + (0.01 if (b, c) == (4, 1024) else 0.0))
@@ -19,21 +19,21 @@ TRUE = SpeedModel(prefill_scale=1.1, prefill_overhead_s=0.25, decode_scale=1.05,
                   decode_join_s=0.03)
 
 
-def _steps(drift: float, model: SpeedModel = TRUE) -> dict:
+def _steps(drift: float | Drift, model: SpeedModel = TRUE) -> dict:
     """A run's step records (fidelity/calibration.py: step_records) made by `model` at `drift`:
     prefill forwards of 40-600 tokens; decode steps with none, half or all of their time under
     their engine's KV traffic, some with a request joining."""
-    grid = decode_grid(PROFILE)
+    grid, d = decode_grid(PROFILE), Drift.of(drift)
     prefill, decode, t = [], [], 0.0
     for i, tokens in enumerate((40, 600, 80, 300, 50, 450)):
         keys = tokens * (tokens + 1) / 2 + 200 * tokens
-        s = model.prefill_scale * drift * curve_s(PROFILE, grid, "prefill", tokens, keys) + model.prefill_overhead_s
+        s = model.prefill_scale * d.prefill * curve_s(PROFILE, grid, "prefill", tokens, keys) + model.prefill_overhead_s
         prefill.append([tokens, keys, s, t, t + s])
         for j, (batch, ctx) in enumerate(((1, 300), (3, 900), (6, 1500), (2, 1900))):
             io = (0.0, 1.0, 0.5, 0.0)[(i + j) % 4]
             joins = 1 if (i + j) % 3 == 0 else 0
-            step = (model.decode_scale * drift * curve_s(PROFILE, grid, "decode", batch, ctx)
-                    * (1 + model.decode_io_slowdown * io) + model.decode_join_s * drift * joins)
+            step = (model.decode_scale * d.decode * curve_s(PROFILE, grid, "decode", batch, ctx)
+                    * (1 + model.decode_io_slowdown * io) + model.decode_join_s * d.decode * joins)
             start = t + s + j
             decode.append([batch, ctx, step, start, start + step, joins, io])
         t += s + 100.0
@@ -131,8 +131,22 @@ def test_each_run_of_a_cluster_gets_the_drift_at_its_middle():
     machine slowing down through them slows the later mode more, in proportion to the time."""
     from dualpath.fidelity.calibration import CalibrationRuns, drifts_through
 
-    assert drifts_through(1.0, 1.3, [10.0, 20.0]) == pytest.approx([1.05, 1.2])
-    assert drifts_through(1.2, 1.2, [5.0, 1.0, 3.0]) == pytest.approx([1.2] * 3)
-    assert drifts_through(1.0, 2.0, [0.0]) == [1.5]
+    got = drifts_through(Drift(1.0, 2.0), Drift(1.3, 1.4), [10.0, 20.0])  # each role on its own line
+    assert [d.prefill for d in got] == pytest.approx([1.05, 1.2]) and [d.decode for d in got] == pytest.approx([1.9, 1.6])
+    assert drifts_through(1.2, 1.2, [5.0, 1.0, 3.0]) == [Drift(1.2, 1.2)] * 3
+    assert drifts_through(1.0, 2.0, [0.0]) == [Drift(1.5, 1.5)]
     with pytest.raises(ValueError):  # a drift for every run
         CalibrationRuns().add("demo", [{"mode": "basic"}, {"mode": "dualpath"}], [1.0])
+
+
+def test_each_role_runs_at_its_own_drift():
+    """speed.py: a Drift moves prefill and decode apart; a fit at per-role drifts recovers the
+    speed that made the steps, and `drifted` moves each role's terms by its own drift only."""
+    drift = Drift(prefill=1.3, decode=0.8)
+    got = fit_speed(PROFILE, [(_steps(drift), drift)])
+    for name in ("prefill_scale", "prefill_overhead_s", "decode_scale", "decode_io_slowdown", "decode_join_s"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    moved = TRUE.drifted(Drift(2.0, 1.0), Drift(1.0, 1.0))
+    assert moved.prefill_scale == 2 * TRUE.prefill_scale and moved.prefill_overhead_s == 2 * TRUE.prefill_overhead_s
+    assert (moved.decode_scale, moved.decode_join_s) == (TRUE.decode_scale, TRUE.decode_join_s)
+    assert Drift.of({"prefill": 1.1, "decode": 0.9}) == Drift(1.1, 0.9) and Drift.of(1.2) == Drift(1.2, 1.2)

@@ -69,8 +69,11 @@ _ERROR_COLUMNS = ("replayed", "start_speed", "shared_cnics")
 
 def print_fidelity(report: dict) -> None:
     cal = report["calibration"]
+    def drift(d: dict) -> str:
+        return f"prefill {d['prefill']:.3f}, decode {d['decode']:.3f}"
+
     out.print(f"calibrated on {', '.join(cal['workloads']) or 'nothing (drift only)'}; drift before / after the scored "
-              f"runs {', '.join(f'{a:.3f} / {b:.3f}' for a, b in zip(report['drift'], report['drift_after']))}")
+              f"runs: {'; '.join(f'{drift(a)} / {drift(b)}' for a, b in zip(report['drift'], report['drift_after']))}")
     for mode, r in report["modes"].items():
         table = Table(title=f"fidelity, {report['workload']}, {mode}: predicted vs {report['repeat']} runtime run(s)")
         for col in ("metric", "runtime mean", "spread", "predicted", "error", "goal", "verdict",

@@ -4,9 +4,11 @@ The compute profile (`dualpath calibrate`, runtime/profile/calibrate.py) times e
 step alone, in a process pinned to an engine's CPU set. A prediction corrects it twice:
 
 1. Drift: a shared machine's speed moves within minutes. Right before and right after every
-   runtime cluster (the calibration's and the scored ones, each running every mode in turn) the
-   profile's warm points are timed again (`calibrate.check_speed`); `drift` is the median of now /
-   cached. Each mode's run is given the drift at its middle, linear between the two checks
+   runtime cluster (the calibration's and the scored ones, each running every mode in turn) some
+   of the profile's prefill and decode points are timed again (`calibrate.check_drift`); the drift
+   of each role is the median of now / cached over its points (`speed.Drift`): a prefill check
+   alone, applied to decode too, moved the decode prediction the wrong way on two held-out runs
+   (docs/results.md). Each mode's run is given the drift at its middle, linear between the two checks
    (`drifts_through`): a machine that slows down through a cluster's runs slows its later modes
    more. The prediction of the scored runs takes the mean of those drifts: measurements made beside
    each run, never of it.
@@ -31,29 +33,28 @@ much the model of everything else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from statistics import mean
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .speed import SpeedModel, fit_speed
+from .speed import Drift, SpeedModel, fit_speed
 
 
 @dataclass(frozen=True, slots=True)
 class DriftCheck:
-    """Times the profile's warm points again (a process pinned as the profile's measurement)."""
+    """Times some of the profile's prefill and decode points again (a process pinned as the
+    profile's measurement): the Drift now."""
 
     model: str
     device: str
 
-    def __call__(self, calibration: Any) -> float:
+    def __call__(self, calibration: Any) -> Drift:
         from ..config import RuntimeConfig
-        from ..runtime.profile.calibrate import check_speed
+        from ..runtime.profile.calibrate import check_drift
         from ..runtime.engine.cpus import available_cpus, plan_cpus
 
         cfg = RuntimeConfig(model=self.model, device=self.device)
         cpus = plan_cpus(range(2), available_cpus(), cfg.engines.torch_threads).cpus_by_engine[0]
-        # as a reused profile, so that check_speed times it whether or not this call measured it
-        return check_speed(replace(calibration, reused=True), self.model, cpus).speed_now_over_cached
+        return Drift(*check_drift(calibration, self.model, cpus))
 
 
 @dataclass(slots=True)
@@ -62,39 +63,41 @@ class CalibrationRuns:
 
     workloads: list[str] = field(default_factory=list)
     runs: list[dict] = field(default_factory=list)  # runtime results (runtime/apps/demo.py: run_workload)
-    drifts: list[float] = field(default_factory=list)  # per run, the drift at its middle (drifts_through)
-    last_after: float | None = None  # the check after the last cluster (the scored runs' first check)
+    drifts: list[Drift] = field(default_factory=list)  # per run, the drift at its middle (drifts_through)
+    last_after: Drift | None = None  # the check after the last cluster (the scored runs' first check)
     wall_s: float = 0.0
 
-    def add(self, workload: str, runs: Sequence[dict], drifts: Sequence[float]) -> None:
+    def add(self, workload: str, runs: Sequence[dict], drifts: Sequence[Any]) -> None:
         """A cluster's runs, each with its drift (`drifts_through`)."""
         for run, drift in zip(runs, drifts, strict=True):
             self.workloads.append(workload)
             self.runs.append(run)
-            self.drifts.append(drift)
+            self.drifts.append(Drift.of(drift))
 
     def speed(self, profile: Any) -> SpeedModel:
         """The SpeedModel over every calibration run, each at its drift (speed.py; module docstring:
         every mode's runs together)."""
         return fit_speed(profile, list(zip((r["steps"] for r in self.runs), self.drifts)))
 
-    def mean_drift(self) -> float:
-        return mean(self.drifts) if self.drifts else 1.0
+    def mean_drift(self) -> Drift:
+        return Drift.mean(self.drifts)
 
     def to_json(self, profile: Any) -> dict[str, Any]:
-        return {"workloads": sorted(set(self.workloads)), "drift": self.drifts, "drift_after": self.last_after,
+        return {"workloads": sorted(set(self.workloads)), "drift": [d.to_json() for d in self.drifts],
+                "drift_after": None if self.last_after is None else self.last_after.to_json(),
                 "wall_s": self.wall_s,
                 "speed": self.speed(profile).to_json(),
                 "runs": [{"workload": w, "mode": r["mode"], "jct_s": r["jct_s"], "model_time": r.get("model_time"),
                           "steps": r.get("steps")} for w, r in zip(self.workloads, self.runs)]}
 
 
-def drifts_through(before: float, after: float, wall_s: Sequence[float]) -> list[float]:
+def drifts_through(before: Any, after: Any, wall_s: Sequence[float]) -> list[Drift]:
     """The drift at the middle of each of a cluster's runs, run in turn for `wall_s` seconds each
-    between a check `before` and one `after` (linear in time between the two)."""
+    between a check `before` and one `after` (linear in time between the two, per role)."""
+    b, a = Drift.of(before), Drift.of(after)
     total, out, start = sum(wall_s), [], 0.0
     for w in wall_s:
-        out.append(before + (after - before) * ((start + w / 2) / total if total > 0 else 0.5))
+        out.append(b.toward(a, (start + w / 2) / total if total > 0 else 0.5))
         start += w
     return out
 
@@ -154,6 +157,6 @@ def _covered(t0: float, t1: float, spans: list[tuple[float, float]]) -> float:
     return covered / (t1 - t0)
 
 
-def predicted_speed(calibrated: SpeedModel, calibration_drift: float, drifts: Sequence[float]) -> SpeedModel:
+def predicted_speed(calibrated: SpeedModel, calibration_drift: Any, drifts: Sequence[Any]) -> SpeedModel:
     """The calibration's SpeedModel on the machine of the scored runs (the mean of their drifts)."""
-    return calibrated.drifted(mean(drifts) if drifts else 1.0, calibration_drift)
+    return calibrated.drifted(Drift.mean(drifts), calibration_drift)

@@ -34,7 +34,7 @@ from ..workloads import Trajectory
 from .calibration import CalibrationRuns, DriftCheck, drifts_through, predicted_speed, step_records
 from .compare import causes, compare_decisions, errors, runtime_stats
 from .preset import local_sim_config
-from .speed import SpeedModel, fit_speed
+from .speed import Drift, SpeedModel, fit_speed
 from .workloads import WorkloadSpec, fidelity_workload, parse_workload, trace_turn_costs
 
 DEFAULT_CALIBRATION = ("demo",)  # used when the scored workload is not the demo
@@ -61,12 +61,12 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
         _plan(s, base, kvbpt, block, model, window)
     drift = DriftCheck(model, device)
     first_drift = drift(base)  # the rates of every plan: the profile at the machine's speed now
-    now = replace(base, profile=base.profile.scaled(first_drift))
+    now = replace(base, profile=base.profile.scaled(first_drift.prefill))  # the rates follow the prefill speed
     plan = _plan(spec, now, kvbpt, block, model, window)
     cal_plans = [_plan(c, now, kvbpt, block, model, window) for c in cal_specs]
     calib = await _calibrate(cal_specs, cal_plans, modes, model, device, drift, base, first_drift, on_turn)
     scored, drifts, after, t0 = [], [], [], time.perf_counter()
-    mode_drifts: dict[str, list[float]] = {m: [] for m in modes}  # per mode, its runs' drifts
+    mode_drifts: dict[str, list[Drift]] = {m: [] for m in modes}  # per mode, its runs' drifts
     for i in range(repeat):
         # the check before a cluster: the one after the cluster before it (only a cluster's start between)
         drifts.append(after[-1] if after else calib.last_after or first_drift)
@@ -79,8 +79,9 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
         "workload": spec.key, "model": model, "device": device, "repeat": repeat,
         "rates": plan.rates.to_json(), "profile": None if base.path is None else str(base.path),
         **_workload_size(plan.trajectories), "runtime_wall_s": time.perf_counter() - t0,
-        "calibration": calib.to_json(base.profile), "drift": drifts, "drift_after": after,
-        "drift_by_mode": mode_drifts, "modes": {}}
+        "calibration": calib.to_json(base.profile), "drift": [d.to_json() for d in drifts],
+        "drift_after": [d.to_json() for d in after],
+        "drift_by_mode": {m: [d.to_json() for d in ds] for m, ds in mode_drifts.items()}, "modes": {}}
     source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
         real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in scored]
@@ -111,7 +112,7 @@ def _calibration_specs(spec: WorkloadSpec, calibrate_on: Sequence[str] | None) -
 
 
 async def _calibrate(specs: Sequence[WorkloadSpec], plans: Sequence[Any], modes: Sequence[str], model: str,
-                     device: str, drift: DriftCheck, base: Any, first_drift: float,
+                     device: str, drift: DriftCheck, base: Any, first_drift: Drift,
                      on_turn: Callable[..., None] | None) -> CalibrationRuns:
     """Each calibration workload once per mode, on a cluster of its own (calibration.py)."""
     calib, t0 = CalibrationRuns(), time.perf_counter()

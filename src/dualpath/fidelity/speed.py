@@ -27,13 +27,47 @@ diagnostic (run.py), never the prediction on the runs it is scored on.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from statistics import mean
+from typing import Any, Sequence, Union
 
 import numpy as np
 
 from ..core.measured import StepGrid
 
 ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """The machine's speed now over the profile's, per role (calibration.py: DriftCheck): a
+    role's steps take this many times their profiled time. A float is the same for both roles."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+    @staticmethod
+    def of(value: "DriftLike") -> "Drift":
+        if isinstance(value, Drift):
+            return value
+        if isinstance(value, dict):
+            return Drift(float(value["prefill"]), float(value["decode"]))
+        return Drift(float(value), float(value))
+
+    @staticmethod
+    def mean(drifts: Sequence["DriftLike"]) -> "Drift":
+        ds = [Drift.of(d) for d in drifts]
+        return Drift(mean(d.prefill for d in ds), mean(d.decode for d in ds)) if ds else Drift()
+
+    def toward(self, other: "Drift", share: float) -> "Drift":
+        """The drift `share` of the way from this one to `other` (linear, per role)."""
+        return Drift(self.prefill + (other.prefill - self.prefill) * share,
+                     self.decode + (other.decode - self.decode) * share)
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+DriftLike = Union[Drift, float, dict]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +83,13 @@ class SpeedModel:
     def to_json(self) -> dict[str, float]:
         return asdict(self)
 
-    def drifted(self, drift: float, fitted_at_drift: float = 1.0) -> "SpeedModel":
-        """The same contention on a machine `drift` times the profile's (the overhead, seconds
-        measured at `fitted_at_drift`, scales with it)."""
-        seconds = drift / fitted_at_drift
-        return SpeedModel(self.prefill_scale * drift, self.prefill_overhead_s * seconds, self.decode_scale * drift,
-                          self.decode_io_slowdown, self.decode_join_s * seconds)
+    def drifted(self, drift: DriftLike, fitted_at_drift: DriftLike = 1.0) -> "SpeedModel":
+        """The same contention on a machine `drift` times the profile's, each role at its own
+        drift (the overheads, seconds measured at `fitted_at_drift`, scale with it)."""
+        now, then = Drift.of(drift), Drift.of(fitted_at_drift)
+        return SpeedModel(self.prefill_scale * now.prefill, self.prefill_overhead_s * now.prefill / then.prefill,
+                          self.decode_scale * now.decode, self.decode_io_slowdown,
+                          self.decode_join_s * now.decode / then.decode)
 
 
 def decode_grid(profile: Any) -> StepGrid | None:
@@ -77,17 +112,18 @@ def curve_s(profile: Any, grid: StepGrid | None, role: str, a: float, b: float) 
     return f.fixed_s + f.per_item_s * a + f.per_ctx_s * b + f.per_key_s * a * b
 
 
-def fit_speed(profile: Any, runs: Sequence[tuple[dict, float]]) -> SpeedModel:
-    """The SpeedModel of runs given as (step records, drift before the run); a role without
-    forwards keeps the profile's speed."""
+def fit_speed(profile: Any, runs: Sequence[tuple[dict, DriftLike]]) -> SpeedModel:
+    """The SpeedModel of runs given as (step records, the run's drift); a role without forwards
+    keeps the profile's speed."""
     grid = decode_grid(profile)
     pre_x, pre_y, dec = [], [], []
     for steps, drift in runs:
+        d = Drift.of(drift)
         for tokens, keys, model_s, *_ in steps["prefill"]:
-            pre_x.append(drift * curve_s(profile, grid, "prefill", tokens, keys))
+            pre_x.append(d.prefill * curve_s(profile, grid, "prefill", tokens, keys))
             pre_y.append(model_s)
         for batch, ctx, model_s, _, _, joins, io in steps["decode"]:
-            dec.append((drift * curve_s(profile, grid, "decode", batch, ctx), io, joins * drift, model_s))
+            dec.append((d.decode * curve_s(profile, grid, "decode", batch, ctx), io, joins * d.decode, model_s))
     scale_p, overhead_p = _affine(np.array(pre_x), np.array(pre_y))
     scale_d, slowdown, join_s = _decode(np.array(dec).reshape(-1, 4))
     return SpeedModel(scale_p, overhead_p, scale_d, slowdown, join_s)

@@ -4,11 +4,12 @@ engines really run on their planned CPU sets."""
 import asyncio
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
 from dualpath.config import EngineConfig, RuntimeConfig
-from dualpath.runtime.profile.calibrate import (PROFILE_SCHEMA, ProfileKey, check_speed, load_or_measure, machine_id, profile_path, read_cached,
+from dualpath.runtime.profile.calibrate import (PROFILE_SCHEMA, ProfileKey, check_drift, check_speed, load_or_measure, machine_id, profile_path, read_cached,
                                              write_cached)
 from dualpath.runtime.model import load_model
 
@@ -52,6 +53,11 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     assert now.profile.decode_step_s(4, 1024) == pytest.approx(now.speed_now_over_cached * slow.profile.decode_step_s(4, 1024))
     assert read_cached(p.key) == slow.profile  # the check scales what it returns, not the cached file
     assert check_speed(first, "tiny", cpu) is first  # a fresh measurement is not timed twice
+    # the fidelity drift check times prefill and decode points apart: a profile whose decode steps
+    # were cached 4x slow and its prefills as measured reads ~0.25 for decode and ~1 for prefill
+    mixed = replace(p, decode=tuple(replace(s, seconds=4 * s.seconds) for s in p.decode))
+    pre, dec = check_drift(replace(first, profile=mixed), "tiny", cpu)
+    assert 0.1 < dec < 0.6 and 0.4 < pre < 2.5 and dec < pre / 2
 
     first.path.write_text('{"schema": "dualpath.profile/2", "prefill": [')  # torn write
     rebuilt = load_or_measure("tiny", fp, "cpu", 1)

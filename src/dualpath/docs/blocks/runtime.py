@@ -108,8 +108,10 @@ def _cell(errs: Node, stats: Node, name: str) -> str:
 
 def _drifts(drift: list) -> str:
     """Drifts (the profile's points timed again, now over then; a run's at its middle between the
-    checks before and after its cluster), once per distinct value."""
-    return ", ".join(f"{d:.2f}" for d in dict.fromkeys(drift))
+    checks before and after its cluster), once per distinct value; per role (prefill / decode)
+    where the checks timed both."""
+    text = [f"{d['prefill']:.2f}/{d['decode']:.2f}" if isinstance(d, dict) else f"{d:.2f}" for d in drift]
+    return ", ".join(dict.fromkeys(text))
 
 
 def _speeds(mode: Node) -> str:

@@ -55,6 +55,11 @@ DECODE_STEPS = 3
 # the grid's warm points (a turn over cached tokens, as the demo's and the traces' turns are) that a
 # reused profile is timed at again, to scale it to the machine's speed now (`check_speed`)
 SPEED_CHECK_POINTS = ((64, 512), (32, 1536), (128, 1536))
+# (batch, context) decode grid points `check_drift` times again for the decode engines' speed: a
+# prefill check alone moved the decode prediction the wrong way on two held-out fidelity runs
+# (docs/results.md: "Does the simulator predict the runtime?")
+DECODE_CHECK_POINTS = ((1, 1024), (4, 1024), (8, 1024))
+DRIFT_CHECK_REPEATS = 3  # each point timed this many times (each a best of two): the best of them counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +275,29 @@ def check_speed(calibration: Calibration, model: str, cpus: Sequence[int] | None
     cached = {(p.tokens, p.context_tokens): p.seconds for p in profile.prefill}
     factor = float(np.median([t / cached[pt] for pt, t in zip(points, now)]))
     return Calibration(profile.scaled(factor), calibration.path, True, factor)
+
+
+def check_drift(calibration: Calibration, model: str, cpus: Sequence[int] | None = None) -> tuple[float, float]:
+    """(prefill, decode): the machine's speed now over the profile's, per role: the median over the
+    role's check points of now / cached, each point timed DRIFT_CHECK_REPEATS times in one process
+    pinned like the measurement's (fidelity/calibration.py: DriftCheck). 1.0 for a role whose
+    points the profile lacks."""
+    profile, k = calibration.profile, calibration.profile.key
+    pre = {(p.tokens, p.context_tokens): p.seconds for p in profile.prefill}
+    dec = {(p.tokens, p.context_tokens): p.seconds for p in profile.decode}
+    pre_pts = [pt for pt in SPEED_CHECK_POINTS if pt in pre]
+    dec_pts = [pt for pt in DECODE_CHECK_POINTS if pt in dec]
+    n = DRIFT_CHECK_REPEATS
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        now = pool.submit(_measure, model, k.device, k.threads, tuple(cpus or ()), pre_pts * n, dec_pts * n).result()
+
+    def ratio(points: list, timed: tuple[float, ...], cached: dict) -> float:
+        if not points:
+            return 1.0
+        best = [min(timed[i::len(points)]) for i in range(len(points))]
+        return float(np.median([t / cached[pt] for pt, t in zip(points, best)]))
+
+    return ratio(pre_pts, now.prefill, pre), ratio(dec_pts, now.decode, dec)
 
 
 def time_prefills(model: str, device: str, threads: int, cpus: tuple[int, ...],
