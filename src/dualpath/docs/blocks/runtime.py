@@ -9,7 +9,7 @@ from ..results import Node, Results
 
 # held-out workloads: no part of the `local` preset was developed on them (docs/results.md, fidelity);
 # the agents workload's first run and its rerun (the same command, no code changed between them)
-FIDELITY_RUNS = {"fidelity/heldout_agents_20k.json": "", "fidelity/heldout_mooncake_600s.json": ""}
+FIDELITY_RUNS = {"fidelity/heldout_agents_18k.json": "", "fidelity/heldout_mooncake_900s.json": ""}
 
 
 def _plan(r: Node) -> str:
@@ -110,7 +110,7 @@ def _drifts(drift: list) -> str:
     """Drifts (the profile's points timed again, now over then; a run's at its middle between the
     checks before and after its cluster), once per distinct value; per role (prefill / decode)
     where the checks timed both."""
-    text = [f"{d['prefill']:.2f}/{d['decode']:.2f}" if isinstance(d, dict) else f"{d:.2f}" for d in drift]
+    text = [f"{d:.2f}" if isinstance(d, (int, float)) else f"{d['prefill']:.2f}/{d['decode']:.2f}" for d in drift]
     return ", ".join(dict.fromkeys(text))
 
 
@@ -124,7 +124,7 @@ def _speeds(mode: Node) -> str:
 @block("fidelity", reads=tuple(FIDELITY_RUNS),
        command=("dualpath fidelity --workload W --calibrate-on C [--calibrate-on C ...] --repeat R "
                 "--json docs/results/fidelity/heldout_F.json --plot docs/results/fidelity/heldout_F.png "
-                "(W, C and R per row below; F: agents_20k, mooncake_600s)"))
+                "(W, C and R per row below; F: agents_18k, mooncake_900s)"))
 def fidelity(r: Results) -> str:
     rows, held, unresolved, missed = [], 0, [], []
     for rel in FIDELITY_RUNS:
