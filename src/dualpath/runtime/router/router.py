@@ -361,8 +361,7 @@ class Router:
         self.placement.free(rr.de.engine, rr.de_regions)
         rr.de_regions = []
         rr.advance(Phase.DECODING)
-        prompt_loaded(rr, FirstToken(rr.rid, msg.first_token, msg.cached_tokens), self.eos_token_ids, self.metrics,
-                      self.clock.now_s())
+        prompt_loaded(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
 
     def _decode_done(self, rr: RouterRequest, msg: DecodeDone) -> None:
         if rr.de_regions:  # never loaded (cancelled early)

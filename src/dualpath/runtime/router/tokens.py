@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import TokenEvent
-from ..protocol import FirstToken
+from ..protocol import FirstToken, PromptLoaded
 from .state import RouterRequest, Stream
 
 
@@ -55,12 +55,12 @@ def first_token(rr: RouterRequest, m: FirstToken, eos_token_ids: tuple[int, ...]
     emit(rr, metrics, now_s, m.token, 0, done, "length" if p.max_tokens == 1 else "stop")
 
 
-def prompt_loaded(rr: RouterRequest, de_copy: FirstToken, eos_token_ids: tuple[int, ...], metrics: Any,
+def prompt_loaded(rr: RouterRequest, m: PromptLoaded, eos_token_ids: tuple[int, ...], metrics: Any,
                   now_s: float) -> None:
     """The DE has the prompt: a 1-token answer held for it streams now; if the PE's report of the
     first token never came (protocol.py: PromptLoaded), the DE's copy of it stands in."""
     held = rr.final_first_token
     if held is None and rr.generated == 0:
-        held = de_copy
+        held = FirstToken(rr.rid, m.first_token, m.cached_tokens)
     if held is not None:
         first_token(rr, held, eos_token_ids, metrics, now_s)
