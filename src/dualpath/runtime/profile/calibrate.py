@@ -272,9 +272,17 @@ def check_speed(calibration: Calibration, model: str, cpus: Sequence[int] | None
         return calibration
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
         now = pool.submit(time_prefills, model, k.device, k.threads, tuple(cpus or ()), points).result()
-    cached = {(p.tokens, p.context_tokens): p.seconds for p in profile.prefill}
-    factor = float(np.median([t / cached[pt] for pt, t in zip(points, now)]))
+    factor = _now_over_cached(points, now, {(p.tokens, p.context_tokens): p.seconds for p in profile.prefill})
     return Calibration(profile.scaled(factor), calibration.path, True, factor)
+
+
+def _now_over_cached(points: Sequence[tuple[int, int]], timed: Sequence[float], cached: dict) -> float:
+    """The median over `points` of (the best of each point's times now) / its cached time; `timed`
+    holds the points' times in order, repeated any number of times. 1.0 without points."""
+    if not points:
+        return 1.0
+    best = [min(timed[i::len(points)]) for i in range(len(points))]
+    return float(np.median([t / cached[pt] for pt, t in zip(points, best)]))
 
 
 def check_drift(calibration: Calibration, model: str, cpus: Sequence[int] | None = None) -> tuple[float, float]:
@@ -290,14 +298,7 @@ def check_drift(calibration: Calibration, model: str, cpus: Sequence[int] | None
     n = DRIFT_CHECK_REPEATS
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
         now = pool.submit(_measure, model, k.device, k.threads, tuple(cpus or ()), pre_pts * n, dec_pts * n).result()
-
-    def ratio(points: list, timed: tuple[float, ...], cached: dict) -> float:
-        if not points:
-            return 1.0
-        best = [min(timed[i::len(points)]) for i in range(len(points))]
-        return float(np.median([t / cached[pt] for pt, t in zip(points, best)]))
-
-    return ratio(pre_pts, now.prefill, pre), ratio(dec_pts, now.decode, dec)
+    return _now_over_cached(pre_pts, now.prefill, pre), _now_over_cached(dec_pts, now.decode, dec)
 
 
 def time_prefills(model: str, device: str, threads: int, cpus: tuple[int, ...],
