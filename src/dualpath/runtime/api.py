@@ -31,6 +31,30 @@ class ServiceUnavailable(Exception):
     code = "engine_unavailable"
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat), and vLLM's default max_logprobs
+NO_LOGPROBS = -1  # SamplingParams.logprobs / the assignments' field for a request that asked for none
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One sampled token's raw log-probability and the `k` most likely tokens' (most likely first);
+    how they are computed: runtime/model/logprobs.py."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def to_wire(self) -> list:
+        """msgpack-native form for the engines' messages (transport/messages.py)."""
+        return [self.logprob, [[t, lp] for t, lp in self.top]]
+
+    @staticmethod
+    def from_wire(wire: list) -> TokenLogprobs | None:
+        """The inverse of `to_wire`; an empty list (the request asked for none) is None."""
+        if not wire:
+            return None
+        return TokenLogprobs(float(wire[0]), tuple((int(t), float(lp)) for t, lp in wire[1]))
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int
@@ -42,6 +66,9 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # The sampled tokens' logprobs and the `logprobs` most likely tokens' at each (0..MAX_TOP_LOGPROBS);
+    # NO_LOGPROBS: none
+    logprobs: int = NO_LOGPROBS
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -50,6 +77,8 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError("min_tokens must be in [0, max_tokens]")
+        if self.logprobs != NO_LOGPROBS and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be {NO_LOGPROBS} (none) or in [0, {MAX_TOP_LOGPROBS}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +98,15 @@ class TokenEvent:
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose KV was loaded instead of computed
     cached_path: str = ""  # the read path that loaded them: "prefill" or "decode" ("": none loaded)
+    logprobs: TokenLogprobs | None = None  # when the request asked for them (SamplingParams.logprobs)
 
 
 class TokenizerLike(Protocol):
     def encode(self, text: str, allow_added_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
 

@@ -77,6 +77,7 @@ class PrefillAssign:
     seed: int
     suppress_eos: bool  # min_tokens > 0 or ignore_eos: the first token may not be EOS
     layerwise: bool
+    logprobs: int = -1  # SamplingParams.logprobs: top logprobs per token; -1 (api.NO_LOGPROBS): none
 
 
 @message
@@ -96,6 +97,7 @@ class DecodeAssign:
     temperature: float
     top_p: float
     seed: int
+    logprobs: int = -1  # as PrefillAssign's
 
 
 @message
@@ -108,6 +110,7 @@ class PromptLoaded:
     rid: int
     first_token: int
     cached_tokens: int
+    logprobs: list = field(default_factory=list)  # the first token's, from PromptReady
 
 
 @message
@@ -154,6 +157,7 @@ class PromptReady:
     first_token: int
     hit_tokens: int
     pd_sums: list  # the PE's checksums of every piece it wrote into D's buffer (transport/integrity.py)
+    logprobs: list = field(default_factory=list)  # api.TokenLogprobs.to_wire(); []: not asked for
 
 
 @message
@@ -162,6 +166,7 @@ class FirstToken:
     rid: int
     token: int
     cached_tokens: int
+    logprobs: list = field(default_factory=list)  # api.TokenLogprobs.to_wire(); []: not asked for
 
 
 @message
@@ -172,6 +177,7 @@ class Token:
     index: int
     finished: bool
     reason: str  # "" while running, "stop" or "length"
+    logprobs: list = field(default_factory=list)  # api.TokenLogprobs.to_wire(); []: not asked for
 
 
 @message

@@ -20,8 +20,10 @@ TURNS = [list(range(5, 205)), list(range(20, 60)), list(range(100, 170)), list(r
 GEN = 12
 
 
-def reference_conversation(model_name: str, turns: list[list[int]] = TURNS, gen: int = GEN) -> list[list[int]]:
-    """Greedy tokens by full recompute (no cache at all), turn by turn."""
+def reference_conversation(model_name: str, turns: list[list[int]] = TURNS, gen: int = GEN,
+                           logprobs: list | None = None) -> list[list[int]]:
+    """Greedy tokens by full recompute (no cache at all), turn by turn; `logprobs` gets each
+    token's log-probability."""
     m = load_model(model_name).model
     context: list[int] = []
     outs = []
@@ -29,8 +31,11 @@ def reference_conversation(model_name: str, turns: list[list[int]] = TURNS, gen:
         ids = context + append
         out = []
         for _ in range(gen):
-            t = int(m.forward(ids)[-1].argmax())
+            logits = m.forward(ids)[-1]
+            t = int(logits.argmax())
             out.append(t)
+            if logprobs is not None:
+                logprobs.append(torch.log_softmax(logits.float(), dim=-1)[t].item())
             ids = ids + [t]
             if t in m.config.eos_token_ids:
                 break
@@ -39,8 +44,10 @@ def reference_conversation(model_name: str, turns: list[list[int]] = TURNS, gen:
     return outs
 
 
-async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None,
+async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None, logprobs: list | None = None,
                                **cluster_kw) -> tuple[list[list[int]], list[int], dict]:
+    """(tokens per turn, cached tokens per turn, the router's summary); `logprobs` gets each
+    token's log-probability as the cluster reported it."""
     async with LocalCluster(cfg, start_timeout_s=180, **cluster_kw) as c:
         if endpoints is not None:
             endpoints.extend([c.router.endpoint, *(e.endpoint for e in c.router.engines.values())])
@@ -49,9 +56,12 @@ async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None
         for i, append in enumerate(TURNS):
             prompt = tuple(context + append)
             out, hit = [], 0
-            async for ev in c.router.generate(GenerationRequest(f"t{i}", prompt, SamplingParams(max_tokens=GEN, temperature=0))):
+            params = SamplingParams(max_tokens=GEN, temperature=0, logprobs=0)
+            async for ev in c.router.generate(GenerationRequest(f"t{i}", prompt, params)):
                 out.append(ev.token_id)
                 hit = ev.cached_tokens
+                if logprobs is not None:
+                    logprobs.append(ev.logprobs.logprob)
             outs.append(out)
             cached.append(hit)
             context = list(prompt) + out
@@ -63,17 +73,27 @@ async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None
 
 
 @pytest.fixture(scope="module")
-def reference():
-    return reference_conversation("tiny")
+def reference_logprobs():
+    logprobs: list[float] = []
+    return reference_conversation("tiny", logprobs=logprobs), logprobs
+
+
+@pytest.fixture(scope="module")
+def reference(reference_logprobs):
+    return reference_logprobs[0]
 
 
 @pytest.mark.parametrize("mode,side", [("dualpath", "prefill"), ("dualpath", "decode"), ("basic", None), ("oracle", None)])
-def test_tokens_identical_on_every_path_and_to_recompute(reference, mode, side):
+def test_tokens_identical_on_every_path_and_to_recompute(reference_logprobs, mode, side):
+    """... and so are their logprobs (the first token's from the PE, the rest from the DE)."""
+    reference, reference_lp = reference_logprobs
     cfg = RuntimeConfig(model="tiny", mode=mode, force_read_side=side,
                         engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
                         device=DEVICE)
-    outs, cached, summary = asyncio.run(cluster_conversation(cfg))
+    logprobs: list[float] = []
+    outs, cached, summary = asyncio.run(cluster_conversation(cfg, logprobs=logprobs))
     assert outs == reference
+    assert len(logprobs) == len(reference_lp) and max(abs(a - b) for a, b in zip(logprobs, reference_lp)) <= 1e-4
     # turn 0 has nothing stored; later turns hit every full block of the previous context
     assert cached[0] == 0
     context = 0

@@ -47,25 +47,32 @@ def _drain(rr: RouterRequest) -> list[tuple[int, int, bool]]:
 
 @pytest.mark.parametrize("base", [0, 5])
 def test_a_token_ahead_of_the_next_index_waits_for_the_ones_before_it(base):
+    """... each with its own logprobs (a waiting token keeps its own)."""
     rr, m = _request(base), Metrics()
-    emit(rr, m, 0.0, 11, 1, False, None)  # the DE's token 1 before the PE's token 0
-    emit(rr, m, 0.0, 12, 2, False, None)
+    emit(rr, m, 0.0, 11, 1, False, None, [-1.0, [[11, -1.0]]])  # the DE's token 1 before the PE's token 0
+    emit(rr, m, 0.0, 12, 2, False, None, [-2.0, [[12, -2.0]]])
     assert _drain(rr) == [] and m.tokens == []
-    emit(rr, m, 0.0, 10, 0, False, None)
-    assert _drain(rr) == [(base, 10, False), (base + 1, 11, False), (base + 2, 12, False)]
+    emit(rr, m, 0.0, 10, 0, False, None, [-0.5, [[10, -0.5]]])
+    events = []
+    while not rr.queue.empty():
+        events.append(rr.queue.get_nowait())
+    assert [(e.index, e.token_id, e.finished) for e in events] == [(base, 10, False), (base + 1, 11, False),
+                                                                  (base + 2, 12, False)]
+    assert [(e.logprobs.logprob, e.logprobs.top) for e in events] == [(-0.5, ((10, -0.5),)), (-1.0, ((11, -1.0),)),
+                                                                     (-2.0, ((12, -2.0),))]
     assert m.tokens == [base, base + 1, base + 2]
     assert rr.emitted == [10, 11, 12] and not rr.early
 
 
 def test_an_early_last_token_ends_the_stream_once_the_gap_fills_and_later_reports_are_dropped():
     rr, m = _request(), Metrics()
-    emit(rr, m, 0.0, 21, 1, True, "length")
+    emit(rr, m, 0.0, 21, 1, True, "length", [])
     assert not rr.finished
-    emit(rr, m, 0.0, 20, 0, False, None)
+    emit(rr, m, 0.0, 20, 0, False, None, [])
     assert _drain(rr) == [(0, 20, False), (1, 21, True)]
     assert rr.stream is Stream.FINISHED and m.finished_rids == [rr.stream_rid]
-    emit(rr, m, 0.0, 22, 2, False, None)  # nothing after the end
-    emit(rr, m, 0.0, 20, 0, False, None)  # nor a repeat
+    emit(rr, m, 0.0, 22, 2, False, None, [])  # nothing after the end
+    emit(rr, m, 0.0, 20, 0, False, None, [])  # nor a repeat
     assert _drain(rr) == [] and rr.emitted == [20, 21]
 
 
@@ -101,10 +108,12 @@ def test_the_des_copy_of_the_first_token_stands_in_for_a_pe_report_that_never_ca
     try:
         if max_tokens > 1:
             router._token(rr, Token(rr.rid, 31, 1, False, ""))  # the DE decodes on, the PE's report lost
-        router._prompt_loaded(rr, PromptLoaded(rr.rid, 30, 0))
+        router._prompt_loaded(rr, PromptLoaded(rr.rid, 30, 0, [-0.25, [[30, -0.25]]]))  # with the PE's logprobs
         if max_tokens > 1:
             router._token(rr, Token(rr.rid, 32, 2, True, "length"))
         want = [(0, 30, max_tokens == 1)] + ([(1, 31, False), (2, 32, True)] if max_tokens > 1 else [])
+        first = rr.queue._queue[0]  # noqa: SLF001 (the event _drain is about to take)
+        assert first.logprobs is not None and first.logprobs.logprob == -0.25 and first.logprobs.top == ((30, -0.25),)
         assert _drain(rr) == want and rr.finished
         router._first_token(rr, FirstToken(rr.rid, 30, 0))  # a late PE report changes nothing
         assert _drain(rr) == [] and rr.emitted == [t for _, t, _ in want]

@@ -48,7 +48,8 @@ CASES = [
     (CHAT, {"messages": USER, "n": 2}, "n"),
     (CHAT, {"messages": USER, "min_tokens": -1}, "min_tokens"),
     (CHAT, {"messages": USER, "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
-    (CHAT, {"messages": USER, "logprobs": True}, "logprobs"),
+    (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (CHAT, {"messages": USER, "echo": True}, "echo"),
     (CHAT, {"messages": USER, "max_tokens": WINDOW_TOKENS}, "max_tokens"),  # prompt + max_tokens > window
     (CHAT, {"messages": [{"role": "user", "content": "x" * WINDOW_TOKENS}]}, "messages"),  # prompt alone too long
     (COMPLETIONS, {}, "prompt"),

@@ -35,6 +35,7 @@ from ..transport.integrity import bad_pieces
 from ..transport.transfer import SpanCopy
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
+from ..model.logprobs import wire_logprobs
 from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
@@ -51,6 +52,7 @@ class DecodeRequest:
     digests: list = field(default_factory=list)  # chained digests of the full blocks so far
     persisted_blocks: int = 0
     hit_tokens: int = 0  # the PE's hit (PromptReady), repeated to the router in PromptLoaded
+    first_logprobs: list = field(default_factory=list)  # the first token's (PromptReady), repeated too
     hit_blocks: int = 0
     sampler: TokenSampler | None = None
     stage: DecodeStage = DecodeStage.WAITING  # stages.py
@@ -172,6 +174,7 @@ class DecodeEngine(EngineBase):
         bt = self.cfg.block_tokens
         r.hit_tokens, r.hit_blocks = m.hit_tokens, m.hit_tokens // bt
         r.tokens.append(m.first_token)
+        r.first_logprobs = m.logprobs
         r.generated = 1
         n = len(r.assign.prompt_ids)
         bad = bad_pieces(self.buffers[self.node], m.pd_sums)
@@ -213,7 +216,7 @@ class DecodeEngine(EngineBase):
         if m.kind == CopyKind.H2D:
             if not r.cancelled:
                 self._persist_full_blocks(r)  # announced before PromptLoaded (a 1-token request ends there)
-            self.mail.to_router(PromptLoaded(m.rid, r.tokens[len(r.assign.prompt_ids)], r.hit_tokens))
+            self.mail.to_router(PromptLoaded(m.rid, r.tokens[len(r.assign.prompt_ids)], r.hit_tokens, r.first_logprobs))
             if r.cancelled:
                 self._finish(r)
                 return
@@ -240,7 +243,8 @@ class DecodeEngine(EngineBase):
         self.counters.fit_items += len(running)  # the profile fit's terms (protocol.py: Counters.fit_terms)
         self.counters.fit_ctx += longest
         self.counters.fit_keys += len(running) * longest
-        for r, row in zip(running, logits):
+        for r, raw in zip(running, logits):
+            row = raw  # the logprobs' are the raw logits (model/logprobs.py)
             if r.generated < r.assign.min_tokens or r.assign.ignore_eos:
                 row = row.clone()
                 row[list(self.eos)] = float("-inf")
@@ -251,7 +255,7 @@ class DecodeEngine(EngineBase):
             done = self._done(r, tok)
             reason = ("length" if r.generated >= r.assign.max_tokens else "stop") if done else ""
             self._persist_full_blocks(r)  # announced before the token (PersistQueued)
-            self.mail.to_router(Token(r.assign.rid, tok, idx, done, reason))
+            self.mail.to_router(Token(r.assign.rid, tok, idx, done, reason, wire_logprobs(raw, tok, r.assign.logprobs)))
             if done:
                 self._finish(r)
         self.timeline.until_now(self.track, "decode", step_s, None,  # ctx, model_s: fidelity/calibration.py

@@ -38,6 +38,7 @@ from .prefill_request import PrefillRequest
 from .stages import PrefillStage
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
+from ..model.logprobs import wire_logprobs
 from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
                        PrefillDone, PromptReady, ReadDone)
 
@@ -243,21 +244,24 @@ class PrefillEngine(EngineBase):
 
     def _first_token(self, r: PrefillRequest, logits: torch.Tensor) -> None:
         a = r.assign
+        raw = logits  # the logprobs' (model/logprobs.py: before the EOS mask and temperature)
         if a.suppress_eos:
             logits = logits.clone()
             logits[list(self.mcfg.eos_token_ids)] = float("-inf")
         sampler = TokenSampler(SamplerParams(temperature=a.temperature, top_p=a.top_p, seed=a.seed))
         r.first_token = sampler(logits)
+        r.first_logprobs = wire_logprobs(raw, r.first_token, a.logprobs)
         r.move(PrefillStage.COMPUTED)
         if not r.cancelled:
-            self.mail.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens))
+            self.mail.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens, r.first_logprobs))
         if r.pending_pd == 0:
             self._finish(r)
 
     def _finish(self, r: PrefillRequest) -> None:
         a = r.assign
         if not r.cancelled:
-            self.peers.send_after_writes(a.de_endpoint, a.de_data, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums))
+            self.peers.send_after_writes(a.de_endpoint, a.de_data, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums,
+                                                                                   r.first_logprobs))
         self.queue.remove(r)
         del self.reqs[a.rid]
         self.mail.ended(a.rid)

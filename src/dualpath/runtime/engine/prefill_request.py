@@ -18,6 +18,7 @@ class PrefillRequest:
     hit_sent: bool = False
     pending_pd: int = 0
     first_token: int | None = None  # sampled when the last chunk is computed
+    first_logprobs: list = field(default_factory=list)  # its logprobs on the wire, when asked for
     cancelled: bool = False  # beside the stage: ends it when nothing in flight touches it
     prompt: list = field(default_factory=list)
     pd_sums: list = field(default_factory=list)  # checksums of every PD piece sent (transport/integrity.py)

@@ -112,6 +112,17 @@ class Tokenizer:
         text = self._added_text.get(token_id)
         return text if text is not None else self.engine.decode([token_id], skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (for logprobs): an added token's content; a byte-level BPE
+        token's own bytes, which may be part of a UTF-8 character; else its text decoded alone."""
+        text = self._added_text.get(token_id)
+        piece = None if text is not None else self.engine.id_to_token(token_id)
+        if piece is not None and isinstance(self.engine.decoder, decoders.ByteLevel):
+            byte_of = _byte_of()
+            if all(c in byte_of for c in piece):
+                return bytes(byte_of[c] for c in piece)
+        return self.token_text(token_id).encode()
+
     def to_json(self) -> str:
         """The engine as a Hugging Face tokenizer.json."""
         return self.engine.to_str()
@@ -170,6 +181,11 @@ def _respell(token: str) -> str:
         return token
     spell = bytes_to_unicode()
     return "".join(spell[b] for b in token.encode())
+
+
+@lru_cache(maxsize=1)
+def _byte_of() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 @lru_cache(maxsize=1)

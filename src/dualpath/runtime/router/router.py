@@ -286,12 +286,12 @@ class Router:
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
-                                       salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature, p.top_p, seed))
+                                       salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
+                                       p.temperature, p.top_p, seed, p.logprobs))
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
-                                        [r.offset_bytes for r in rr.pe_regions],
-                                        p.temperature, p.top_p, seed, p.min_tokens > 0 or p.ignore_eos,
-                                        self.features.layerwise_prefill))
+                                        [r.offset_bytes for r in rr.pe_regions], p.temperature, p.top_p, seed,
+                                        p.min_tokens > 0 or p.ignore_eos, self.features.layerwise_prefill, p.logprobs))
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
@@ -344,7 +344,7 @@ class Router:
         first_token(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
 
     def _token(self, rr: RouterRequest, msg: Token) -> None:
-        emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None)
+        emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None, msg.logprobs)
 
     def _read_done(self, rr: RouterRequest, msg: ReadDone) -> None:
         rr.advance(Phase.PREFILL_READY)

@@ -76,7 +76,7 @@ class RouterRequest:
     de_regions: list = field(default_factory=list)
     pe_regions: list = field(default_factory=list)
     generated: int = 0  # this attempt's tokens streamed to the client (tokens.py)
-    early: dict = field(default_factory=dict)  # index -> (token, finished, reason): ahead of `generated`
+    early: dict = field(default_factory=dict)  # index -> (token, finished, reason, logprobs): ahead of `generated`
     # The furthest step of the request's path (core.phase) the router has seen, advanced with
     # check_transition. Two engines report it, and their messages may arrive in either order, so
     # `advance` walks forward and a step already passed is a no-op.

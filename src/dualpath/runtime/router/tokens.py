@@ -7,27 +7,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import TokenEvent
+from ..api import TokenEvent, TokenLogprobs
 from ..protocol import FirstToken, PromptLoaded
 from .state import RouterRequest, Stream
 
 
-def emit(rr: RouterRequest, metrics: Any, now_s: float, token: int, index: int, finished: bool, reason: str | None) -> None:
-    """Token `index` of this attempt (0: the PE's first token); nothing once the attempt ended.
+def emit(rr: RouterRequest, metrics: Any, now_s: float, token: int, index: int, finished: bool, reason: str | None,
+         logprobs: list) -> None:
+    """Token `index` of this attempt (0: the PE's first token), with its logprobs on the wire ([]:
+    not asked for); nothing once the attempt ended.
     The PE reports token 0 and the DE the rest, on different sockets, so the DE's token 1 may
     overtake the PE's token 0 (the PE's report queued, the DE's decode quick): a token ahead of the
     next index waits in `rr.early` until the ones before it have streamed."""
     if rr.finished or index < rr.generated:
         return
     if index > rr.generated:
-        rr.early[index] = (token, finished, reason)
+        rr.early[index] = (token, finished, reason, logprobs)
         return
-    _stream(rr, metrics, now_s, token, finished, reason)
+    _stream(rr, metrics, now_s, token, finished, reason, logprobs)
     while rr.generated in rr.early and not rr.finished:
         _stream(rr, metrics, now_s, *rr.early.pop(rr.generated))
 
 
-def _stream(rr: RouterRequest, metrics: Any, now_s: float, token: int, finished: bool, reason: str | None) -> None:
+def _stream(rr: RouterRequest, metrics: Any, now_s: float, token: int, finished: bool, reason: str | None,
+            logprobs: list) -> None:
     """The attempt's next token to the client, at the client's next index."""
     index = rr.base_tokens + rr.generated
     rr.generated += 1
@@ -39,7 +42,7 @@ def _stream(rr: RouterRequest, metrics: Any, now_s: float, token: int, finished:
         metrics.finished(rr.stream_rid)
     prompt, cached = len(rr.origin.prompt_ids), min(len(rr.origin.prompt_ids), rr.hit_tokens)
     rr.queue.put_nowait(TokenEvent(token, index, finished, reason if finished else None, prompt, cached,
-                                   rr.side.name.lower() if cached else ""))
+                                   rr.side.name.lower() if cached else "", TokenLogprobs.from_wire(logprobs)))
 
 
 def first_token(rr: RouterRequest, m: FirstToken, eos_token_ids: tuple[int, ...], metrics: Any, now_s: float) -> None:
@@ -52,7 +55,7 @@ def first_token(rr: RouterRequest, m: FirstToken, eos_token_ids: tuple[int, ...]
     if done and not rr.prompt_loaded:
         rr.final_first_token = m
         return
-    emit(rr, metrics, now_s, m.token, 0, done, "length" if p.max_tokens == 1 else "stop")
+    emit(rr, metrics, now_s, m.token, 0, done, "length" if p.max_tokens == 1 else "stop", m.logprobs)
 
 
 def prompt_loaded(rr: RouterRequest, m: PromptLoaded, eos_token_ids: tuple[int, ...], metrics: Any,
@@ -61,6 +64,6 @@ def prompt_loaded(rr: RouterRequest, m: PromptLoaded, eos_token_ids: tuple[int, 
     first token never came (protocol.py: PromptLoaded), the DE's copy of it stands in."""
     held = rr.final_first_token
     if held is None and rr.generated == 0:
-        held = FirstToken(rr.rid, m.first_token, m.cached_tokens)
+        held = FirstToken(rr.rid, m.first_token, m.cached_tokens, m.logprobs)
     if held is not None:
         first_token(rr, held, eos_token_ids, metrics, now_s)

@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.errors import InputError
-from dualpath.runtime.api import GenerationRequest, SamplingParams, ServiceUnavailable, ServingBackend
+from dualpath.runtime.api import NO_LOGPROBS, GenerationRequest, SamplingParams, ServiceUnavailable, ServingBackend
 from dualpath.runtime.server.admission import Admission, Overloaded, ServerLimits, Ticket
 from dualpath.runtime.server.front_door import TENANT_KEY, FrontDoor
 from dualpath.runtime.server.openai_schema import NEUTRAL_VALUES, ChatCompletionBody, CompletionBody, RequestError, _validation_response, error_response
@@ -121,6 +121,15 @@ class _Server:
                                f"context window of {window} tokens", name, "context_length_exceeded")
         return room if value is None else value
 
+    @staticmethod
+    def _logprobs(body: ChatCompletionBody | CompletionBody) -> int:
+        """SamplingParams.logprobs: chat's top_logprobs once logprobs is true; completions' logprobs."""
+        if isinstance(body, CompletionBody):
+            return NO_LOGPROBS if body.logprobs is None else body.logprobs
+        if body.top_logprobs is not None and not body.logprobs:
+            raise RequestError("top_logprobs: needs logprobs: true", "top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else NO_LOGPROBS
+
     def prepare(self, body: ChatCompletionBody | CompletionBody, tenant: str = "") -> Job:
         """The request's job; `tenant`: its API key's (front_door.py), which salts its cache."""
         chat = isinstance(body, ChatCompletionBody)
@@ -150,6 +159,7 @@ class _Server:
             seed=body.seed,
             min_tokens=min_tokens,
             ignore_eos=bool(body.ignore_eos),
+            logprobs=self._logprobs(body),
         )
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.new_request_id()}"
         return Job(chat=chat, response_id=response_id, created=int(self.wall_time_s()), model=self.router.model_name,

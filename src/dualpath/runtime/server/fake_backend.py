@@ -10,7 +10,8 @@ Path of a request through it:
      prompt (the last token is always computed, as in a real prefix cache).
   3. after `first_token_delay_s` ("prefill"), it yields the scripted reply `reply(prompt_ids)`
      one token per `token_delay_s`; EOS follows the script unless `ignore_eos` or `min_tokens`
-     says to continue (then the script repeats). `max_tokens` ends it with "length".
+     says to continue (then the script repeats). `max_tokens` ends it with "length". Asked for
+     logprobs, each token carries made-up ones (`fake_logprobs`).
   4. `fail_after_tokens(prompt_ids)`, when set and not None, is the number of tokens after which
      the request fails with `InjectedBackendError` (a backend fault, for the server's error paths);
   5. finished or closed early (client gone, or failed), the request leaves `active_request_ids`
@@ -23,12 +24,22 @@ It checks the server's side of the contract: a request past `max_context_tokens`
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import AsyncIterator, Callable, Sequence
 
-from dualpath.runtime.api import GenerationRequest, TokenEvent, TokenizerLike
+from dualpath.runtime.api import NO_LOGPROBS, GenerationRequest, TokenEvent, TokenizerLike, TokenLogprobs
 from dualpath.metrics.prometheus import Family, Sample, family
 
 DEFAULT_REPLY_TEXT = "Hello from the fake router: naïve café, 日本語, 🙂!"
+
+
+def fake_logprobs(token: int, index: int, top: int) -> TokenLogprobs | None:
+    """Made-up logprobs in the real ones' shape (None unless asked for): the scripted token is the
+    most likely at log(1/(index + 2)), the next token ids follow one nat apart."""
+    if top == NO_LOGPROBS:
+        return None
+    logprob = -math.log(index + 2)
+    return TokenLogprobs(logprob, tuple((token + i, logprob - i) for i in range(top)))
 
 
 class InjectedBackendError(RuntimeError):
@@ -167,6 +178,7 @@ class FakeBackend:
                     finish_reason=("stop" if stopped else "length") if last else None,
                     prompt_tokens=len(prompt),
                     cached_tokens=cached_tokens,
+                    logprobs=fake_logprobs(token, index, params.logprobs),
                 )
                 if last:
                     return

@@ -9,9 +9,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from dualpath.runtime.api import MAX_TOP_LOGPROBS
+
 # OpenAI parameters we do not implement: accepted only with a neutral value, else a 400
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "echo": (None, False), "best_of": (None, 1),
     "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "response_format": (None, {"type": "text"}),
 }
@@ -92,10 +94,15 @@ class _GenerationBody(_Strict):
 class ChatCompletionBody(_GenerationBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)  # OpenAI's newer name for max_tokens
+    # each sampled token's logprob, and the top_logprobs most likely tokens' (server/logprobs.py)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class CompletionBody(_GenerationBody):
     prompt: Annotated[str | list[int], BeforeValidator(_one_prompt), WithJsonSchema(_PROMPT_SCHEMA)]
+    # each sampled token's logprob and the `logprobs` most likely tokens' (OpenAI allows 5, vLLM 20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 # ---- errors ------------------------------------------------------------------------------------

@@ -22,8 +22,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from dualpath.errors import InputError
-from dualpath.runtime.api import GenerationRequest, ServiceUnavailable, ServingBackend
+from dualpath.runtime.api import NO_LOGPROBS, GenerationRequest, ServiceUnavailable, ServingBackend
 from dualpath.runtime.server.detokenize import IncrementalDetokenizer, StopStrings
+from dualpath.runtime.server.logprobs import LogprobEntry, chat_logprobs, completion_logprobs, spell
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +53,7 @@ class Delta:
     finish_reason: str | None = None  # set on the last delta only, with `usage`
     usage: Usage | None = None
     token_ids: tuple[int, ...] = ()  # the tokens this delta's text came from
+    logprobs: tuple[LogprobEntry, ...] = ()  # theirs, when the request asked for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,10 @@ class Job:
     stream: bool
     include_usage: bool
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the response
+
+    @property
+    def logprobs(self) -> bool:
+        return self.request.params.logprobs != NO_LOGPROBS
 
 
 async def close_quietly(agen: Any) -> None:
@@ -99,14 +105,15 @@ async def token_deltas(router: ServingBackend, job: Job, progress: Progress | No
                 progress.first_token()
             text = detokenizer.push(event.token_id) + (detokenizer.flush() if event.finished else "")
             text = stops.feed(text, final=event.finished)
+            logprobs = () if event.logprobs is None else (spell(router.tokenizer, event.token_id, event.logprobs),)
             if stops.stopped or event.finished:
                 reason = "stop" if stops.stopped else (event.finish_reason or "stop")
                 if progress is not None:
                     progress.finished()
                 yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens, event.cached_path),
-                            (event.token_id,))
+                            (event.token_id,), logprobs)
                 return
-            yield Delta(text, token_ids=(event.token_id,))
+            yield Delta(text, token_ids=(event.token_id,), logprobs=logprobs)
     finally:
         await close_quietly(events)
     raise RuntimeError(f"router ended request {job.request.request_id} without a finished event")
@@ -115,12 +122,14 @@ async def token_deltas(router: ServingBackend, job: Job, progress: Progress | No
 async def collect_deltas(deltas: AsyncIterator[Delta]) -> Delta:
     parts: list[str] = []
     ids: list[int] = []
+    logprobs: list[LogprobEntry] = []
     try:
         async for delta in deltas:
             parts.append(delta.text)
             ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs)
             if delta.finish_reason is not None:
-                return Delta("".join(parts), delta.finish_reason, delta.usage, tuple(ids))
+                return Delta("".join(parts), delta.finish_reason, delta.usage, tuple(ids), tuple(logprobs))
     finally:
         await close_quietly(deltas)
     raise RuntimeError("generation ended without a finish reason")
@@ -195,8 +204,17 @@ def _with_token_ids(job: Job, body: dict, choice: dict, token_ids: tuple[int, ..
         (body if job.chat else choice)["prompt_token_ids"] = list(job.request.prompt_ids)
 
 
+def _logprobs_json(job: Job, entries: tuple[LogprobEntry, ...], offset: int) -> dict | None:
+    """A choice's `logprobs` (server/logprobs.py): None unless the request asked for them;
+    `offset`: the characters of the tokens' texts before these (completions' `text_offset`)."""
+    if not job.logprobs:
+        return None
+    return chat_logprobs(entries) if job.chat else completion_logprobs(entries, offset)
+
+
 def completion_json(job: Job, final: Delta) -> dict:
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
+    choice: dict[str, Any] = {"index": 0, "logprobs": _logprobs_json(job, final.logprobs, 0),
+                              "finish_reason": final.finish_reason}
     if job.chat:
         choice["message"] = {"role": "assistant", "content": final.text}
     else:
@@ -213,10 +231,13 @@ def _sse(body: dict) -> str:
 
 
 def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False,
-           token_ids: tuple[int, ...] = (), first: bool = False) -> str:
-    """A chunk with one choice; `text` None means an empty delta (the finishing chunk); `first`:
+           delta: Delta | None = None, first: bool = False, offset: int = 0) -> str:
+    """A chunk with one choice; `text` None means an empty delta (the finishing chunk); `delta`:
+    the one whose token ids and logprobs the chunk carries (`offset`: _logprobs_json); `first`:
     the stream's first chunk (it carries the prompt's token ids when asked for)."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    entries = delta.logprobs if delta is not None else ()
+    choice: dict[str, Any] = {"index": 0, "logprobs": _logprobs_json(job, entries, offset) if entries else None,
+                              "finish_reason": finish_reason}
     if job.chat:
         choice["delta"] = {"role": "assistant", "content": text or ""} if role else (
             {"content": text} if text is not None else {})
@@ -224,7 +245,7 @@ def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: b
         choice["text"] = text or ""
     body = {"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
             "created": job.created, "model": job.model, "choices": [choice]}
-    _with_token_ids(job, body, choice, token_ids, prompt=first)
+    _with_token_ids(job, body, choice, delta.token_ids if delta is not None else (), prompt=first)
     if job.include_usage:
         body["usage"] = None
     return _sse(body)
@@ -236,18 +257,19 @@ async def event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> 
         if job.chat:
             yield _chunk(job, "", role=True, first=True)
             opening = False
-        delta = first
-        while delta.finish_reason is None:
-            if delta.text or (job.return_token_ids and delta.token_ids):  # no token's id goes unsent
-                yield _chunk(job, delta.text, token_ids=delta.token_ids, first=opening)
+        delta, offset = first, 0  # offset: the characters of the tokens' texts sent (_logprobs_json)
+        while True:
+            # no token's id or logprobs go unsent, even where its text is still held back
+            if delta.text or delta.logprobs or (job.return_token_ids and delta.token_ids):
+                yield _chunk(job, delta.text, delta=delta, first=opening, offset=offset)
+                offset += sum(len(e.sampled.text) for e in delta.logprobs)
                 opening = False
+            if delta.finish_reason is not None:
+                break
             # The router (events already queued) and a send to a gone client may both return without
             # suspending; this lets the disconnect listener run, so a gone client is noticed.
             await anyio.lowlevel.checkpoint()
             delta = await anext(deltas)
-        if delta.text or (job.return_token_ids and delta.token_ids):
-            yield _chunk(job, delta.text, token_ids=delta.token_ids, first=opening)
-            opening = False
         yield _chunk(job, None, delta.finish_reason, first=opening)
         if job.include_usage and delta.usage is not None:
             yield _sse({"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",

@@ -1,0 +1,33 @@
+"""Log-probabilities of sampled tokens, as the OpenAI API reports them (`logprobs`, `top_logprobs`).
+
+The values are the model's raw log-probabilities: `log_softmax` of the logits the sampler starts
+from, before temperature, top-p and the end-of-sequence mask of `min_tokens` (vLLM's
+`logprobs_mode="raw_logprobs"`, its default). So at any temperature a token's logprob is the one
+a plain forward pass over the same ids gives it (tests/runtime/cluster/test_logprobs.py checks the
+served ones against transformers).
+
+In a PD-disaggregated cluster the first token is sampled on the prefill engine: its logprobs
+travel with it (`FirstToken` to the router, `PromptReady` to the decode engine, which repeats them
+in `PromptLoaded`), so no choice loses its first entry whichever report reaches the router.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..api import MAX_TOP_LOGPROBS, NO_LOGPROBS, TokenLogprobs
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> TokenLogprobs:
+    """The logprob of `token` and of the `top` most likely tokens, from raw logits [V]."""
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+    logprobs = torch.log_softmax(logits.detach().float().cpu(), dim=-1)
+    values, ids = logprobs.topk(top)
+    return TokenLogprobs(float(logprobs[token]), tuple(zip(ids.tolist(), values.tolist())))
+
+
+def wire_logprobs(logits: torch.Tensor, token: int, top: int) -> list:
+    """What an engine sends for a sampled token: `token_logprobs` on the wire, or [] when the
+    request asked for none (`top` is `NO_LOGPROBS`)."""
+    return [] if top == NO_LOGPROBS else token_logprobs(logits, token, top).to_wire()
