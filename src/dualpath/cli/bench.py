@@ -183,6 +183,44 @@ def bench_overload(
         write_json(r, json_path)
 
 
+def bench_soak(
+    model: Annotated[str, typer.Option(help="the served model")] = "smollm2-135m",
+    minutes: Annotated[float, typer.Option(help="the soak's length at LOAD_FRACTION of capacity")] = 30.0,
+    sample_s: Annotated[float, typer.Option(help="seconds between samples of statuses, latency, RSS and fds")] = 60.0,
+    clients: Annotated[int, typer.Option(help="closed-loop clients measuring the capacity")] = 4,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="a PNG of latency, RSS and open fds over time")] = None,
+) -> None:
+    """A real server at about 70% of its measured capacity for --minutes, with a mix of streamed and
+    plain requests, logprobs, cache salts, disconnects and cancels: errors by code, TTFT and TPOT
+    over time, the server's RSS and open fds per sample; exit 1 when a check fails."""
+    import asyncio
+
+    from ..bench.soak import plot_soak, run_soak
+    from ..sim.runner import write_json
+
+    if minutes <= 0 or sample_s <= 0 or clients < 1:
+        raise InputError("--minutes and --sample-s must be positive, --clients at least 1")
+    r = asyncio.run(run_soak(model, minutes, sample_s, clients, seed=seed))
+    out.print(f"capacity {r['capacity_per_s']:.2f} finished/s; soak at {r['rate_per_s']:.2f} req/s for {minutes:g} min")
+    for s in r["samples"][1:]:
+        out.print(f"{s['t_s'] / 60:5.1f} min: {s['requests']:4d} sent {s['statuses']}; TTFT p50 {s['ttft_p50_s'] * 1e3:.0f} ms "
+                  f"p90 {s['ttft_p90_s'] * 1e3:.0f} ms; TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms; "
+                  f"RSS {s['rss_bytes'] / 2**20:.0f} MiB; {s['open_fds']} fds")
+    c = r["checks"]
+    out.print(f"5xx {c['responses_5xx']}, lost {c['lost']}, incomplete 200 {c['incomplete_200']}, cached across salts "
+              f"{c['cached_across_salts']} of {c['first_turns_under_a_new_salt']}, in flight after {c['server_inflight_after_drain']:g}; "
+              f"RSS end / baseline {c['rss_end_over_baseline']:.3f}; fds {c['open_fds_baseline']} -> {c['open_fds_end']}: "
+              f"{'passed' if c['passed'] else 'FAILED'}")
+    if json_path:
+        write_json(r, json_path)
+    if plot:
+        plot_soak(r, plot)
+    if not c["passed"]:
+        raise typer.Exit(1)
+
+
 def bench_ray_repro(
     out_dir: Annotated[Path, typer.Option("--out", help="serial/ and ray/ repro outputs, bench.json")] = Path("out/bench-ray-repro"),
     scale: Annotated[str, typer.Option(help="quick (`repro --quick`), smoke (seconds) or full")] = "quick",

@@ -138,6 +138,17 @@ class LayerPull:
 
 @message
 @dataclass(frozen=True, slots=True)
+class LayerDropped:
+    """D -> P: D had already let `rid` go (cancelled) when its `LayerPull` for `layer` came, so no
+    bytes come; P stops waiting for that load (the item's outputs are discarded: P is cancelling it
+    too). Every pull is answered once, by this or by `LayerReady`, so no write lands late."""
+
+    rid: int
+    layer: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
 class LayerReady:
     """D -> P (DE path; P -> P on the PE path): layer `layer` of `rid` has landed. `sums`: the
     sender's checksums of what it sent, relative to the item's landing offset (transport/integrity.py)."""

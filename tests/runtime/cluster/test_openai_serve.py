@@ -68,7 +68,7 @@ def test_multi_turn_chat_with_streaming_and_cached_tokens(server):
     text = httpx.get(url.removesuffix("/v1") + "/metrics").text
     assert 'dualpath_queue_requests{queue="prefill"} 0.0' in text and 'dualpath_queue_requests{queue="placing"} 0.0' in text
     assert text.count("dualpath_read_queue_tokens{engine=") == 2
-    read = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("dualpath_storage_read_bytes_total{"))
+    read = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("dualpath_kv_load_bytes_total{"))
     assert read > 0
     loaded = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
               if line.startswith("dualpath_kv_load_tokens_total{")}

@@ -2,7 +2,7 @@
 (its made-up logprobs: `fake_logprobs`): chat's `content` entries and completions' parallel
 lists, streaming equal to not, every token's entry sent even where its text is held back (a
 token holding part of a UTF-8 character), and the refusals. The values against a real model:
-tests/runtime/cluster/test_logprobs.py."""
+tests/runtime/cluster/test_served_logprobs.py."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from ..transport.transfer import SpanCopy
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
 from ..model.logprobs import wire_logprobs
-from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerPull, LayerReady, PersistQueued,
+from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerDropped, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
 from .stages import DECODE_MOVES, DecodeStage, moved
@@ -96,17 +96,26 @@ class DecodeEngine(EngineBase):
 
     def handlers(self) -> dict:
         return {**super().handlers(), DecodeAssign: self._assign, ReadFinished: self._read_finished,
-                LayerPull: self._when_assigned(self._layer_pull), PromptReady: self._when_assigned(self._prompt_ready),
+                LayerPull: self._when_assigned(self._layer_pull, ended=self._pull_of_ended),
+                PromptReady: self._when_assigned(self._prompt_ready),
                 CopyDone: self._copy_done, Cancel: self._on_cancel}
 
-    def _when_assigned(self, handler):
-        """A peer's message about a request whose assignment has not come yet waits for it (stash)."""
+    def _when_assigned(self, handler, ended=None):
+        """A peer's message about a request whose assignment has not come yet waits for it (stash);
+        one about a request already let go goes to `ended` (None: dropped)."""
         def handle(msg) -> None:
             if msg.rid in self.reqs:
                 handler(msg)
+            elif self.mail.has_ended(msg.rid):
+                if ended is not None:
+                    ended(msg)
             else:
                 self.mail.hold(msg.rid, msg)
         return handle
+
+    def _pull_of_ended(self, m: LayerPull) -> None:
+        """A pull for a request cancelled here: the PE's forward waits for an answer (LayerDropped)."""
+        self.mail.send(m.reply_to, LayerDropped(m.rid, m.layer))
 
     def _read_finished(self, msg: ReadFinished) -> None:
         r = self.reqs.get(msg.rid)

@@ -42,7 +42,7 @@ from .base import CopyDone, CopyKind, EngineBase, as_tensor
 from ..transport.integrity import LAYER_RETRANSMITS_MAX, bad_pieces
 from .kv_region import contiguous, layer_spans
 from ..model import LayerKV, layer_kv_to_bytes
-from ..protocol import LayerPull, LayerReady
+from ..protocol import LayerDropped, LayerPull, LayerReady
 from .prefill_request import PrefillRequest
 from ..transport.shm import ShmRegion
 
@@ -70,6 +70,7 @@ class PrefillKvStream:
         self._sums: dict[tuple[int, int], list[int]] = {}  # (layer, rid) -> the sender's sums of the load
         self._tries: dict[tuple[int, int], int] = {}  # (layer, rid) -> loads asked again
         self.poisoned: set[int] = set()  # rids of this forward whose loaded KV failed every try
+        self._dropped: set[int] = set()  # rids whose DE had let them go (LayerDropped): no more loads
 
     def release_views(self) -> None:
         self._landing = None  # type: ignore[assignment]
@@ -86,7 +87,7 @@ class PrefillKvStream:
         self._loads_pending = {}
         self._issued = -1
         self._deferred = []
-        self._sums, self._tries, self.poisoned = {}, {}, set()
+        self._sums, self._tries, self.poisoned, self._dropped = {}, {}, set(), set()
         self._issue_through(min(self._num_layers, self.depth_layers) - 1)
 
     def wait_for_layer_load(self, layer: int) -> list[LayerKV | None]:
@@ -103,7 +104,7 @@ class PrefillKvStream:
                 views.append(None)
                 continue
             buf = self._landing[base + off : base + off + r.cached * self._bytes_per_token_layer]
-            if self._lost(r):  # its DE died: the router has cancelled it; zeros, never stale bytes
+            if self._lost(r):  # its DE died or let it go: it is cancelled; zeros, never stale bytes
                 buf[:] = 0
             kv = as_tensor(buf, self._engine.dtype, (r.cached, 2, *self._kv_shape))
             views.append(LayerKV(kv.to(self._compute_dtype)))
@@ -116,6 +117,13 @@ class PrefillKvStream:
             self._sums[(msg.layer, msg.rid)] = msg.sums
             if msg.layer == self._num_layers - 1:  # a PE-path item's cached KV is in (`_issue_item` began it)
                 self._engine.timeline.end(("h2d", msg.rid), self._engine.cnic_track, "h2d", msg.rid)
+
+    def layer_dropped(self, msg: LayerDropped) -> None:
+        """The DE had let the request go (cancelled): this load never comes, nor do later ones."""
+        self._dropped.add(msg.rid)
+        pending = self._loads_pending.get(msg.layer)
+        if pending is not None:
+            pending.discard(msg.rid)
 
     def _verify(self, layer: int, rids: list[int]) -> list[int]:
         """Check the loads of `rids` that landed against their sender's sums; ask the failed ones
@@ -152,7 +160,8 @@ class PrefillKvStream:
             waiting.difference_update([r.assign.rid for r, _ in self._batch if self._lost(r)])
 
     def _lost(self, r: PrefillRequest) -> bool:
-        return not r.pe_path and r.assign.de_engine in self._engine.lost_engines
+        """A DE-path item whose loads will not come: its DE died, or it let the request go."""
+        return not r.pe_path and (r.assign.de_engine in self._engine.lost_engines or r.assign.rid in self._dropped)
 
     def _issue_through(self, layer: int) -> None:
         while self._issued < layer:

@@ -66,6 +66,9 @@ class Mailbox:
     def take_held(self, rid: int) -> list:
         return self._held.pop(rid, [])
 
+    def has_ended(self, rid: int) -> bool:
+        return rid in self._ended
+
     def ended(self, rid: int) -> None:
         self._held.pop(rid, None)
         self._ended.add(rid)

@@ -39,7 +39,7 @@ from .stages import PrefillStage
 from ..model.generate import SamplerParams
 from ..model.generate import TokenSampler
 from ..model.logprobs import wire_logprobs
-from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerReady, PrefillAssign,
+from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerDropped, LayerReady, PrefillAssign,
                        PrefillDone, PromptReady, ReadDone)
 
 
@@ -119,13 +119,16 @@ class PrefillEngine(EngineBase):
     def handlers(self) -> dict:
         return {**super().handlers(), PrefillAssign: self._assign, ReadFinished: self._read_finished,
                 HitReady: self._hit_ready, LayerReady: self._layer_ready, CopyDone: self._copy_done,
-                Cancel: self._on_cancel}
+                Cancel: self._on_cancel, LayerDropped: self._layer_dropped}
 
     def _read_finished(self, msg: ReadFinished) -> None:
         self._hit_loaded(msg.rid, msg.ok_blocks, report=msg.nbytes)
 
     def _layer_ready(self, msg: LayerReady) -> None:
         self.kv.layer_ready(msg)  # the stream of the moment (a reconfigure builds a new one)
+
+    def _layer_dropped(self, msg: LayerDropped) -> None:
+        self.kv.layer_dropped(msg)
 
     def _hit_ready(self, msg: HitReady) -> None:
         if msg.rid in self.reqs:

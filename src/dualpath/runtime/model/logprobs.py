@@ -3,7 +3,7 @@
 The values are the model's raw log-probabilities: `log_softmax` of the logits the sampler starts
 from, before temperature, top-p and the end-of-sequence mask of `min_tokens` (vLLM's
 `logprobs_mode="raw_logprobs"`, its default). So at any temperature a token's logprob is the one
-a plain forward pass over the same ids gives it (tests/runtime/cluster/test_logprobs.py checks the
+a plain forward pass over the same ids gives it (tests/runtime/cluster/test_served_logprobs.py checks the
 served ones against transformers).
 
 In a PD-disaggregated cluster the first token is sampled on the prefill engine: its logprobs

@@ -151,7 +151,7 @@ class RouterMetrics:
                    [Sample(self.num_migrated)]),
             family("dualpath_requests_failed_total", "counter", "Requests ended by an engine fault (HTTP 503 / SSE error).",
                    [Sample(self.num_failed)]),
-            family("dualpath_storage_read_bytes_total", "counter", "KV bytes read from storage, by read path.",
+            family("dualpath_kv_load_bytes_total", "counter", "KV bytes loaded from storage, by read path.",
                    [Sample(self.bytes_by_side[0], {"path": "prefill"}), Sample(self.bytes_by_side[1], {"path": "decode"})]),
             family("dualpath_kv_load_tokens_total", "counter", "Cached prompt tokens placed to load, by read path.",
                    [Sample(self.hit_tokens_by_side[0], {"path": "prefill"}),

@@ -120,6 +120,16 @@ class Placement:
         for r in regions:
             self.buffers[node].free(r)
 
+    def release_de_regions(self, rr: Any) -> None:
+        """A RouterRequest's DE-buffer regions, once neither engine touches them: its DE has let it
+        go (DecodeDone) and its PE has written the prompt's KV into them for the last time
+        (PrefillDone). A region freed while a cancelled request's PE still writes into it could be
+        given to another request and overwritten under it. (A loaded prompt's are freed at
+        PromptLoaded: the PE's writes all landed before its PromptReady.)"""
+        if rr.de_regions and rr.pe_done and rr.de_done:
+            self.free(rr.de.engine, rr.de_regions)
+            rr.de_regions = []
+
     def check_invariants(self) -> None:
         for buf in self.buffers.values():
             buf.check_invariants()

@@ -124,6 +124,7 @@ class Recovery:
             self._placement.free(lost.engine, rr.de_regions)  # the dead node's buffer: never allocated again
             rr.de_regions, rr.de_done = [], True
             hit = True
+        self._placement.release_de_regions(rr)  # its PE lost: nothing writes into them any more
         if rr.side_engine is lost:
             self._bookings.read_ended(rr)  # the dead node's read never reports
         nxt = None

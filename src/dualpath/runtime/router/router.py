@@ -356,6 +356,7 @@ class Router:
         self.placement.free(rr.pe.engine, rr.pe_regions)
         rr.pe_regions = []
         rr.pe_done = True
+        self.placement.release_de_regions(rr)
 
     def _prompt_loaded(self, rr: RouterRequest, msg: PromptLoaded) -> None:
         self.placement.free(rr.de.engine, rr.de_regions)
@@ -364,12 +365,10 @@ class Router:
         prompt_loaded(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
 
     def _decode_done(self, rr: RouterRequest, msg: DecodeDone) -> None:
-        if rr.de_regions:  # never loaded (cancelled early)
-            self.placement.free(rr.de.engine, rr.de_regions)
-            rr.de_regions = []
         self.bookings.de_released(rr)
         rr.advance(Phase.FINISHED)
         rr.de_done = True
+        self.placement.release_de_regions(rr)  # never loaded (cancelled early)
 
     def _from_fenced(self, rr: RouterRequest, msg: Any) -> bool:
         """A request's message without an engine field, from an engine fenced since it was sent."""
