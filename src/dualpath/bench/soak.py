@@ -190,16 +190,19 @@ def process_tree(root_pid: int) -> list[int]:
     return tree
 
 
-def tree_usage(root_pid: int) -> tuple[int, int]:
-    """(resident bytes, open file descriptors) summed over the process tree."""
-    rss, fds, page = 0, 0, os.sysconf("SC_PAGE_SIZE")
+def tree_usage(root_pid: int) -> tuple[int, int, int]:
+    """(resident bytes, of them not shared, open file descriptors) summed over the process tree.
+    Resident memory counts the shared host buffers once per process that maps them; the private
+    part is where a leak shows."""
+    rss, private, fds, page = 0, 0, 0, os.sysconf("SC_PAGE_SIZE")
     for pid in process_tree(root_pid):
         try:
-            rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+            resident, shared = (int(v) for v in Path(f"/proc/{pid}/statm").read_text().split()[1:3])
+            rss, private = rss + resident * page, private + (resident - shared) * page
             fds += len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             continue
-    return rss, fds
+    return rss, private, fds
 
 
 class Clients:
@@ -263,7 +266,7 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def window_row(outcomes: list[Outcome], t_from: float, t_to: float, rss: int, fds: int) -> dict[str, Any]:
+def window_row(outcomes: list[Outcome], t_from: float, t_to: float, rss: int, private: int, fds: int) -> dict[str, Any]:
     """The requests sent in [t_from, t_to): statuses, TTFT and TPOT; the tree's memory at t_to."""
     part = [o for o in outcomes if t_from <= o.sent_s < t_to]
     statuses: dict[str, int] = {}
@@ -274,7 +277,7 @@ def window_row(outcomes: list[Outcome], t_from: float, t_to: float, rss: int, fd
     return {"t_s": t_to, "requests": len(part), "statuses": statuses,
             "ttft_p50_s": _pct([o.ttft_s for o in streamed], 50), "ttft_p90_s": _pct([o.ttft_s for o in streamed], 90),
             "tpot_p50_s": _pct([o.tpot_s for o in streamed if o.tpot_s >= 0], 50),
-            "rss_bytes": rss, "open_fds": fds}
+            "rss_bytes": rss, "private_bytes": private, "open_fds": fds}
 
 
 def checks(outcomes: list[Outcome], samples: list[dict[str, Any]], sample_s: float, inflight_after: float) -> dict[str, Any]:
@@ -297,6 +300,7 @@ def checks(outcomes: list[Outcome], samples: list[dict[str, Any]], sample_s: flo
         "server_inflight_after_drain": inflight_after,
         "rss_baseline_bytes": base["rss_bytes"], "rss_end_bytes": end["rss_bytes"],
         "rss_end_over_baseline": end["rss_bytes"] / base["rss_bytes"],
+        "private_end_over_baseline": end["private_bytes"] / max(1, base["private_bytes"]),
         "open_fds_baseline": base["open_fds"], "open_fds_end": end["open_fds"], "open_fds_min": fds_min,
         "by_status": by_status,
     }
@@ -383,8 +387,10 @@ def plot_soak(r: dict[str, Any], path: Path) -> None:
     lat.set_ylabel("ms (streamed requests)")
     lat.legend()
     lat.set_title(f"soak: {r['model']} at {r['rate_per_s']:.2f} req/s ({r['load_fraction']:.0%} of capacity)")
-    mem.plot(t_min, [s["rss_bytes"] / 2**20 for s in rows], color="C3", label="RSS (MiB)")
-    mem.set_ylabel("RSS of the server tree, MiB")
+    mem.plot(t_min, [s["rss_bytes"] / 2**20 for s in rows], color="C3", label="RSS")
+    mem.plot(t_min, [s["private_bytes"] / 2**20 for s in rows], color="C1", label="of it not shared")
+    mem.set_ylabel("server tree memory, MiB")
+    mem.legend(loc="lower left")
     fds = mem.twinx()
     fds.plot(t_min, [s["open_fds"] for s in rows], color="C4", label="open fds")
     fds.set_ylabel("open file descriptors")

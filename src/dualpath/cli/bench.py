@@ -207,11 +207,11 @@ def bench_soak(
     for s in r["samples"][1:]:
         out.print(f"{s['t_s'] / 60:5.1f} min: {s['requests']:4d} sent {s['statuses']}; TTFT p50 {s['ttft_p50_s'] * 1e3:.0f} ms "
                   f"p90 {s['ttft_p90_s'] * 1e3:.0f} ms; TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms; "
-                  f"RSS {s['rss_bytes'] / 2**20:.0f} MiB; {s['open_fds']} fds")
+                  f"RSS {s['rss_bytes'] / 2**20:.0f} MiB ({s['private_bytes'] / 2**20:.0f} not shared); {s['open_fds']} fds")
     c = r["checks"]
     out.print(f"5xx {c['responses_5xx']}, lost {c['lost']}, incomplete 200 {c['incomplete_200']}, cached across salts "
               f"{c['cached_across_salts']} of {c['first_turns_under_a_new_salt']}, in flight after {c['server_inflight_after_drain']:g}; "
-              f"RSS end / baseline {c['rss_end_over_baseline']:.3f}; fds {c['open_fds_baseline']} -> {c['open_fds_end']}: "
+              f"RSS end / baseline {c['rss_end_over_baseline']:.3f} (not shared {c['private_end_over_baseline']:.3f}); fds {c['open_fds_baseline']} -> {c['open_fds_end']}: "
               f"{'passed' if c['passed'] else 'FAILED'}")
     if json_path:
         write_json(r, json_path)
