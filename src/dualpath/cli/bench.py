@@ -221,6 +221,36 @@ def bench_soak(
         raise typer.Exit(1)
 
 
+def bench_salts(
+    model: Annotated[str, typer.Option(help="the served model")] = "smollm2-135m",
+    prompts: Annotated[int, typer.Option(help="distinct prompts, each sent cold, under another salt, and as a hit")] = 12,
+    prompt_tokens: Annotated[int, typer.Option(help="random token ids per prompt (whole 64-token blocks)")] = 1024,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    plot: Annotated[Optional[Path], typer.Option()] = None,
+) -> None:
+    """The side channel a shared KV store opens, and the cache salt that closes it: TTFT of a cold
+    prompt, of the same prompt under another salt, and of a hit under its own salt."""
+    import asyncio
+
+    from ..bench.salts import GROUPS, plot_salts, run_salts
+    from ..sim.runner import write_json
+
+    if prompts < 2 or prompt_tokens < 64:
+        raise InputError("--prompts must be at least 2 and --prompt-tokens at least one 64-token block")
+    r = asyncio.run(run_salts(model, prompts, prompt_tokens, seed))
+    s = r["summary"]
+    for g in GROUPS:
+        out.print(f"{g:10s}: TTFT p50 {s[g]['ttft_p50_s'] * 1e3:.0f} ms (p10 {s[g]['ttft_p10_s'] * 1e3:.0f}, "
+                  f"p90 {s[g]['ttft_p90_s'] * 1e3:.0f}); cached tokens {s[g]['cached_tokens']}")
+    out.print(f"another salt / cold = {s['other_salt_over_cold']:.3f} (within the cold spread: "
+              f"{s['other_salt_within_cold_spread']}); hit / cold = {s['hit_over_cold']:.3f}")
+    if json_path:
+        write_json(r, json_path)
+    if plot:
+        plot_salts(r, plot)
+
+
 def bench_ray_repro(
     out_dir: Annotated[Path, typer.Option("--out", help="serial/ and ray/ repro outputs, bench.json")] = Path("out/bench-ray-repro"),
     scale: Annotated[str, typer.Option(help="quick (`repro --quick`), smoke (seconds) or full")] = "quick",

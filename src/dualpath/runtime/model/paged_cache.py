@@ -4,16 +4,20 @@ Storage is one tensor `kv` of shape [num_blocks, num_layers, block_tokens, 2, nu
 every cache block is a Full Block (num_layers Layer Blocks back to back, core/blocks.py), so a
 full block can be persisted or shipped as bytes without reshaping (`full_block`).
 
-A sequence owns a block table: token position p lives in block table[p // block_tokens] at
-offset p % block_tokens. Blocks are not shared between sequences.
+A sequence has a block table: token position p lives in block table[p // block_tokens] at
+offset p % block_tokens. `fork` starts a sequence from another's tokens (the `n` choices of one
+prompt): the child shares the parent's full blocks, which no one writes again, and gets its own
+copy of the partly filled last block, so every write lands in a block of one sequence only.
 
 Conservation law (checked by `check_invariants`):
-    every block is free or owned by exactly one sequence, so
-    num_free_blocks + sum(blocks owned) == num_blocks, and
-    a sequence of n tokens owns exactly ceil(n / block_tokens) blocks.
+    a block's reference count is the number of block tables holding it; a block is free exactly
+    when its count is 0, so num_free_blocks + distinct blocks held == num_blocks;
+    a sequence of n tokens holds exactly ceil(n / block_tokens) blocks, and a block held by more
+    than one sequence is full in each of them.
 
-Lifecycle of a sequence: add_sequence (or load_prompt) -> prepare_decode, once per step, which
-reserves the new token's slot -> free. Failed allocations raise `OutOfBlocksError` and change nothing.
+Lifecycle of a sequence: add_sequence (or load_prompt, or fork) -> prepare_decode, once per step,
+which reserves the new token's slot -> free (its blocks return when no other sequence holds them).
+Failed allocations raise `OutOfBlocksError` and change nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class PagedKVCache:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self._tables: dict[int, list[int]] = {}
         self._num_tokens: dict[int, int] = {}
+        self._refs = [0] * num_blocks  # block -> how many block tables hold it
 
     # ---- bookkeeping -------------------------------------------------------------------------
 
@@ -117,28 +122,62 @@ class PagedKVCache:
             raise ValueError("num_tokens must be >= 0")
         extra = self._extra_blocks(seq_id, num_tokens)
         self._require_free_blocks(extra)
-        self._tables[seq_id].extend(self._free.pop() for _ in range(extra))
+        table = self._tables[seq_id]
+        for _ in range(extra):
+            block = self._free.pop()
+            self._refs[block] = 1
+            table.append(block)
         self._num_tokens[seq_id] += num_tokens
 
+    def fork(self, parent: int, child: int) -> None:
+        """A new sequence `child` with `parent`'s tokens: the full blocks shared (no copy), the
+        partly filled last block copied (the child's next tokens go there)."""
+        if child in self._tables:
+            raise KeyError(f"sequence {child} is already in the cache")
+        n, table = self._num_tokens[parent], self._tables[parent]
+        full = n // self.block_tokens
+        self._require_free_blocks(len(table) - full)  # raises before any change
+        shared = table[:full]
+        for block in shared:
+            self._refs[block] += 1
+        self._tables[child], self._num_tokens[child] = list(shared), full * self.block_tokens
+        self.extend(child, n - full * self.block_tokens)
+        if len(table) > full:
+            self.kv[self._tables[child][-1]] = self.kv[table[-1]]
+
+    def shared_blocks(self, seq_id: int) -> int:
+        """How many of the sequence's blocks another sequence holds too."""
+        return sum(self._refs[b] > 1 for b in self._tables[seq_id])
+
     def free(self, seq_id: int) -> int:
-        """Return all blocks of a sequence; the number of blocks freed."""
+        """Let a sequence go; the number of blocks that became free (shared ones stay held)."""
         table = self._tables.pop(seq_id)
         del self._num_tokens[seq_id]
-        self._free.extend(reversed(table))
-        return len(table)
+        freed = 0
+        for block in reversed(table):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free.append(block)
+                freed += 1
+        return freed
 
     def check_invariants(self) -> None:
-        owned = [b for table in self._tables.values() for b in table]
-        if len(owned) + len(self._free) != self.num_blocks:
-            raise AssertionError(f"{len(owned)} owned + {len(self._free)} free != {self.num_blocks} blocks")
-        if sorted(owned + self._free) != list(range(self.num_blocks)):
-            raise AssertionError("a block is owned twice, or both owned and free, or out of range")
+        held: dict[int, int] = {}
+        for table in self._tables.values():
+            for b in table:
+                held[b] = held.get(b, 0) + 1
+        if any(self._refs[b] != count for b, count in held.items()) or sum(self._refs) != sum(held.values()):
+            raise AssertionError("a block's reference count is not the number of tables holding it")
+        if len(held) + len(self._free) != self.num_blocks or sorted([*held, *self._free]) != list(range(self.num_blocks)):
+            raise AssertionError("a block is both held and free, free twice, neither, or out of range")
         if self._tables.keys() != self._num_tokens.keys():
             raise AssertionError("block tables and token counts disagree on the sequences")
         for seq_id, table in self._tables.items():
             n = self._num_tokens[seq_id]
             if n < 0 or len(table) != self.blocks_for_tokens(n):
                 raise AssertionError(f"sequence {seq_id}: {n} tokens in {len(table)} blocks")
+            if any(self._refs[b] > 1 for b in table[n // self.block_tokens:]):
+                raise AssertionError(f"sequence {seq_id}: a shared block is not full (it would be written)")
 
     # ---- data ------------------------------------------------------------------------------
 
@@ -152,8 +191,13 @@ class PagedKVCache:
         return table[pos // self.block_tokens], pos % self.block_tokens
 
     def write(self, seq_id: int, layer: int, start: int, layer_kv: LayerKV) -> None:
-        """Write K,V of positions [start, start + n) of one layer (positions must be reserved)."""
-        blocks, offsets = self._slots(seq_id, start, start + layer_kv.num_tokens)
+        """Write K,V of positions [start, start + n) of one layer (positions must be reserved, in
+        blocks no other sequence holds)."""
+        stop = start + layer_kv.num_tokens
+        table = self._tables[seq_id][start // self.block_tokens : self.blocks_for_tokens(stop)]
+        if any(self._refs[b] > 1 for b in table):
+            raise ValueError(f"positions [{start}, {stop}) of sequence {seq_id} are in a block another sequence holds")
+        blocks, offsets = self._slots(seq_id, start, stop)
         self.kv[blocks, layer, offsets] = layer_kv.kv.to(self.kv.device, self.kv.dtype)
 
     def read(self, seq_id: int, layer: int, start: int = 0, stop: int | None = None) -> LayerKV:

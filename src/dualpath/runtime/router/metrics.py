@@ -37,6 +37,7 @@ class RouterMetrics:
         self.clock = clock
         self._store = store  # the router's store now: a service client counts the calls its breaker skipped
         self.persist_failures = 0  # DE writes that ended without the block stored (Persisted.stored False)
+        self.persisted_blocks = 0  # DE writes that stored their block
         self.reqs: dict[int, _Req] = {}
         self.bytes_by_side = [0, 0]  # storage reads landing on the PE / DE side
         self.hit_tokens_by_side = [0, 0]  # cached tokens placed to load through the PE / DE side
@@ -72,6 +73,11 @@ class RouterMetrics:
         r.hit_tokens, r.side = hit_tokens, int(side)
         self.hit_tokens_by_side[int(side)] += hit_tokens
         self.timeline.mark(ROUTER, "placed", rid, {"hit_tokens": hit_tokens, "side": SIDES[side]})
+
+    def persisted(self, stored: bool) -> None:
+        """A DE's block write ended (protocol.py: Persisted), stored or not."""
+        self.persisted_blocks += stored
+        self.persist_failures += not stored
 
     def read_done(self, rid: int, on_prefill_side: bool, nbytes: int) -> None:
         self.bytes_by_side[0 if on_prefill_side else 1] += nbytes
@@ -179,6 +185,8 @@ class RouterMetrics:
     def _store_families(self) -> list[Family]:
         f = self.store_faults()
         return [
+            family("dualpath_store_persisted_blocks_total", "counter", "Blocks the decode engines stored.",
+                   [Sample(self.persisted_blocks)]),
             family("dualpath_store_persist_failures_total", "counter", "Block persists that ended without the block stored.",
                    [Sample(f["persist_failures"])]),
             family("dualpath_store_calls_skipped_total", "counter",

@@ -335,7 +335,7 @@ class Router:
 
     def _persisted(self, msg: Persisted) -> None:
         self.placement.persisted(msg.digest, msg.engine)
-        self.metrics.persist_failures += not msg.stored
+        self.metrics.persisted(msg.stored)
         self.kick()
 
     # a request's progress (protocol.py's numbered path)
