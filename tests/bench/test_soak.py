@@ -22,7 +22,7 @@ def test_a_short_soak_answers_every_request_and_keeps_tenants_apart(tmp_path):
     assert c["first_turns_under_a_new_salt"] > 0 and c["cached_across_salts"] == 0  # salts changed; nothing crossed
     assert c["hits_under_the_same_salt"] > 0  # ... while a conversation's own salt hits its stored prefix
     kinds = {o["kind"] for o in r["outcomes"]}
-    assert kinds == {"stream", "plain", "stream_logprobs", "plain_logprobs", "disconnect", "cancel"}
+    assert kinds == {"stream", "plain", "stream_logprobs", "plain_logprobs", "stream_n", "plain_n", "disconnect", "cancel"}
     assert len(r["samples"]) >= 4 and all(s["rss_bytes"] > s["private_bytes"] > 0 and s["open_fds"] > 0 for s in r["samples"])
     assert 0 < r["rate_per_s"] < r["capacity_per_s"]
 

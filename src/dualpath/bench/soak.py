@@ -4,7 +4,8 @@ long time, with the mix its clients send (docs/results/soak/).
   1. Capacity: `clients` closed-loop clients send the mix's complete requests for `capacity_s`;
      the finished requests per second are the capacity.
   2. Soak: open-loop Poisson arrivals at LOAD_FRACTION x the capacity for `minutes`. Each request is
-     one of `MIX` (seeded): streamed or not, with logprobs or not, under one of a few cache salts
+     one of `MIX` (seeded): streamed or not, with logprobs or not, with CHOICES choices (`n`) or
+     one, under one of a few cache salts
      (tenants), continuing one of a few conversations (so later turns hit the store), or a client
      that disconnects mid-stream or gives up before the answer. Every `sample_s` (a minute by
      default): responses by status, TTFT and TPOT percentiles of the minute's requests, and the
@@ -16,8 +17,7 @@ Checks (`checks` in the JSON): no 5xx response; no request lost (every one ends 
 complete answer, or its own client's abort); every 200 complete (all its tokens, and its logprobs
 when asked); no cached token across salts (a conversation's first request under a salt it never
 used finds nothing cached); RSS at the end within RSS_GROWTH_LIMIT of the sample at
-RSS_BASELINE_MINUTE; no growth in open file descriptors beyond FD_SLACK. Requests with `n > 1` are
-not in the mix: the server answers them 400 until it supports them.
+RSS_BASELINE_MINUTE; no growth in open file descriptors beyond FD_SLACK.
 """
 
 from __future__ import annotations
@@ -47,13 +47,15 @@ CONTEXT_LIMIT_TOKENS = 1536  # a conversation longer than this starts over (new 
 CONVERSATIONS = 6
 SALTS = ("tenant-a", "tenant-b", "tenant-c")
 TOP_LOGPROBS = 2
+CHOICES = 3  # the `n` of the mix's *_n kinds
 DISCONNECT_AFTER_CHUNKS = 3
 CANCEL_AFTER_S = 0.05  # a client that gives up this soon after sending, before its answer
 REQUEST_TIMEOUT_S = 300.0  # a request still open after this counts as lost
 
 # kind -> weight: what the soak's clients send
-MIX = {"stream": 3, "plain": 2, "stream_logprobs": 2, "plain_logprobs": 1, "disconnect": 1, "cancel": 1}
-COMPLETE_KINDS = ("stream", "plain", "stream_logprobs", "plain_logprobs")
+MIX = {"stream": 3, "plain": 2, "stream_logprobs": 2, "plain_logprobs": 1, "stream_n": 1, "plain_n": 1,
+       "disconnect": 1, "cancel": 1}
+COMPLETE_KINDS = ("stream", "plain", "stream_logprobs", "plain_logprobs", "stream_n", "plain_n")
 
 
 @dataclass(slots=True)
@@ -98,11 +100,21 @@ def _body(kind: str, prompt: list[int], salt: str) -> dict[str, Any]:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
     if kind.endswith("logprobs"):
         body["logprobs"] = TOP_LOGPROBS
+    if kind.endswith("_n"):
+        body["n"] = CHOICES
     return body
 
 
+def _complete(kind: str, ids_by_choice: dict[int, list[int]], entries: int) -> bool:
+    """Every choice has all its tokens, and every token its logprobs when asked for."""
+    n = CHOICES if kind.endswith("_n") else 1
+    return (sorted(ids_by_choice) == list(range(n)) and all(len(v) == MAX_TOKENS for v in ids_by_choice.values())
+            and (not kind.endswith("logprobs") or entries == MAX_TOKENS))
+
+
 async def _streamed(client: Any, url: str, body: dict, o: Outcome, t0: float, kind: str) -> list[int]:
-    ids, entries, first_s, last_s = [], 0, -1.0, -1.0
+    ids: dict[int, list[int]] = {}
+    entries, first_s, last_s = 0, -1.0, -1.0
     async with client.stream("POST", url, json=body, timeout=REQUEST_TIMEOUT_S) as r:
         o.status = r.status_code
         if r.status_code != 200:
@@ -117,8 +129,8 @@ async def _streamed(client: Any, url: str, body: dict, o: Outcome, t0: float, ki
                 if choice.get("token_ids"):
                     now = time.perf_counter() - t0
                     first_s = now if first_s < 0 else first_s
-                    last_s = now
-                    ids += choice["token_ids"]
+                    last_s = now if choice["index"] == 0 else last_s
+                    ids.setdefault(choice["index"], []).extend(choice["token_ids"])
                 entries += len((choice.get("logprobs") or {}).get("tokens", []))
             if chunk.get("usage"):
                 o.cached_tokens = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -126,10 +138,11 @@ async def _streamed(client: Any, url: str, body: dict, o: Outcome, t0: float, ki
             if kind == "disconnect" and chunks >= DISCONNECT_AFTER_CHUNKS:
                 o.status = 0  # gone on purpose: the server must cancel it on every engine
                 return []
+    first = ids.get(0, [])
     o.ttft_s = first_s - o.sent_s if first_s >= 0 else -1.0
-    o.tpot_s = (last_s - first_s) / (len(ids) - 1) if len(ids) > 1 else -1.0
-    o.complete = len(ids) == MAX_TOKENS and (not kind.endswith("logprobs") or entries == MAX_TOKENS)
-    return ids
+    o.tpot_s = (last_s - first_s) / (len(first) - 1) if len(first) > 1 else -1.0  # choice 0's
+    o.complete = _complete(kind, ids, entries)
+    return first
 
 
 async def _plain(client: Any, url: str, body: dict, o: Outcome, t0: float, kind: str) -> list[int]:
@@ -144,13 +157,12 @@ async def _plain(client: Any, url: str, body: dict, o: Outcome, t0: float, kind:
     if r.status_code != 200:
         return []
     data = r.json()
-    choice = data["choices"][0]
-    ids = choice.get("token_ids") or []
+    ids = {c["index"]: c.get("token_ids") or [] for c in data["choices"]}
     o.ttft_s = time.perf_counter() - t0 - o.sent_s  # the whole answer: no first token seen apart
     o.cached_tokens = data["usage"]["prompt_tokens_details"]["cached_tokens"]
-    entries = len((choice.get("logprobs") or {}).get("tokens", []))
-    o.complete = len(ids) == MAX_TOKENS and (not kind.endswith("logprobs") or entries == MAX_TOKENS)
-    return ids
+    entries = len((data["choices"][0].get("logprobs") or {}).get("tokens", []))
+    o.complete = _complete(kind, ids, entries)
+    return ids.get(0, [])
 
 
 async def one_request(client: Any, base: str, kind: str, conv: Conversation, rng: random.Random, t0: float,
@@ -273,7 +285,7 @@ def window_row(outcomes: list[Outcome], t_from: float, t_to: float, rss: int, pr
     for o in part:
         key = "lost" if o.lost else ("aborted" if o.status == 0 else str(o.status))
         statuses[key] = statuses.get(key, 0) + 1
-    streamed = [o for o in part if o.complete and o.kind.startswith("stream")]
+    streamed = [o for o in part if o.complete and o.kind.startswith("stream") and not o.kind.endswith("_n")]
     return {"t_s": t_to, "requests": len(part), "statuses": statuses,
             "ttft_p50_s": _pct([o.ttft_s for o in streamed], 50), "ttft_p90_s": _pct([o.ttft_s for o in streamed], 90),
             "tpot_p50_s": _pct([o.tpot_s for o in streamed if o.tpot_s >= 0], 50),

@@ -7,8 +7,10 @@ requests into `GenerationRequest`s and streams back `TokenEvent`s. The real impl
 Contract of `ServingBackend.generate` (the router implements it; the HTTP app needs nothing else):
   1. it validates nothing the server can validate (lengths, types); it may still raise
      `InputError` for what only it can know;
-  2. it yields one `TokenEvent` per generated token, in order; the last one has `finished=True`
-     and a `finish_reason` ("stop": an EOS / stop token was generated, "length": max_tokens);
+  2. it yields one `TokenEvent` per generated token, each choice's in order (`choice`; a request
+     asks for `SamplingParams.n` of them, sampled from one prefill); a choice's last one has
+     `finished=True` and a `finish_reason` ("stop": an EOS / stop token was generated, "length":
+     max_tokens); the stream ends after every choice's last one;
   3. if the consumer stops iterating (client gone), closing the async generator cancels the
      request and frees its resources on every engine;
   4. if it can neither serve nor finish the request (its engine died and none can continue it),
@@ -33,12 +35,13 @@ class ServiceUnavailable(Exception):
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat), and vLLM's default max_logprobs
 NO_LOGPROBS = -1  # SamplingParams.logprobs / the assignments' field for a request that asked for none
+MAX_CHOICES = 16  # SamplingParams.n's bound: a project choice (vLLM has none; each choice holds its own KV)
 
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
     """One sampled token's raw log-probability and the `k` most likely tokens' (most likely first);
-    how they are computed: runtime/model/logprobs.py."""
+    how they are computed: runtime/engine/logprobs.py."""
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
@@ -69,6 +72,8 @@ class SamplingParams:
     # The sampled tokens' logprobs and the `logprobs` most likely tokens' at each (0..MAX_TOP_LOGPROBS);
     # NO_LOGPROBS: none
     logprobs: int = NO_LOGPROBS
+    # Choices sampled from the one prefill (OpenAI's `n`); their decodes share the prompt's KV blocks
+    n: int = 1
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -79,6 +84,8 @@ class SamplingParams:
             raise ValueError("min_tokens must be in [0, max_tokens]")
         if self.logprobs != NO_LOGPROBS and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be {NO_LOGPROBS} (none) or in [0, {MAX_TOP_LOGPROBS}]")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ValueError(f"n must be in [1, {MAX_CHOICES}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,7 @@ class TokenEvent:
     cached_tokens: int  # prompt tokens whose KV was loaded instead of computed
     cached_path: str = ""  # the read path that loaded them: "prefill" or "decode" ("": none loaded)
     logprobs: TokenLogprobs | None = None  # when the request asked for them (SamplingParams.logprobs)
+    choice: int = 0  # which of the request's SamplingParams.n choices the token belongs to
 
 
 class TokenizerLike(Protocol):

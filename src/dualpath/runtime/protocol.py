@@ -78,6 +78,7 @@ class PrefillAssign:
     suppress_eos: bool  # min_tokens > 0 or ignore_eos: the first token may not be EOS
     layerwise: bool
     logprobs: int = -1  # SamplingParams.logprobs: top logprobs per token; -1 (api.NO_LOGPROBS): none
+    n: int = 1  # SamplingParams.n: each choice's first token is sampled here (model/generate.py: choice_seed)
 
 
 @message
@@ -98,6 +99,7 @@ class DecodeAssign:
     top_p: float
     seed: int
     logprobs: int = -1  # as PrefillAssign's
+    n: int = 1  # choices: each decodes here from the prompt's KV blocks, shared (PagedKVCache.fork)
 
 
 @message
@@ -111,6 +113,7 @@ class PromptLoaded:
     first_token: int
     cached_tokens: int
     logprobs: list = field(default_factory=list)  # the first token's, from PromptReady
+    more: list = field(default_factory=list)  # choices 1..n-1: [first token, its logprobs on the wire]
 
 
 @message
@@ -169,6 +172,7 @@ class PromptReady:
     hit_tokens: int
     pd_sums: list  # the PE's checksums of every piece it wrote into D's buffer (transport/integrity.py)
     logprobs: list = field(default_factory=list)  # api.TokenLogprobs.to_wire(); []: not asked for
+    more: list = field(default_factory=list)  # choices 1..n-1: [first token, its logprobs on the wire]
 
 
 @message
@@ -178,6 +182,7 @@ class FirstToken:
     token: int
     cached_tokens: int
     logprobs: list = field(default_factory=list)  # api.TokenLogprobs.to_wire(); []: not asked for
+    more: list = field(default_factory=list)  # choices 1..n-1: [first token, its logprobs on the wire]
 
 
 @message
@@ -189,6 +194,7 @@ class Token:
     finished: bool
     reason: str  # "" while running, "stop" or "length"
     logprobs: list = field(default_factory=list)  # api.TokenLogprobs.to_wire(); []: not asked for
+    choice: int = 0  # which of the request's n choices
 
 
 @message

@@ -2,7 +2,8 @@
 official `openai` client: every sampled token's logprob and its top 5 equal a `transformers`
 forward over the same ids within 1e-3, the first token (sampled on the prefill engine) included,
 streaming and not, on a turn computed from scratch and on one whose prefix was loaded from the
-store through the decode engine's read path; at temperature 1 they are still the raw ones."""
+store through the decode engine's read path; at temperature 1 they are still the raw ones; n = 4
+choices come from one prefill, the same four for the same seed."""
 
 import threading
 import time
@@ -131,10 +132,35 @@ def test_logprobs_equal_transformers_first_token_included_streaming_and_not(serv
 
 def test_logprobs_at_temperature_one_are_the_raw_ones(served, reference, tokenizer):
     """Sampled at temperature 1.0 (seeded), the reported values are still the model's own
-    (model/logprobs.py: before temperature), and the same seed samples the same tokens."""
+    (engine/logprobs.py: before temperature), and the same seed samples the same tokens."""
     client, _ = served
     messages = [{"role": "user", "content": "Name three storage technologies."}]
     prompt, generated, content, _ = ask(client, messages, stream=False, temperature=1.0, seed=1234)
     check_against(reference, tokenizer, prompt, generated, content)
     again = ask(client, messages, stream=True, temperature=1.0, seed=1234)
     assert again[1] == generated
+
+
+def test_n_choices_from_one_prefill_the_same_for_the_same_seed(served, reference, tokenizer):
+    """n = 4 at temperature 1 with a seed: four choices, the same four again for the same seed,
+    each request prefilled once (the PE's counters), every choice's logprobs a forward's."""
+    client, cluster = served
+    pe = min(cluster.router.metrics.engine_counters)  # a local cluster numbers its PEs first
+
+    def pe_items() -> int:
+        time.sleep(1.5)  # an idle engine reports its counters every 0.5 s
+        return cluster.router.metrics.engine_counters[pe].forward_items
+
+    messages = [{"role": "user", "content": "Suggest a name for a storage-aware scheduler."}]
+    body = dict(model=MODEL, messages=messages, n=4, temperature=1.0, seed=5, max_tokens=8, logprobs=True,
+                top_logprobs=5, extra_body={"return_token_ids": True})
+    before = pe_items()
+    first = client.chat.completions.create(**body)
+    again = client.chat.completions.create(**body)
+    assert pe_items() - before == 2  # two requests, two prefills, for eight choices
+    choices = [c.model_extra["token_ids"] for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2, 3] and len({tuple(c) for c in choices}) > 1
+    assert [c.model_extra["token_ids"] for c in again.choices] == choices
+    assert first.usage.completion_tokens == sum(len(c) for c in choices)
+    for c, ids in zip(first.choices, choices):
+        check_against(reference, tokenizer, first.model_extra["prompt_token_ids"], ids, c.logprobs.content)

@@ -1,4 +1,4 @@
-"""Raw logprobs of a sampled token and the top k (model/logprobs.py), their wire form, and the
+"""Raw logprobs of a sampled token and the top k (engine/logprobs.py), their wire form, and the
 bytes a token stands for (Tokenizer.token_bytes), which the server spells them with."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dualpath.runtime.api import NO_LOGPROBS, TokenLogprobs
-from dualpath.runtime.model.logprobs import token_logprobs, wire_logprobs
+from dualpath.runtime.engine.logprobs import token_logprobs, wire_logprobs
 
 
 def test_values_are_log_softmax_of_the_raw_logits_top_first():

@@ -12,8 +12,12 @@ Numbered path of one request through a DE (protocol.py has the whole picture):
      arbiter), tell the router (`PromptLoaded`: the region is freed), persist the prompt's new
      full blocks, and join the running batch with the first token the PE sampled.
   4. Every decode step runs all running requests (continuous batching); each token goes to the
-     router; a block that becomes full is copied out (D2H) and persisted through the SNIC.
-  5. At EOS (when allowed) or max_tokens: free the KV cache, `DecodeDone` to the router.
+     router; a block that becomes full is copied out (D2H) and persisted through the SNIC. A
+     request with n > 1 choices (OpenAI's `n`) runs one sequence per choice, each started from
+     the loaded prompt by `PagedKVCache.fork` (the prompt's full blocks shared, not copied) with
+     the first token the PE sampled for it; each choice's blocks persist under its own chain.
+  5. At EOS (when allowed) or max_tokens: a choice ends; once every choice has ended and no copy
+     touches its blocks, free the KV cache, `DecodeDone` to the router.
 """
 
 from __future__ import annotations
@@ -33,15 +37,25 @@ from .mid_step import StepInterleave
 from ..model import PagedKVCache, layer_kv_to_bytes
 from ..transport.integrity import bad_pieces
 from ..transport.transfer import SpanCopy
-from ..model.generate import SamplerParams
-from ..model.generate import TokenSampler
-from ..model.logprobs import wire_logprobs
+from ..api import MAX_CHOICES
+from ..model.generate import SamplerParams, TokenSampler, choice_seed
+from .logprobs import wire_logprobs
 from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerDropped, LayerPull, LayerReady, PersistQueued,
                        PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
 from .stages import DECODE_MOVES, DecodeStage, moved
 
 _SEED_STRIDE = 0x9E3779B1  # decode tokens use a seed derived from the request's, distinct from the PE's
+
+
+def decode_seed(seed: int, choice: int) -> int:
+    """The seed of the DE's sampler for choice `choice` of a request seeded `seed` (its first
+    token was sampled on the PE with `choice_seed(seed, choice)`)."""
+    return (choice_seed(seed, choice) * 2654435761 + _SEED_STRIDE) % (2**63)
+
+
+def _decode_sampler(a: DecodeAssign, choice: int) -> TokenSampler:
+    return TokenSampler(SamplerParams(a.temperature, a.top_p, decode_seed(a.seed, choice)))
 
 
 @dataclass(slots=True)
@@ -57,10 +71,20 @@ class DecodeRequest:
     sampler: TokenSampler | None = None
     stage: DecodeStage = DecodeStage.WAITING  # stages.py
     cancelled: bool = False  # beside the stage: ends it when nothing in flight touches it
-    pending_copies: int = 0  # H2D and D2H copies that still touch this request's cache blocks
+    pending_copies: int = 0  # H2D and D2H copies that still touch this request's cache blocks (on choice 0)
+    more_first: list = field(default_factory=list)  # choices 1..n-1's [first token, logprobs] (PromptReady)
+    # OpenAI's n: choice 0 is the request (in `reqs`, its cache sequence the rid); `others` are the
+    # rest, each with its own sequence (`seq`) and a `head` pointing back at choice 0
+    choice: int = 0
+    seq: int = 0
+    others: list = field(default_factory=list)
+    head: "DecodeRequest | None" = None
 
     def move(self, stage: DecodeStage) -> None:
         self.stage = moved(DECODE_MOVES, self.stage, stage)
+
+    def choices(self) -> list["DecodeRequest"]:
+        return [self, *self.others]
 
 
 _SERVED_MID_STEP = (LayerPull, ReadFinished, CopyDone)  # _serve_mid_step: what a step serves between its layers
@@ -146,13 +170,15 @@ class DecodeEngine(EngineBase):
     def _cancel(self, r: DecodeRequest) -> None:
         """End a cancelled request now unless a read or copy still touches it (then when it ends:
         `_read_finished`, `_copy_done`); one already finishing ends as it would."""
-        if r.stage in (DecodeStage.WAITING, DecodeStage.RUNNING):
+        for c in r.others:
+            if c.stage is DecodeStage.RUNNING:
+                c.move(DecodeStage.FINISHING)
+        if r.stage in (DecodeStage.WAITING, DecodeStage.RUNNING, DecodeStage.FINISHING):
             self._finish(r)
 
     # --- 1. assignment and the DE read path ---------------------------------------------------
     def _assign(self, a: DecodeAssign) -> None:
-        seed = (a.seed * 2654435761 + _SEED_STRIDE) % (2**63)
-        r = DecodeRequest(a, tokens=list(a.prompt_ids), sampler=TokenSampler(SamplerParams(a.temperature, a.top_p, seed)))
+        r = DecodeRequest(a, tokens=list(a.prompt_ids), sampler=_decode_sampler(a, 0), seq=a.rid)
         self.reqs[a.rid] = r
         if a.read_side == ReadSide.DECODE and a.hit_tokens:
             nb = a.hit_tokens // self.cfg.block_tokens
@@ -183,7 +209,7 @@ class DecodeEngine(EngineBase):
         bt = self.cfg.block_tokens
         r.hit_tokens, r.hit_blocks = m.hit_tokens, m.hit_tokens // bt
         r.tokens.append(m.first_token)
-        r.first_logprobs = m.logprobs
+        r.first_logprobs, r.more_first = m.logprobs, m.more
         r.generated = 1
         n = len(r.assign.prompt_ids)
         bad = bad_pieces(self.buffers[self.node], m.pd_sums)
@@ -225,25 +251,41 @@ class DecodeEngine(EngineBase):
         if m.kind == CopyKind.H2D:
             if not r.cancelled:
                 self._persist_full_blocks(r)  # announced before PromptLoaded (a 1-token request ends there)
-            self.mail.to_router(PromptLoaded(m.rid, r.tokens[len(r.assign.prompt_ids)], r.hit_tokens, r.first_logprobs))
+            self.mail.to_router(PromptLoaded(m.rid, r.tokens[len(r.assign.prompt_ids)], r.hit_tokens, r.first_logprobs,
+                                             r.more_first))
             if r.cancelled:
                 self._finish(r)
                 return
-            if self._done(r, r.tokens[-1]):
-                self._finish(r)
-            else:
-                r.move(DecodeStage.RUNNING)
-        elif r.stage is DecodeStage.FINISHING and r.pending_copies == 0:
-            self._release(r)
+            self._fork_choices(r)
+            for c in r.choices():
+                if self._done(c, c.tokens[-1]):
+                    self._finish(c)
+                else:
+                    c.move(DecodeStage.RUNNING)
+        elif r.stage is DecodeStage.FINISHING:
+            self._finish(r)
+
+    def _fork_choices(self, r: DecodeRequest) -> None:
+        """Choices 1..n-1 of a request whose prompt is in the cache: each a sequence forked from
+        choice 0's (the prompt's full blocks shared), with the first token the PE sampled for it
+        and the prompt's block digests (persisted once, by choice 0)."""
+        prompt = r.tokens[: len(r.assign.prompt_ids)]
+        for c, (token, _) in enumerate(r.more_first, start=1):
+            seq = -(r.assign.rid * MAX_CHOICES + c)  # the router's rids are positive: no clash
+            self.cache.fork(r.seq, seq)
+            r.others.append(DecodeRequest(r.assign, tokens=[*prompt, token], generated=1, digests=list(r.digests),
+                                          persisted_blocks=r.persisted_blocks, hit_tokens=r.hit_tokens,
+                                          hit_blocks=r.hit_blocks, sampler=_decode_sampler(r.assign, c),
+                                          stage=DecodeStage.LOADING, choice=c, seq=seq, head=r))
 
     # --- 4. decode ------------------------------------------------------------------------------
     def _step(self) -> None:
         running = self._running()[: self.cfg.engines.max_decode_batch]
         # only a request that has not joined the batch yet can be pulled from or read for
-        waiting = len(running) < len(self.reqs) and self.cfg.engines.de_serves_mid_step
-        longest = max((self.cache.num_tokens(r.assign.rid) for r in running), default=0)
+        waiting = any(r.stage is not DecodeStage.RUNNING for r in self.reqs.values()) and self.cfg.engines.de_serves_mid_step
+        longest = max((self.cache.num_tokens(r.seq) for r in running), default=0)
         t0, served0, step_s = time.perf_counter(), self.interleave.serve_s, self.timeline.now_s()
-        logits = self.model.decode_step(self.cache, [r.assign.rid for r in running], [r.tokens[-1] for r in running],
+        logits = self.model.decode_step(self.cache, [r.seq for r in running], [r.tokens[-1] for r in running],
                                         self.interleave.poll if waiting else None)
         model_s = time.perf_counter() - t0 - (self.interleave.serve_s - served0)  # model time alone
         self.counters.busy_s += model_s
@@ -253,7 +295,7 @@ class DecodeEngine(EngineBase):
         self.counters.fit_ctx += longest
         self.counters.fit_keys += len(running) * longest
         for r, raw in zip(running, logits):
-            row = raw  # the logprobs' are the raw logits (model/logprobs.py)
+            row = raw  # the logprobs' are the raw logits (engine/logprobs.py)
             if r.generated < r.assign.min_tokens or r.assign.ignore_eos:
                 row = row.clone()
                 row[list(self.eos)] = float("-inf")
@@ -264,7 +306,8 @@ class DecodeEngine(EngineBase):
             done = self._done(r, tok)
             reason = ("length" if r.generated >= r.assign.max_tokens else "stop") if done else ""
             self._persist_full_blocks(r)  # announced before the token (PersistQueued)
-            self.mail.to_router(Token(r.assign.rid, tok, idx, done, reason, wire_logprobs(raw, tok, r.assign.logprobs)))
+            self.mail.to_router(Token(r.assign.rid, tok, idx, done, reason, wire_logprobs(raw, tok, r.assign.logprobs),
+                                      r.choice))
             if done:
                 self._finish(r)
         self.timeline.until_now(self.track, "decode", step_s, None,  # ctx, model_s: fidelity/calibration.py
@@ -273,7 +316,7 @@ class DecodeEngine(EngineBase):
         self.counters.served_mid_step += self.interleave.drain()
 
     def _running(self) -> list[DecodeRequest]:
-        return [r for r in self.reqs.values() if r.stage is DecodeStage.RUNNING]
+        return [c for r in self.reqs.values() for c in r.choices() if c.stage is DecodeStage.RUNNING]
 
     def _done(self, r: DecodeRequest, last: int) -> bool:
         if r.generated >= r.assign.max_tokens:
@@ -285,12 +328,12 @@ class DecodeEngine(EngineBase):
         """Persist blocks whose every position has KV in the cache (docs/paper.md §1.4): prompt blocks
         beyond the hit, then each generated block as it fills. The hit blocks are already stored."""
         bt = self.cfg.block_tokens
-        have = self.cache.num_tokens(r.assign.rid) // bt
+        have = self.cache.num_tokens(r.seq) // bt
         while len(r.digests) < have:
             b = len(r.digests)
             parent = r.digests[-1] if r.digests else r.assign.root_digest
             r.digests.append(block_digest(parent, r.tokens[b * bt : (b + 1) * bt]))
-        table = self.cache.block_table(r.assign.rid)
+        table = self.cache.block_table(r.seq)
         fbb = self.layout.full_block_bytes
         queued = r.digests[max(r.persisted_blocks, r.hit_blocks):have]
         if queued:
@@ -303,7 +346,7 @@ class DecodeEngine(EngineBase):
                 continue
             staging = np.empty(fbb, dtype=np.uint8)  # D2H into host DRAM (pinned on a GPU host), then storage
             digest, rid = r.digests[b], r.assign.rid
-            r.pending_copies += 1
+            (r.head or r).pending_copies += 1  # choice 0 holds the request's copies
 
             def done(_res, d=digest, s=staging, rid=rid, q=queued_s) -> None:
                 self.storage.persist(d, s, q)
@@ -312,13 +355,18 @@ class DecodeEngine(EngineBase):
             self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
 
     def _finish(self, r: DecodeRequest) -> None:
-        """Stop decoding; the cache blocks are freed once no copy touches them any more."""
-        r.move(DecodeStage.FINISHING)
-        if r.pending_copies == 0:
-            self._release(r)
+        """Stop decoding a choice; the request's cache blocks are freed once every choice has
+        stopped and no copy touches them any more."""
+        if r.stage is not DecodeStage.FINISHING:
+            r.move(DecodeStage.FINISHING)
+        head = r.head or r
+        if head.pending_copies == 0 and all(c.stage is DecodeStage.FINISHING for c in head.choices()):
+            self._release(head)
 
     def _release(self, r: DecodeRequest) -> None:
         rid = r.assign.rid
+        for c in r.others:
+            self.cache.free(c.seq)
         if rid in self.cache.seq_ids:
             self.cache.free(rid)
         del self.reqs[rid]

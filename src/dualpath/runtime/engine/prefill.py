@@ -37,8 +37,8 @@ from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
 from .stages import PrefillStage
 from ..model.generate import SamplerParams
-from ..model.generate import TokenSampler
-from ..model.logprobs import wire_logprobs
+from ..model.generate import TokenSampler, choice_seed
+from .logprobs import wire_logprobs
 from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerDropped, LayerReady, PrefillAssign,
                        PrefillDone, PromptReady, ReadDone)
 
@@ -247,16 +247,18 @@ class PrefillEngine(EngineBase):
 
     def _first_token(self, r: PrefillRequest, logits: torch.Tensor) -> None:
         a = r.assign
-        raw = logits  # the logprobs' (model/logprobs.py: before the EOS mask and temperature)
+        raw = logits  # the logprobs' (engine/logprobs.py: before the EOS mask and temperature)
         if a.suppress_eos:
             logits = logits.clone()
             logits[list(self.mcfg.eos_token_ids)] = float("-inf")
-        sampler = TokenSampler(SamplerParams(temperature=a.temperature, top_p=a.top_p, seed=a.seed))
-        r.first_token = sampler(logits)
-        r.first_logprobs = wire_logprobs(raw, r.first_token, a.logprobs)
+        firsts = []  # each choice's first token (OpenAI's n), from the one prefill's logits
+        for c in range(a.n):
+            token = TokenSampler(SamplerParams(a.temperature, a.top_p, choice_seed(a.seed, c)))(logits)
+            firsts.append([token, wire_logprobs(raw, token, a.logprobs)])
+        (r.first_token, r.first_logprobs), r.more_first = firsts[0], firsts[1:]
         r.move(PrefillStage.COMPUTED)
         if not r.cancelled:
-            self.mail.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens, r.first_logprobs))
+            self.mail.to_router(FirstToken(a.rid, r.first_token, r.hit_tokens, r.first_logprobs, r.more_first))
         if r.pending_pd == 0:
             self._finish(r)
 
@@ -264,7 +266,7 @@ class PrefillEngine(EngineBase):
         a = r.assign
         if not r.cancelled:
             self.peers.send_after_writes(a.de_endpoint, a.de_data, PromptReady(a.rid, r.first_token, r.hit_tokens, r.pd_sums,
-                                                                                   r.first_logprobs))
+                                                                                   r.first_logprobs, r.more_first))
         self.queue.remove(r)
         del self.reqs[a.rid]
         self.mail.ended(a.rid)

@@ -19,6 +19,7 @@ class PrefillRequest:
     pending_pd: int = 0
     first_token: int | None = None  # sampled when the last chunk is computed
     first_logprobs: list = field(default_factory=list)  # its logprobs on the wire, when asked for
+    more_first: list = field(default_factory=list)  # choices 1..n-1's [first token, logprobs] (protocol.py)
     cancelled: bool = False  # beside the stage: ends it when nothing in flight touches it
     prompt: list = field(default_factory=list)
     pd_sums: list = field(default_factory=list)  # checksums of every PD piece sent (transport/integrity.py)

@@ -49,6 +49,12 @@ class GenerationResult:
                 "text": self.text, "stopped_at_eos": self.stopped_at_eos}
 
 
+def choice_seed(seed: int, choice: int) -> int:
+    """The sampling seed of choice `choice` of a request seeded `seed` (OpenAI's `n`): choice 0
+    keeps the request's, so n = 1 samples as before; the others are spread over 63 bits."""
+    return seed if choice == 0 else (seed * 0x9E3779B97F4A7C15 + choice) % 2**63
+
+
 class TokenSampler:
     """Chooses tokens from logits; deterministic for a seed."""
 

@@ -163,6 +163,8 @@ class Recovery:
             return None, f"faults.policy is {self._policy}"
         if rr.attempt >= self._retries:
             return None, f"its {rr.attempt} retries (faults.retries) are spent"
+        if rr.req.params.n > 1:  # its choices' tokens differ: one migrated prompt cannot continue them all
+            return None, f"a request of {rr.req.params.n} choices (n) is not migrated"
         origin = rr.origin
         done = len(rr.emitted)
         p = origin.params

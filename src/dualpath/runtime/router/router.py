@@ -47,7 +47,7 @@ from .membership import Membership
 from .metrics import QueueGauges, RouterMetrics
 from .placement import Placement
 from .recovery import Recovery
-from .state import EngineState, RouterRequest, RouterView, Stream, build_scheduler, check_ledgers
+from .state import EngineState, RouterRequest, RouterView, Stream, build_scheduler, check_ledgers, kv_reservation_tokens
 from .tokens import emit, first_token, prompt_loaded
 
 # a request's message that carries no engine field: which of its engines sent it (Router._from_fenced)
@@ -176,7 +176,7 @@ class Router:
                 if isinstance(ev, ServiceUnavailable):
                     raise ev  # its engine died and no other can continue it (recovery.py)
                 yield ev
-                if ev.finished:
+                if ev.finished and rr.current.stream is Stream.FINISHED and rr.queue.empty():  # every choice's last
                     return
         finally:
             if not rr.current.finished:
@@ -191,8 +191,8 @@ class Router:
         if n + request.params.max_tokens > self.max_context_tokens:
             raise InputError(f"prompt ({n} tokens) + max_tokens ({request.params.max_tokens}) exceeds the context window "
                              f"({self.max_context_tokens} tokens)")
-        if n + request.params.max_tokens > self.cfg.engines.de_kv_tokens:
-            raise InputError(f"prompt + max_tokens exceeds a decode engine's KV cache ({self.cfg.engines.de_kv_tokens} tokens)")
+        if kv_reservation_tokens(n, request.params.max_tokens, request.params.n, self.cfg.block_tokens) > self.cfg.engines.de_kv_tokens:
+            raise InputError(f"prompt + max_tokens (x n) exceeds a decode engine's KV cache ({self.cfg.engines.de_kv_tokens} tokens)")
         if self.liveness.down and not self.membership.servable() and not self.membership.restart_pending():
             raise ServiceUnavailable(f"no engine can serve it: {self.membership.describe_down()}")
         rr = self.new_record(request, asyncio.Queue())
@@ -207,7 +207,7 @@ class Router:
     def new_record(self, request: GenerationRequest, queue: asyncio.Queue) -> RouterRequest:
         """A request's record under a fresh id, in `requests` (not yet queued for a pass)."""
         rid, bt, n = next(self._ids), self.cfg.block_tokens, len(request.prompt_ids)
-        total = -(-(n + request.params.max_tokens) // bt) * bt
+        total = kv_reservation_tokens(n, request.params.max_tokens, request.params.n, bt)
         qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
         rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview,
                                                 digests=self.placement.digests(request.prompt_ids, request.cache_salt))
@@ -287,11 +287,12 @@ class Router:
         de_offsets = [r.offset_bytes for r in rr.de_regions]
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
-                                       p.temperature, p.top_p, seed, p.logprobs))
+                                       p.temperature, p.top_p, seed, p.logprobs, p.n))
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
                                         [r.offset_bytes for r in rr.pe_regions], p.temperature, p.top_p, seed,
-                                        p.min_tokens > 0 or p.ignore_eos, self.features.layerwise_prefill, p.logprobs))
+                                        p.min_tokens > 0 or p.ignore_eos, self.features.layerwise_prefill, p.logprobs,
+                                        p.n))
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
@@ -344,7 +345,7 @@ class Router:
         first_token(rr, msg, self.eos_token_ids, self.metrics, self.clock.now_s())
 
     def _token(self, rr: RouterRequest, msg: Token) -> None:
-        emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None, msg.logprobs)
+        emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None, msg.logprobs, msg.choice)
 
     def _read_done(self, rr: RouterRequest, msg: ReadDone) -> None:
         rr.advance(Phase.PREFILL_READY)

@@ -59,13 +59,31 @@ STREAM_MOVES: dict[Stream, frozenset[Stream]] = {
 }
 
 
+def kv_reservation_tokens(prompt_tokens: int, max_tokens: int, choices: int, block_tokens: int) -> int:
+    """The DE's HBM a request may fill, in whole blocks: the prompt and its first choice's tokens,
+    and per other choice a copy of the prompt's partial block and its own tokens (the prompt's full
+    blocks are shared: PagedKVCache.fork)."""
+    blocks = -(-(prompt_tokens + max_tokens) // block_tokens)
+    return (blocks + (choices - 1) * (-(-max_tokens // block_tokens) + 1)) * block_tokens
+
+
+@dataclass(slots=True)
+class ChoiceStream:
+    """One choice's tokens to the client (tokens.py); choice 0 is the request's own (OpenAI's n)."""
+
+    generated: int = 0  # this attempt's tokens of the choice streamed to the client
+    early: dict = field(default_factory=dict)  # index -> (token, finished, reason, logprobs): ahead of `generated`
+    emitted: list = field(default_factory=list)  # every token of the choice the client has had
+    done: bool = False  # its last token has streamed
+
+
 @dataclass(slots=True)
 class RouterRequest:
     rid: int
     req: GenerationRequest
     queue: asyncio.Queue
     arrival_s: float
-    total_tokens: int  # prompt + max_tokens in whole KV-cache blocks: the DE's tok_e and HBM reservation
+    total_tokens: int  # kv_reservation_tokens: the DE's tok_e and HBM reservation
     qview: QueuedRequest  # the scheduler's view of it
     pe: EngineState | None = None
     de: EngineState | None = None
@@ -75,8 +93,7 @@ class RouterRequest:
     side: ReadSide = ReadSide.PREFILL
     de_regions: list = field(default_factory=list)
     pe_regions: list = field(default_factory=list)
-    generated: int = 0  # this attempt's tokens streamed to the client (tokens.py)
-    early: dict = field(default_factory=dict)  # index -> (token, finished, reason, logprobs): ahead of `generated`
+    choices: list = field(default_factory=list)  # a ChoiceStream per choice (SamplingParams.n)
     # The furthest step of the request's path (core.phase) the router has seen, advanced with
     # check_transition. Two engines report it, and their messages may arrive in either order, so
     # `advance` walks forward and a step already passed is a no-op.
@@ -96,7 +113,6 @@ class RouterRequest:
     client_rid: int = 0  # the first attempt's id (metrics, seeds); 0: this is the first
     attempt: int = 0
     base_tokens: int = 0
-    emitted: list = field(default_factory=list)
     pe_side_only: bool = False  # a DE-path read whose DE died: the retry reads on the PE side
     recompute: bool = False  # the scheduler chose to compute its hit again (a slow store): a miss
     successor: "RouterRequest | None" = None
@@ -104,6 +120,26 @@ class RouterRequest:
     def __post_init__(self) -> None:
         if self.origin is None:
             self.origin = self.req
+        if not self.choices:
+            self.choices = [ChoiceStream() for _ in range(self.req.params.n)]
+
+    @property
+    def generated(self) -> int:
+        """Choice 0's tokens streamed in this attempt (migration continues n = 1 requests only)."""
+        return self.choices[0].generated
+
+    @property
+    def early(self) -> dict:
+        return self.choices[0].early
+
+    @property
+    def emitted(self) -> list:
+        """Every token of choice 0 the client has had (the migrated attempt's prompt adds them)."""
+        return self.choices[0].emitted
+
+    @emitted.setter
+    def emitted(self, tokens: list) -> None:
+        self.choices[0].emitted = tokens
 
     def end(self, stream: Stream) -> None:
         """The stream moves on (STREAM_MOVES); ending it again the same way changes nothing."""

@@ -136,8 +136,6 @@ class _Server:
         if body.model is not None and body.model != self.router.model_name:
             raise RequestError(f"model: {body.model!r} does not exist; this server serves "
                                f"{self.router.model_name!r}", "model", "model_not_found")
-        if body.n not in (None, 1):
-            raise RequestError("n: only n=1 is supported", "n")
         for name, value in (body.model_extra or {}).items():
             if name in NEUTRAL_VALUES and value not in NEUTRAL_VALUES[name]:
                 raise RequestError(f"{name}: not supported by this server", name, "unsupported_parameter")
@@ -160,6 +158,7 @@ class _Server:
             min_tokens=min_tokens,
             ignore_eos=bool(body.ignore_eos),
             logprobs=self._logprobs(body),
+            n=body.n or 1,
         )
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.new_request_id()}"
         return Job(chat=chat, response_id=response_id, created=int(self.wall_time_s()), model=self.router.model_name,

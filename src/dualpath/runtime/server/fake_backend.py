@@ -11,7 +11,8 @@ Path of a request through it:
   3. after `first_token_delay_s` ("prefill"), it yields the scripted reply `reply(prompt_ids)`
      one token per `token_delay_s`; EOS follows the script unless `ignore_eos` or `min_tokens`
      says to continue (then the script repeats). `max_tokens` ends it with "length". Asked for
-     logprobs, each token carries made-up ones (`fake_logprobs`).
+     logprobs, each token carries made-up ones (`fake_logprobs`); each of `n` choices follows the
+     script, their tokens interleaved.
   4. `fail_after_tokens(prompt_ids)`, when set and not None, is the number of tokens after which
      the request fails with `InjectedBackendError` (a backend fault, for the server's error paths);
   5. finished or closed early (client gone, or failed), the request leaves `active_request_ids`
@@ -167,19 +168,21 @@ class FakeBackend:
                     raise InjectedBackendError(f"injected backend failure after {index} tokens")
                 token = self._next_token(script, index, request)
                 generated.append(token)
-                self.num_generated_tokens += 1
                 stopped = token in stop_ids and index >= params.min_tokens and not params.ignore_eos
                 last = stopped or index == params.max_tokens - 1
                 finished = last
-                yield TokenEvent(
-                    token_id=token,
-                    index=index,
-                    finished=last,
-                    finish_reason=("stop" if stopped else "length") if last else None,
-                    prompt_tokens=len(prompt),
-                    cached_tokens=cached_tokens,
-                    logprobs=fake_logprobs(token, index, params.logprobs),
-                )
+                for choice in range(params.n):  # every choice follows the script
+                    self.num_generated_tokens += 1
+                    yield TokenEvent(
+                        token_id=token,
+                        index=index,
+                        finished=last,
+                        finish_reason=("stop" if stopped else "length") if last else None,
+                        prompt_tokens=len(prompt),
+                        cached_tokens=cached_tokens,
+                        logprobs=fake_logprobs(token, index, params.logprobs),
+                        choice=choice,
+                    )
                 if last:
                     return
         finally:

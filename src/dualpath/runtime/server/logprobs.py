@@ -1,5 +1,5 @@
 """Logprobs in the OpenAI shapes: each generated token's `TokenLogprobs` (runtime/api.py; raw
-log-probabilities, before temperature: runtime/model/logprobs.py) spelled with the tokenizer, then
+log-probabilities, before temperature: runtime/engine/logprobs.py) spelled with the tokenizer, then
 written as chat's `{"content": [...]}` or completions' `{"tokens", "token_logprobs",
 "top_logprobs", "text_offset"}`.
 

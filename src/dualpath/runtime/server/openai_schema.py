@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from dualpath.runtime.api import MAX_TOP_LOGPROBS
+from dualpath.runtime.api import MAX_CHOICES, MAX_TOP_LOGPROBS
 
 # OpenAI parameters we do not implement: accepted only with a neutral value, else a 400
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -80,7 +80,7 @@ class _GenerationBody(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: Annotated[list[str] | None, BeforeValidator(_stop_list), WithJsonSchema(_STOP_SCHEMA)] = None
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)  # choices from one prefill, sharing its KV blocks
     # vLLM extensions; trace replay sets min_tokens = max_tokens to force exactly that many tokens
     min_tokens: int | None = Field(None, ge=0)
     ignore_eos: bool | None = None

@@ -3,7 +3,8 @@ become text deltas, deltas become one JSON body or SSE chunks, and a client that
 cancels the request on every engine.
 
   1. `token_deltas`: `TokenEvent`s from `ServingBackend.generate` -> text deltas (incremental
-     detokenization, never a split UTF-8 character; stop strings); the last carries the usage.
+     detokenization, never a split UTF-8 character; stop strings), each choice's on its own (n);
+     a choice's last carries its finish reason, the stream's last the usage.
   2. `collect_deltas` (non-streaming) or `event_stream` (SSE, ending with `data: [DONE]`).
   3. `unless_disconnected` / `EventStream`: a disconnect cancels the work; every generator in the
      chain is closed in a `finally`, shielded from cancellation (`close_quietly`).
@@ -50,10 +51,11 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class Delta:
     text: str
-    finish_reason: str | None = None  # set on the last delta only, with `usage`
-    usage: Usage | None = None
+    finish_reason: str | None = None  # set on the choice's last delta only
+    usage: Usage | None = None  # set on the stream's last delta only (every choice has finished)
     token_ids: tuple[int, ...] = ()  # the tokens this delta's text came from
     logprobs: tuple[LogprobEntry, ...] = ()  # theirs, when the request asked for them
+    choice: int = 0  # which of the request's n choices
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,40 +98,54 @@ class Progress(Protocol):
 
 
 async def token_deltas(router: ServingBackend, job: Job, progress: Progress | None = None) -> AsyncIterator[Delta]:
-    """One delta per token (possibly empty); the last carries finish_reason and usage."""
+    """One delta per token (possibly empty), each choice detokenized and stopped on its own; a
+    choice's last carries its finish_reason, the stream's last the usage. A choice its stop string
+    ended drops its later tokens (the others go on); the stream ends when every choice has."""
     events = router.generate(job.request)
-    detokenizer, stops = IncrementalDetokenizer(router.tokenizer), StopStrings(job.stops)
+    n = job.request.params.n
+    detokenizers = [IncrementalDetokenizer(router.tokenizer) for _ in range(n)]
+    stops = [StopStrings(job.stops) for _ in range(n)]
+    tokens, running, started = [0] * n, set(range(n)), False
     try:
         async for event in events:
-            if progress is not None and event.index == 0:
+            c = event.choice
+            if c not in running:
+                continue
+            if progress is not None and not started:
                 progress.first_token()
-            text = detokenizer.push(event.token_id) + (detokenizer.flush() if event.finished else "")
-            text = stops.feed(text, final=event.finished)
+            started, tokens[c] = True, event.index + 1
+            text = detokenizers[c].push(event.token_id) + (detokenizers[c].flush() if event.finished else "")
+            text = stops[c].feed(text, final=event.finished)
             logprobs = () if event.logprobs is None else (spell(router.tokenizer, event.token_id, event.logprobs),)
-            if stops.stopped or event.finished:
-                reason = "stop" if stops.stopped else (event.finish_reason or "stop")
-                if progress is not None:
-                    progress.finished()
-                yield Delta(text, reason, Usage(event.prompt_tokens, event.index + 1, event.cached_tokens, event.cached_path),
-                            (event.token_id,), logprobs)
+            if not (stops[c].stopped or event.finished):
+                yield Delta(text, token_ids=(event.token_id,), logprobs=logprobs, choice=c)
+                continue
+            running.discard(c)
+            reason = "stop" if stops[c].stopped else (event.finish_reason or "stop")
+            usage = None if running else Usage(event.prompt_tokens, sum(tokens), event.cached_tokens, event.cached_path)
+            if usage is not None and progress is not None:
+                progress.finished()
+            yield Delta(text, reason, usage, (event.token_id,), logprobs, c)
+            if usage is not None:
                 return
-            yield Delta(text, token_ids=(event.token_id,), logprobs=logprobs)
     finally:
         await close_quietly(events)
     raise RuntimeError(f"router ended request {job.request.request_id} without a finished event")
 
 
-async def collect_deltas(deltas: AsyncIterator[Delta]) -> Delta:
-    parts: list[str] = []
-    ids: list[int] = []
-    logprobs: list[LogprobEntry] = []
+async def collect_deltas(deltas: AsyncIterator[Delta]) -> list[Delta]:
+    """Each choice's deltas joined into one, in choice order; the stream's usage on every one."""
+    parts: dict[int, list[Delta]] = {}
+    reasons: dict[int, str] = {}
     try:
         async for delta in deltas:
-            parts.append(delta.text)
-            ids.extend(delta.token_ids)
-            logprobs.extend(delta.logprobs)
+            parts.setdefault(delta.choice, []).append(delta)
             if delta.finish_reason is not None:
-                return Delta("".join(parts), delta.finish_reason, delta.usage, tuple(ids), tuple(logprobs))
+                reasons[delta.choice] = delta.finish_reason
+            if delta.usage is not None:
+                return [Delta("".join(d.text for d in ds), reasons[c], delta.usage,
+                              tuple(t for d in ds for t in d.token_ids), tuple(e for d in ds for e in d.logprobs), c)
+                        for c, ds in sorted(parts.items())]
     finally:
         await close_quietly(deltas)
     raise RuntimeError("generation ended without a finish reason")
@@ -212,17 +228,20 @@ def _logprobs_json(job: Job, entries: tuple[LogprobEntry, ...], offset: int) -> 
     return chat_logprobs(entries) if job.chat else completion_logprobs(entries, offset)
 
 
-def completion_json(job: Job, final: Delta) -> dict:
-    choice: dict[str, Any] = {"index": 0, "logprobs": _logprobs_json(job, final.logprobs, 0),
-                              "finish_reason": final.finish_reason}
-    if job.chat:
-        choice["message"] = {"role": "assistant", "content": final.text}
-    else:
-        choice["text"] = final.text
+def completion_json(job: Job, finals: list[Delta]) -> dict:
+    """The response body of a non-streamed request: a choice per `collect_deltas` entry."""
     body = {"id": job.response_id, "object": "chat.completion" if job.chat else "text_completion",
-            "created": job.created, "model": job.model, "choices": [choice],
-            "usage": final.usage.as_json() if final.usage else None}
-    _with_token_ids(job, body, choice, final.token_ids, prompt=True)
+            "created": job.created, "model": job.model, "choices": [],
+            "usage": finals[0].usage.as_json() if finals[0].usage else None}
+    for final in finals:
+        choice: dict[str, Any] = {"index": final.choice, "logprobs": _logprobs_json(job, final.logprobs, 0),
+                                  "finish_reason": final.finish_reason}
+        if job.chat:
+            choice["message"] = {"role": "assistant", "content": final.text}
+        else:
+            choice["text"] = final.text
+        body["choices"].append(choice)
+        _with_token_ids(job, body, choice, final.token_ids, prompt=True)
     return body
 
 
@@ -231,12 +250,14 @@ def _sse(body: dict) -> str:
 
 
 def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: bool = False,
-           delta: Delta | None = None, first: bool = False, offset: int = 0) -> str:
-    """A chunk with one choice; `text` None means an empty delta (the finishing chunk); `delta`:
-    the one whose token ids and logprobs the chunk carries (`offset`: _logprobs_json); `first`:
-    the stream's first chunk (it carries the prompt's token ids when asked for)."""
+           delta: Delta | None = None, first: bool = False, offset: int = 0, index: int = 0) -> str:
+    """A chunk with one choice (`index`, or the delta's); `text` None means an empty delta (the
+    finishing chunk); `delta`: the one whose token ids and logprobs the chunk carries (`offset`:
+    _logprobs_json); `first`: the stream's first chunk (it carries the prompt's token ids when
+    asked for)."""
     entries = delta.logprobs if delta is not None else ()
-    choice: dict[str, Any] = {"index": 0, "logprobs": _logprobs_json(job, entries, offset) if entries else None,
+    choice: dict[str, Any] = {"index": delta.choice if delta is not None else index,
+                              "logprobs": _logprobs_json(job, entries, offset) if entries else None,
                               "finish_reason": finish_reason}
     if job.chat:
         choice["delta"] = {"role": "assistant", "content": text or ""} if role else (
@@ -254,23 +275,27 @@ def _chunk(job: Job, text: str | None, finish_reason: str | None = None, role: b
 async def event_stream(job: Job, first: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[str]:
     try:
         opening = True  # the next chunk is the stream's first
-        if job.chat:
-            yield _chunk(job, "", role=True, first=True)
+        n = job.request.params.n
+        if job.chat:  # each choice opens with its role
+            for c in range(n):
+                yield _chunk(job, "", role=True, first=c == 0, index=c)
             opening = False
-        delta, offset = first, 0  # offset: the characters of the tokens' texts sent (_logprobs_json)
+        delta, offsets = first, [0] * n  # per choice: the characters of the tokens' texts sent (_logprobs_json)
         while True:
             # no token's id or logprobs go unsent, even where its text is still held back
             if delta.text or delta.logprobs or (job.return_token_ids and delta.token_ids):
-                yield _chunk(job, delta.text, delta=delta, first=opening, offset=offset)
-                offset += sum(len(e.sampled.text) for e in delta.logprobs)
+                yield _chunk(job, delta.text, delta=delta, first=opening, offset=offsets[delta.choice])
+                offsets[delta.choice] += sum(len(e.sampled.text) for e in delta.logprobs)
                 opening = False
-            if delta.finish_reason is not None:
+            if delta.finish_reason is not None:  # the choice's end
+                yield _chunk(job, None, delta.finish_reason, first=opening, index=delta.choice)
+                opening = False
+            if delta.usage is not None:  # the stream's end
                 break
             # The router (events already queued) and a send to a gone client may both return without
             # suspending; this lets the disconnect listener run, so a gone client is noticed.
             await anyio.lowlevel.checkpoint()
             delta = await anext(deltas)
-        yield _chunk(job, None, delta.finish_reason, first=opening)
         if job.include_usage and delta.usage is not None:
             yield _sse({"id": job.response_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
                         "created": job.created, "model": job.model, "choices": [], "usage": delta.usage.as_json()})
