@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from dualpath.bench.soak import Outcome, checks, run_soak, window_row
+from dualpath.bench.soak import checks, run_soak, window_row
+from dualpath.bench.soak_clients import Outcome
 
 pytest.importorskip("httpx")
 

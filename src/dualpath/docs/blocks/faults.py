@@ -1,5 +1,5 @@
 """Faults and integrity: the chaos matrix (one host and across hosts), corruptions and torn writes,
-the checksum candidates, and overload at 3x capacity."""
+the checksum candidates, overload at 3x capacity, the soak at 70%, and cache salts timed."""
 
 from __future__ import annotations
 
@@ -110,3 +110,45 @@ def overload(r: Results) -> str:
         d = r.json(rel)
         rows += _overload_rows(f"`{d['model']}`, {d['max_inflight_requests']} in flight", d)
     return table(["server", "phase", "requests", "finished", "429", "lost", "finished/s", "TTFT p50 / p90 s", "429 p99"], rows)
+
+
+def _statuses(s: Node) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(dict(s).items()))
+
+
+@block("soak", reads=("soak/soak_30min.json",),
+       command=("dualpath bench soak --minutes 30 --json docs/results/soak/soak_30min.json "
+                "--plot docs/results/soak/soak_30min.png",))
+def soak(r: Results) -> str:
+    d = r.json("soak/soak_30min.json")
+    c = d["checks"]
+    every = max(1, round(300 / d["sample_s"]))  # a row per five minutes
+    rows = [[f"{s['t_s'] / 60:.0f}", s["requests"], _statuses(s["statuses"]),
+             f"{s['ttft_p50_s']:.2f} / {s['ttft_p90_s']:.2f}", f"{s['tpot_p50_s'] * 1e3:.0f}",
+             f"{s['rss_bytes'] / 2**20:.0f} ({s['private_bytes'] / 2**20:.0f})", s["open_fds"]]
+            for i, s in enumerate(d["samples"]) if i and (i % every == 0 or i == len(d["samples"]) - 1)]
+    head = (f"`{d['model']}` on {d['cpus']} CPUs: capacity {d['capacity_per_s']:.2f} finished/s, soaked at "
+            f"{d['rate_per_s']:.2f} req/s ({d['load_fraction']:.0%}) for {d['minutes']:g} minutes. All requests: "
+            f"{_statuses(c['by_status'])}. Responses 5xx: {c['responses_5xx']}; lost: {c['lost']}; incomplete 200s: "
+            f"{c['incomplete_200']}; requests the server held after the drain: {c['server_inflight_after_drain']:g}; "
+            f"hits across salts: {c['cached_across_salts']} in {c['first_turns_under_a_new_salt']} first turns under a new "
+            f"salt (hits under a conversation's own salt: {c['hits_under_the_same_salt']}). RSS at the end / minute 5's: "
+            f"{c['rss_end_over_baseline']:.3f} (not shared: {c['private_end_over_baseline']:.3f}); open fds "
+            f"{c['open_fds_baseline']} -> {c['open_fds_end']}. Checks {'passed' if c['passed'] else 'FAILED'}.")
+    return head + "\n\n" + table(["minute", "sent", "statuses", "TTFT p50 / p90 s (streamed)", "TPOT p50 ms",
+                                  "RSS MiB (not shared)", "open fds"], rows)
+
+
+@block("salts", reads=("salts/salts.json",),
+       command=("dualpath bench salts --json docs/results/salts/salts.json --plot docs/results/salts/salts.png",))
+def salts(r: Results) -> str:
+    d = r.json("salts/salts.json")
+    s = d["summary"]
+    labels = {"cold": "cold, salt A", "other_salt": "the same prompt, salt B", "hit": "the same prompt, salt A again"}
+    rows = [[labels[g], f"{s[g]['ttft_p50_s'] * 1e3:.0f}", f"{s[g]['ttft_p10_s'] * 1e3:.0f} - {s[g]['ttft_p90_s'] * 1e3:.0f}",
+             ", ".join(str(c) for c in s[g]["cached_tokens"])] for g in ("cold", "other_salt", "hit")]
+    return (f"`{d['model']}`, {d['prompts']} prompts of {d['prompt_tokens']} tokens, one request at a time. "
+            f"Another salt / cold (medians): {s['other_salt_over_cold']:.3f}, "
+            f"{'within' if s['other_salt_within_cold_spread'] else 'OUTSIDE'} the cold requests' p10-p90; "
+            f"hit / cold: {s['hit_over_cold']:.3f}.\n\n"
+            + table(["request", "TTFT p50 ms", "p10 - p90 ms", "cached tokens told"], rows))
