@@ -27,8 +27,10 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,16 +61,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, inflight: int, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port),
-                             "--max-inflight-requests", str(inflight)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def start_server(model: str, port: int, *args: str, log_path: Path | None = None) -> subprocess.Popen:
+    """`dualpath serve` of `model` on `port` (and `args`) in its own process, its output in
+    `log_path` (a temporary file by default: a pipe nobody reads would fill and stall it)."""
+    log_path = log_path or Path(tempfile.mkstemp(prefix="dualpath-serve-", suffix=".log")[1])
+    with open(log_path, "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port),
+                                 *args], stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path  # type: ignore[attr-defined]  # wait_ready quotes it
+    return proc
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server stops its engines), then SIGKILL after 60 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 async def wait_ready(client: Any, base: str, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            log = getattr(proc, "log_path", None)
+            raise RuntimeError(f"the server exited: {Path(log).read_text(errors='replace')[-2000:] if log else ''}")
         try:
             if (await client.get(f"{base}/health")).json().get("status") == "ok":
                 return
@@ -159,7 +177,7 @@ async def run_overload(model: str = "tiny", inflight: int = 8, clients: int | No
     vocab = load_model(model, device="cpu").model.config.vocab_size
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = start_server(model, inflight, port)
+    proc = start_server(model, port, "--max-inflight-requests", str(inflight))
     try:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
@@ -171,11 +189,7 @@ async def run_overload(model: str = "tiny", inflight: int = 8, clients: int | No
             rate = OVERLOAD_FACTOR * cap["throughput_per_s"]
             over = summarise(await open_loop(client, base, model, rate, overload_s, vocab, seed + 1), overload_s)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     return {"model": model, "max_inflight_requests": inflight, "clients": clients, "prompt_tokens": PROMPT_TOKENS,
             "max_tokens": MAX_TOKENS, "cpus": len(os.sched_getaffinity(0)), "capacity": cap,
             "overload_rate_per_s": rate, "overload": over,

@@ -21,15 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .overload import free_port, wait_ready
+from .overload import free_port, start_server, stop_server, wait_ready
 
 GROUPS = ("cold", "other_salt", "hit")
 PERSIST_WAIT_S = 60.0  # the longest we wait for salt A's blocks to be stored before the next two
@@ -99,8 +97,7 @@ async def run_salts(model: str = "smollm2-135m", prompts: int = 12, prompt_token
     rng = random.Random(seed)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_server(model, port)
     rows: list[dict[str, Any]] = []
     try:
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
@@ -115,11 +112,7 @@ async def run_salts(model: str = "smollm2-135m", prompts: int = 12, prompt_token
                 hit = await _ttft(client, base, prompt, f"A{i}")
                 rows.append({g: {"ttft_s": t, "cached": c} for g, (t, c) in zip(GROUPS, (cold, other, hit))})
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     return {"model": model, "prompts": prompts, "prompt_tokens": prompt_tokens, "seed": seed, "rows": rows,
             "summary": summarise(rows)}
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .overload import free_port, wait_ready
+from .overload import free_port, start_server, stop_server, wait_ready
 from .soak_clients import (CHOICES, COMPLETE_KINDS, CONTEXT_LIMIT_TOKENS, MAX_TOKENS, MIX, REQUEST_TIMEOUT_S, TOP_LOGPROBS,
                            Clients, Outcome)
 
@@ -133,10 +133,6 @@ async def run_soak(model: str = "smollm2-135m", minutes: float = 30.0, sample_s:
                    context_limit_tokens: int = CONTEXT_LIMIT_TOKENS) -> dict[str, Any]:
     """The three phases of the module docstring against a `dualpath serve` of its own (its log in
     `log_path`, default a temporary file)."""
-    import subprocess
-    import sys
-    import tempfile
-
     import httpx
 
     from ..runtime.model import load_model
@@ -144,9 +140,7 @@ async def run_soak(model: str = "smollm2-135m", minutes: float = 30.0, sample_s:
     vocab = load_model(model, device="cpu").model.config.vocab_size
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    log = open(log_path or tempfile.mktemp(prefix="dualpath-soak-", suffix=".log"), "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = start_server(model, port, log_path=log_path)
     samples: list[dict[str, Any]] = []
     try:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -170,12 +164,7 @@ async def run_soak(model: str = "smollm2-135m", minutes: float = 30.0, sample_s:
             await soak.open_loop(rate, minutes * 60.0, sample, sample_s)
             inflight = _inflight((await client.get(f"{base}/metrics")).text)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_server(proc)
     return {"model": model, "minutes": minutes, "sample_s": sample_s, "cpus": len(os.sched_getaffinity(0)),
             "capacity_clients": clients, "capacity_per_s": capacity, "load_fraction": LOAD_FRACTION,
             "rate_per_s": rate, "mix": MIX, "max_tokens": MAX_TOKENS, "top_logprobs": TOP_LOGPROBS, "choices": CHOICES,

@@ -2,36 +2,23 @@
 local cluster (tiny model, real engine processes): streaming works and the second turn reports
 cached prompt tokens; a client that disconnects mid-stream frees its request on every engine."""
 
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from dualpath.config import EngineConfig, RuntimeConfig
-from dualpath.runtime.apps.serve import make_app
 from persist_wait import count_block_files, wait_block_files
+from serve_thread import serve_in_thread
 
 
 @pytest.fixture(scope="module")
 def server():
     cfg = RuntimeConfig(model="tiny",
                         engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096))
-    app, cluster = make_app(cfg)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 180
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/v1", cluster
-    srv.should_exit = True
-    thread.join(timeout=60)
+    with serve_in_thread(cfg) as (url, cluster):
+        yield url, cluster
 
 
 def test_multi_turn_chat_with_streaming_and_cached_tokens(server):

@@ -5,18 +5,16 @@ streaming and not, on a turn computed from scratch and on one whose prefix was l
 store through the decode engine's read path; at temperature 1 they are still the raw ones; n = 4
 choices come from one prefill, the same four for the same seed."""
 
-import threading
 import time
 import warnings
 
 import openai
 import pytest
 import torch
-import uvicorn
 
 from dualpath.config import EngineConfig, RuntimeConfig
-from dualpath.runtime.apps.serve import make_app
 from persist_wait import wait_block_files
+from serve_thread import serve_in_thread
 
 LOGPROB_ATOL = 1e-3  # the acceptance's bound; our logits match transformers' to 1e-3 (test_llama_vs_transformers.py)
 MODEL = "smollm2-135m"
@@ -47,19 +45,8 @@ def served():
     """A SmolLM2 cluster whose every hit is read through the decode engine (the new path)."""
     cfg = RuntimeConfig(model=MODEL, force_read_side="decode",
                         engines=EngineConfig(host_buffer_bytes=64 * 2**20, pe_hbm_bytes=64 * 2**20, de_kv_tokens=4096))
-    app, cluster = make_app(cfg)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                        timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused"), cluster
-    srv.should_exit = True
-    thread.join(timeout=60)
+    with serve_in_thread(cfg) as (url, cluster):
+        yield openai.OpenAI(base_url=url, api_key="unused"), cluster
 
 
 @pytest.fixture(scope="module")

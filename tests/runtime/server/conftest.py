@@ -64,6 +64,17 @@ def smollm2_tokenizer():
 
 
 @pytest.fixture
+def served(start_server):
+    """(a server over a FakeBackend, no API key; the official openai client on it)."""
+    import openai
+
+    server = start_server()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+    yield server, client
+    client.close()
+
+
+@pytest.fixture
 def start_server() -> Iterator[Callable[..., RunningServer]]:
     """start_server(router=None, api_key=None, lifespan=None, **create_app_kwargs) -> RunningServer;
     stopped after the test."""

@@ -7,20 +7,10 @@ from __future__ import annotations
 
 import collections
 
-import openai
-import pytest
 
 from dualpath.runtime.server.fake_backend import DEFAULT_REPLY_TEXT
 
 MODEL = "dualpath-fake"
-
-
-@pytest.fixture
-def served(start_server):
-    server = start_server()
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
-    yield server, client
-    client.close()
 
 
 def test_n_choices_not_streamed(served):

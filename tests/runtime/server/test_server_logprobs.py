@@ -9,21 +9,12 @@ from __future__ import annotations
 import math
 
 import httpx
-import openai
 import pytest
 
 from dualpath.runtime.server.fake_backend import DEFAULT_REPLY_TEXT
 
 MODEL = "dualpath-fake"
 REPLY = DEFAULT_REPLY_TEXT.encode()  # the tiny tokenizer: one token per byte, so "ï" is two tokens
-
-
-@pytest.fixture
-def served(start_server):
-    server = start_server()
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
-    yield server, client
-    client.close()
 
 
 def _expected(tokenizer, i: int, token: int, top: int) -> tuple[float, list[tuple[bytes, float]]]:
