@@ -113,7 +113,7 @@ def overload(r: Results) -> str:
 
 
 def _statuses(s: Node) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(dict(s).items()))
+    return ", ".join(f"{k} {v}" for k, v in sorted(s.items()))
 
 
 @block("soak", reads=("soak/soak_30min.json",),

@@ -282,7 +282,7 @@ class DecodeEngine(EngineBase):
     def _step(self) -> None:
         running = self._running()[: self.cfg.engines.max_decode_batch]
         # only a request that has not joined the batch yet can be pulled from or read for
-        waiting = any(r.stage is not DecodeStage.RUNNING for r in self.reqs.values()) and self.cfg.engines.de_serves_mid_step
+        waiting = len(running) < sum(len(r.choices()) for r in self.reqs.values()) and self.cfg.engines.de_serves_mid_step
         longest = max((self.cache.num_tokens(r.seq) for r in running), default=0)
         t0, served0, step_s = time.perf_counter(), self.interleave.serve_s, self.timeline.now_s()
         logits = self.model.decode_step(self.cache, [r.seq for r in running], [r.tokens[-1] for r in running],
