@@ -20,7 +20,7 @@ import pytest
 from cli_helpers import cli_here
 
 from dualpath.bench.overload import (
-    MAX_TOKENS, REQUEST_TIMEOUT_S, closed_loop, free_port, start_server, summarise, wait_ready,
+    MAX_TOKENS, REQUEST_TIMEOUT_S, closed_loop, free_port, start_server, stop_server, summarise, wait_ready,
 )
 from dualpath.runtime.model.loader import tiny_config
 
@@ -41,7 +41,7 @@ async def _drive() -> dict:
     vocab = tiny_config(0).vocab_size
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = start_server("tiny", LIMIT, port)
+    proc = start_server("tiny", port, "--max-inflight-requests", str(LIMIT))
     try:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
@@ -51,8 +51,7 @@ async def _drive() -> dict:
             past = await closed_loop(client, base, "tiny", CLIENTS, PHASE_S, vocab, seed=1)
             metrics = (await client.get(f"{base}/metrics")).text
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     return {"all": warm + at_limit + past, "at_limit": summarise(at_limit, PHASE_S), "past": summarise(past, PHASE_S),
             "refused": [o for o in past if o.status == 429], "metrics": metrics}
 
