@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from statistics import mean, stdev
 
 import pytest
 from cli_helpers import cli as _cli, cli_here
@@ -62,6 +63,7 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     profile and the step records the report holds."""
     from types import SimpleNamespace
 
+    from dualpath.fidelity.calibration import smoothed
     from dualpath.fidelity.speed import Drift, SpeedModel, fit_speed
     from dualpath.runtime.profile.calibrate import StepFit, StepTime
 
@@ -79,10 +81,13 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     assert all(steps["decode"] and steps["prefill"] for steps, _ in runs)
     calibrated = fit_speed(profile, runs)
     assert SpeedModel(**cal["speed"]) == calibrated
+    levels = report["drift_levels"]  # every check in time order, smoothed: the scored clusters' are the last
+    assert levels == [d.to_json() for d in smoothed(report["drift_checks"])]
+    assert report["drift_checks"][-len(report["drift_after"]):] == report["drift_after"]
     for mode, r in report["modes"].items():
         drifts = report["drift_by_mode"][mode]
         assert len(drifts) == report["repeat"]
-        for d, before, after in zip(drifts, report["drift"], report["drift_after"]):
+        for d, before, after in zip(drifts, levels[-report["repeat"] - 1:-1], levels[-report["repeat"]:]):
             for role in ("prefill", "decode"):
                 assert min(before[role], after[role]) - 1e-12 <= d[role] <= max(before[role], after[role]) + 1e-12
         want = calibrated.drifted(Drift.mean(drifts), Drift.mean(cal["drift"]))
@@ -108,6 +113,8 @@ def test_errors_and_verdicts_come_from_the_runs(report):
             assert len(runs) == 2 and stats["mean"] == pytest.approx(sum(runs) / 2)
             if stats["mean"]:
                 assert stats["spread"] == pytest.approx((max(runs) - min(runs)) / stats["mean"])
+                sd = math.sqrt(sum((x - stats["mean"]) ** 2 for x in runs))  # n - 1 = 1
+                assert stats["noise"] == pytest.approx(6.314 * sd / math.sqrt(2) / abs(stats["mean"]))
             for sim_name, errs in r["errors"].items():
                 e = errs[name]
                 err = e["rel_error"]  # JSON null: infinite (the runtime's value is 0, the simulator's not)
@@ -116,8 +123,9 @@ def test_errors_and_verdicts_come_from_the_runs(report):
                 else:
                     assert (err is None) == (e["sim"] != 0)
                 if name in GOALS:
-                    assert e["verdict"] == verdict(err if err is not None else math.inf, stats["spread"], GOALS[name])
-        missed = {n for n in GOALS if r["errors"]["predicted"][n]["verdict"] not in ("met", "within spread")}
+                    noise = stats["noise"] if stats["noise"] is not None else math.inf
+                    assert e["verdict"] == verdict(err if err is not None else math.inf, noise, GOALS[name])
+        missed = {n for n in GOALS if r["errors"]["predicted"][n]["verdict"] not in ("met", "within noise")}
         assert set(r["causes"]) == missed  # every miss names its measured cause, nothing else does
         logs = r["decision_logs"]
         sim = [Decision(**d) for d in logs["sim"]]
@@ -132,12 +140,25 @@ def test_errors_and_verdicts_come_from_the_runs(report):
         assert any(placed["sim"].values()) and any(placed["runtime"][0].values())  # later turns hit
 
 
-@pytest.mark.parametrize("error, spread, goal, want", [
-    (0.03, 0.01, 0.05, "met"), (-0.05, 0.0, 0.05, "met"), (0.02, 0.04, 0.05, "within spread"),
-    (0.06, 0.01, 0.05, "missed"), (0.06, 0.2, 0.05, "missed"), (0.04, 0.08, 0.05, "spread exceeds goal"),
-    (math.inf, 0.0, 0.05, "missed")])
-def test_a_goal_is_judged_against_the_runtime_spread(error, spread, goal, want):
-    assert verdict(error, spread, goal) == want
+@pytest.mark.parametrize("error, noise, goal, want", [
+    (0.03, 0.01, 0.05, "met"), (-0.05, 0.0, 0.05, "met"), (0.02, 0.04, 0.05, "within noise"),
+    (0.06, 0.01, 0.05, "missed"), (0.06, 0.2, 0.05, "missed"), (0.04, 0.08, 0.05, "noise exceeds goal"),
+    (math.inf, 0.0, 0.05, "missed"), (0.01, math.inf, 0.05, "noise exceeds goal")])
+def test_a_goal_is_judged_against_the_noise_of_the_runtime_mean(error, noise, goal, want):
+    assert verdict(error, noise, goal) == want
+
+
+def test_the_noise_is_the_confidence_half_width_of_the_mean():
+    """compare.py: t(0.95, n - 1) * sd / sqrt(n) / mean; one run knows nothing of its noise; more
+    repeats of the same scatter narrow it, while their spread (max - min) can only widen."""
+    from dualpath.fidelity.compare import mean_noise
+
+    three = [100.0, 104.0, 96.0]  # sd 4
+    assert mean_noise(three) == pytest.approx(2.920 * 4 / math.sqrt(3) / 100)
+    five = [100.0, 104.0, 96.0, 104.0, 96.0]  # sd sqrt(16)
+    assert mean_noise(five) == pytest.approx(2.132 * 4 / math.sqrt(5) / 100) and mean_noise(five) < mean_noise(three)
+    assert mean_noise([5.0]) == math.inf and mean_noise([0.0, 0.0]) == 0.0 and mean_noise([7.0, 7.0]) == 0.0
+    assert mean_noise([1.0] * 30 + [2.0]) == pytest.approx(1.812 * stdev([1.0] * 30 + [2.0]) / math.sqrt(31) / mean([1.0] * 30 + [2.0]))
 
 
 def test_a_miss_names_whether_the_speed_or_the_model_caused_it():
@@ -148,8 +169,8 @@ def test_a_miss_names_whether_the_speed_or_the_model_caused_it():
     ok = {n: row(0.0, "met") for n in GOALS}
     speeds = {"predicted": SpeedModel(prefill_scale=1.2).to_json(), "replayed": SpeedModel(prefill_scale=1.4).to_json()}
     predicted = {**ok, "ttft_p50_s": row(-0.2, "missed"), "jct_s": row(0.09, "missed"),
-                 "tpot_mean_s": row(0.02, "spread exceeds goal")}
-    replayed = {**ok, "jct_s": row(0.08, "missed"), "tpot_mean_s": row(0.01, "spread exceeds goal")}
+                 "tpot_mean_s": row(0.02, "noise exceeds goal")}
+    replayed = {**ok, "jct_s": row(0.08, "missed"), "tpot_mean_s": row(0.01, "noise exceeds goal")}
     got = causes(predicted, replayed, speeds)
     assert set(got) == {"ttft_p50_s", "jct_s", "tpot_mean_s"}  # every goal the prediction does not hold
     assert got["tpot_mean_s"].startswith("speed:")  # the replay is within the goal, however noisy the runs

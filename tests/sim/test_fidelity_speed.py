@@ -139,6 +139,23 @@ def test_each_run_of_a_cluster_gets_the_drift_at_its_middle():
         CalibrationRuns().add("demo", [{"mode": "basic"}, {"mode": "dualpath"}], [1.0])
 
 
+def test_one_outlying_check_moves_no_run():
+    """calibration.py: `smoothed`, a running median of three over the session's checks, per role:
+    a check far from both neighbours takes their level; a level two checks in a row agree on
+    stays; the ends take the median of the three at their end."""
+    from dualpath.fidelity.calibration import smoothed
+
+    prefill = [0.86, 0.86, 0.86, 1.32, 1.02, 0.90]
+    decode = [0.88, 0.88, 0.89, 0.99, 0.92, 0.91]
+    got = smoothed([Drift(p, d) for p, d in zip(prefill, decode)])
+    assert [d.prefill for d in got] == [0.86, 0.86, 0.86, 1.02, 1.02, 1.02]
+    assert [d.decode for d in got] == [0.88, 0.88, 0.89, 0.92, 0.92, 0.92]
+    assert smoothed([1.3, 0.9, 0.9, 0.9])[0] == Drift(0.9, 0.9)  # an outlying first check too
+    step = [1.0, 1.0, 1.0, 1.5, 1.5, 1.5]  # the machine changed speed: the new level is kept
+    assert [d.prefill for d in smoothed(step)] == step
+    assert smoothed([1.2, 0.8]) == [Drift(1.2, 1.2), Drift(0.8, 0.8)]  # too few to tell an outlier
+
+
 def test_each_role_runs_at_its_own_drift():
     """speed.py: a Drift moves prefill and decode apart; a fit at per-role drifts recovers the
     speed that made the steps, and `drifted` moves each role's terms by its own drift only."""

@@ -8,10 +8,12 @@ step alone, in a process pinned to an engine's CPU set. A prediction corrects it
    of the profile's prefill and decode points are timed again (`calibrate.check_drift`); the drift
    of each role is the median of now / cached over its points (`speed.Drift`): a prefill check
    alone, applied to decode too, moved the decode prediction the wrong way on two held-out runs
-   (docs/results.md). Each mode's run is given the drift at its middle, linear between the two checks
-   (`drifts_through`): a machine that slows down through a cluster's runs slows its later modes
-   more. The prediction of the scored runs takes the mean of those drifts: measurements made beside
-   each run, never of it.
+   (docs/results.md). The session's checks, in time order, are smoothed by a running median of
+   three (`smoothed`): one check that reads the machine far from the checks beside it (a prefill
+   check read 1.32 between checks of 0.86-1.02 on a held-out run, docs/results.md) moves no run. Each mode's run is given the drift at its
+   middle, linear between the smoothed checks before and after its cluster (`drifts_through`): a
+   machine that slows down through a cluster's runs slows its later modes more. The prediction of
+   the scored runs takes the mean of those drifts: measurements made beside each run, never of it.
 2. Contention: inside a running cluster the engines' forwards take longer than the profile timed
    them alone, by how much depending on the forward and on what runs beside it (speed.py: the
    `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine moves
@@ -34,6 +36,7 @@ much the model of everything else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, Sequence
 
 from .speed import Drift, SpeedModel, fit_speed
@@ -89,6 +92,22 @@ class CalibrationRuns:
                 "speed": self.speed(profile).to_json(),
                 "runs": [{"workload": w, "mode": r["mode"], "jct_s": r["jct_s"], "model_time": r.get("model_time"),
                           "steps": r.get("steps")} for w, r in zip(self.workloads, self.runs)]}
+
+
+def smoothed(checks: Sequence[Any]) -> list[Drift]:
+    """The session's checks in time order, each role's reading replaced by the median of itself and
+    its two neighbours (a running median of three; an end by the median of the three at that end):
+    one check that reads the machine far from the checks beside it moves no run's drift, while a
+    level that two checks in a row agree on is kept. Fewer than three checks stay as they are."""
+    ds = [Drift.of(c) for c in checks]
+    if len(ds) < 3:
+        return ds
+    out = []
+    for i in range(len(ds)):
+        lo = min(max(i - 1, 0), len(ds) - 3)
+        window = ds[lo:lo + 3]
+        out.append(Drift(median(d.prefill for d in window), median(d.decode for d in window)))
+    return out
 
 
 def drifts_through(before: Any, after: Any, wall_s: Sequence[float]) -> list[Drift]:

@@ -6,10 +6,12 @@ Numbered path:
      plan_demo; a trace's time scale from those rates and its `load`, `_replan`). A workload never
      calibrates its own prediction.
   2. Calibration: each calibration workload runs once per mode on the local runtime cluster, the
-     profile's drift timed right before and right after (calibration.py: each mode's run at the
-     drift of its middle). Their forwards, every mode's together, give the engines' contention.
+     profile's drift timed right before and right after. Their forwards, every mode's together,
+     give the engines' contention.
   3. The scored runs: `repeat` fresh clusters, each running every mode in turn on a fresh store, the
-     drift timed right before and right after each, the scheduler's decisions recorded.
+     drift timed after each, the scheduler's decisions recorded. Once every cluster has run, the
+     session's checks are smoothed (a running median of three) and each run takes the drift at
+     its middle (calibration.py: `smoothed`, `drifts_through`).
   4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, per
      mode at four speeds (speed.py: SpeedModel): `predicted` (fitted on the calibration runs, at the
      scored runs' drift: nothing measured from the scored runs), `replayed` (fitted on the scored
@@ -31,7 +33,7 @@ from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
 from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
-from .calibration import CalibrationRuns, DriftCheck, drifts_through, predicted_speed, step_records
+from .calibration import CalibrationRuns, DriftCheck, drifts_through, predicted_speed, smoothed, step_records
 from .compare import causes, compare_decisions, errors, runtime_stats
 from .preset import local_sim_config
 from .speed import Drift, SpeedModel, fit_speed
@@ -60,31 +62,28 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     for s in (spec, *cal_specs):  # bad input: one line before the drift check times anything
         _plan(s, base, kvbpt, block, model, window)
     drift = DriftCheck(model, device)
-    first_drift = drift(base)  # the rates of every plan: the profile at the machine's speed now
-    now = replace(base, profile=base.profile.scaled(first_drift.prefill))  # the rates follow the prefill speed
+    checks = [drift(base)]  # the session's drift checks in time order: before the first cluster, after each
+    now = replace(base, profile=base.profile.scaled(checks[0].prefill))  # the rates follow the prefill speed
     plan = _plan(spec, now, kvbpt, block, model, window)
     cal_plans = [_plan(c, now, kvbpt, block, model, window) for c in cal_specs]
-    calib = await _calibrate(cal_specs, cal_plans, modes, model, device, drift, base, first_drift, on_turn)
-    scored, drifts, after, t0 = [], [], [], time.perf_counter()
-    mode_drifts: dict[str, list[Drift]] = {m: [] for m in modes}  # per mode, its runs' drifts
-    for i in range(repeat):
-        # the check before a cluster: the one after the cluster before it (only a cluster's start between)
-        drifts.append(after[-1] if after else calib.last_after or first_drift)
-        scored.append(await _run(plan, modes, model, device, seed=i, on_turn=on_turn, keep_trace=timeline and i == 0))
-        after.append(drift(base))
-        runs = scored[-1]["runs"]
-        for run, d in zip(runs, drifts_through(drifts[-1], after[-1], [r["wall_s"] for r in runs])):
-            mode_drifts[run["mode"]].append(d)
+    jobs = [(c.key, p, 1000 + i, False) for i, (c, p) in enumerate(zip(cal_specs, cal_plans))]
+    jobs += [(spec.key, plan, i, timeline and i == 0) for i in range(repeat)]
+    clusters, walls_s = await _clusters(jobs, modes, model, device, lambda: checks.append(drift(base)), on_turn)
+    n_cal = len(cal_specs)
+    calib, mode_drifts = _drifts(clusters, checks, n_cal, modes)
+    calib.wall_s = sum(walls_s[:n_cal])
+    scored = [runs for _, runs in clusters[n_cal:]]
     report: dict[str, Any] = {
         "workload": spec.key, "model": model, "device": device, "repeat": repeat,
         "rates": plan.rates.to_json(), "profile": None if base.path is None else str(base.path),
-        **_workload_size(plan.trajectories), "runtime_wall_s": time.perf_counter() - t0,
-        "calibration": calib.to_json(base.profile), "drift": [d.to_json() for d in drifts],
-        "drift_after": [d.to_json() for d in after],
+        **_workload_size(plan.trajectories), "runtime_wall_s": sum(walls_s[n_cal:]),
+        "calibration": calib.to_json(base.profile),
+        "drift_checks": [d.to_json() for d in checks], "drift_levels": [d.to_json() for d in smoothed(checks)],
+        "drift": [d.to_json() for d in checks[n_cal:-1]], "drift_after": [d.to_json() for d in checks[n_cal + 1:]],
         "drift_by_mode": {m: [d.to_json() for d in ds] for m, ds in mode_drifts.items()}, "modes": {}}
     source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
-        real_runs = [next(r for r in res["runs"] if r["mode"] == mode) for res in scored]
+        real_runs = [next(r for r in runs if r["mode"] == mode) for runs in scored]
         speeds = {"predicted": predicted_speed(calib.speed(base.profile), calib.mean_drift(), mode_drifts[mode]),
                   "replayed": fit_speed(base.profile, [(r["steps"], 1.0) for r in real_runs]),
                   "start_speed": predicted_speed(SpeedModel(), 1.0, mode_drifts[mode])}
@@ -111,18 +110,36 @@ def _calibration_specs(spec: WorkloadSpec, calibrate_on: Sequence[str] | None) -
     return specs
 
 
-async def _calibrate(specs: Sequence[WorkloadSpec], plans: Sequence[Any], modes: Sequence[str], model: str,
-                     device: str, drift: DriftCheck, base: Any, first_drift: Drift,
-                     on_turn: Callable[..., None] | None) -> CalibrationRuns:
-    """Each calibration workload once per mode, on a cluster of its own (calibration.py)."""
-    calib, t0 = CalibrationRuns(), time.perf_counter()
-    for i, (spec, plan) in enumerate(zip(specs, plans)):
-        before = first_drift if i == 0 else calib.last_after
-        res = await _run(plan, modes, model, device, seed=1000 + i, on_turn=on_turn)
-        calib.last_after = drift(base)  # also the next cluster's check before it
-        calib.add(spec.key, res["runs"], drifts_through(before, calib.last_after, [r["wall_s"] for r in res["runs"]]))
-    calib.wall_s = time.perf_counter() - t0
-    return calib
+async def _clusters(jobs: Sequence[tuple[str, Any, int, bool]], modes: Sequence[str], model: str, device: str,
+                    check: Callable[[], None], on_turn: Callable[..., None] | None) -> tuple[list, list[float]]:
+    """Each job (workload key, plan, seed, keep its trace) on a fresh cluster running every mode in
+    turn, the drift `check`ed after each: its (key, runs) and its seconds."""
+    clusters, walls_s = [], []
+    for key, plan, seed, keep in jobs:
+        t0 = time.perf_counter()
+        res = await _run(plan, modes, model, device, seed=seed, on_turn=on_turn, keep_trace=keep)
+        walls_s.append(time.perf_counter() - t0)
+        clusters.append((key, res["runs"]))
+        check()
+    return clusters, walls_s
+
+
+def _drifts(clusters: Sequence[tuple[str, list]], checks: Sequence[Drift], n_cal: int,
+            modes: Sequence[str]) -> tuple[CalibrationRuns, dict[str, list[Drift]]]:
+    """Every run's drift: cluster k ran between checks k and k + 1, smoothed (calibration.py:
+    `smoothed`), each of its runs at the drift of its middle (`drifts_through`). The first `n_cal`
+    clusters are the calibration's; the rest the scored ones, whose drifts are kept per mode."""
+    levels = smoothed(checks)
+    calib = CalibrationRuns(last_after=checks[n_cal])
+    mode_drifts: dict[str, list[Drift]] = {m: [] for m in modes}
+    for k, (key, runs) in enumerate(clusters):
+        through = drifts_through(levels[k], levels[k + 1], [r["wall_s"] for r in runs])
+        if k < n_cal:
+            calib.add(key, runs, through)
+        else:
+            for run, d in zip(runs, through):
+                mode_drifts[run["mode"]].append(d)
+    return calib, mode_drifts
 
 
 async def _run(plan: Any, modes: Sequence[str], model: str, device: str, seed: int,

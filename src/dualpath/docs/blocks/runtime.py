@@ -95,15 +95,16 @@ def cuda_check(r: Results) -> str:
 
 
 GOAL_LABELS = {"jct_s": "JCT", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "tpot_mean_s": "TPOT"}
-HOLDS = ("met", "within spread")  # fidelity/compare.py: the verdicts under which a goal holds
+HOLDS = ("met", "within noise")  # fidelity/compare.py: the verdicts under which a goal holds
 
 
 def _cell(errs: Node, stats: Node, name: str) -> str:
-    """The predicted error with its verdict, the replayed error and the runtime's spread."""
+    """The predicted error with its verdict, the replayed error, the runtime mean's noise and its
+    runs' spread."""
     e = errs["predicted"][name]
     verdict = e["verdict"] if e["verdict"] in HOLDS else f"**{e['verdict']}**"
     return (f"{pct(e['rel_error'])} {verdict} (replayed {pct(errs['replayed'][name]['rel_error'])}; "
-            f"spread {pct(stats[name]['spread'], 1, False)})")
+            f"noise {pct(stats[name]['noise'], 1, False)}, spread {pct(stats[name]['spread'], 1, False)})")
 
 
 def _drifts(drift: list) -> str:
@@ -136,7 +137,7 @@ def fidelity(r: Results) -> str:
                 what = f"{f['workload'].split(':')[0]}{label} {name} {GOAL_LABELS[g]}"
                 if errs["predicted"][g]["verdict"] in HOLDS:
                     held += 1
-                elif errs["predicted"][g]["verdict"] == "spread exceeds goal":
+                elif errs["predicted"][g]["verdict"] == "noise exceeds goal":
                     unresolved.append(what)
                 else:
                     missed.append(f"{what} (cause: {mode['causes'][g].split(':')[0]})")
@@ -149,7 +150,7 @@ def fidelity(r: Results) -> str:
                          f"{pct(errs['predicted']['de_path_bytes']['rel_error'])}", _speeds(mode)])
     total = held + len(unresolved) + len(missed)
     text = (f"{held} of {total} goals hold on the prediction"
-            + (f"; not resolved (within the goal, but the runtime's repeats spread wider than it): "
+            + (f"; not resolved (within the goal, but the runtime's mean is uncertain by more than it): "
                f"{'; '.join(unresolved)}" if unresolved else "")
             + (f"; missed: {'; '.join(missed)}." if missed else "."))
     return (table(["workload, mode", "calibrated on", "runs", *GOAL_LABELS.values(), "bytes PE / DE path",
