@@ -22,6 +22,7 @@ from dualpath.metrics.decisions import Decision, agreement
 # of 3 tokens finish in ~40 ms, where one late wake-up of a process moves JCT by 20% (two fresh runs of
 # the same code missed their bounds, each on another metric); this size repeats within 3% (below).
 SCORED = "tiny:agents=3,rounds=6,gen=12"
+MODES = ("basic", "dualpath")  # run in this order in each cluster
 CALIBRATION = "tiny:agents=3,rounds=4,gen=12"
 
 
@@ -29,7 +30,7 @@ CALIBRATION = "tiny:agents=3,rounds=4,gen=12"
 def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("fid")
     p = _cli("fidelity", "--workload", SCORED, "--calibrate-on", CALIBRATION, "--model", "tiny", "--repeat", "2",
-             "--mode", "basic", "--mode", "dualpath", "--json", str(d / "f.json"), "--timeline", str(d / "t.json"))
+             *(a for m in MODES for a in ("--mode", m)), "--json", str(d / "f.json"), "--timeline", str(d / "t.json"))
     assert p.returncode == 0, p.stderr[-3000:]
     return d
 
@@ -68,10 +69,11 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     from dualpath.runtime.profile.calibrate import StepFit, StepTime
 
     cal = report["calibration"]
-    assert cal["workloads"] == [CALIBRATION] and len(report["drift"]) == report["repeat"] == 2
+    assert cal["workloads"] == [CALIBRATION] and report["repeat"] == 2
+    assert len(report["drift"]) == report["repeat"] * len(report["modes"])  # a check before and after every run
     checks = [Drift.of(d) for d in report["drift"] + report["drift_after"] + cal["drift"]]
     assert all(0.2 < d.prefill < 5 and 0.2 < d.decode < 5 for d in checks)  # each role checked
-    assert report["drift"][1:] == report["drift_after"][:-1]  # the check after a cluster is the next one's before
+    assert report["drift"][1:] == report["drift_after"][:-1]  # the check after a run is the next one's before
     assert report["drift"][0] == cal["drift_after"]
     fits, points = report["profile_fit"], report["profile_points"]
     profile = SimpleNamespace(prefill_fit=StepFit(**fits["prefill"]), decode_fit=StepFit(**fits["decode"]),
@@ -81,20 +83,29 @@ def test_the_prediction_takes_its_speed_from_the_calibration_runs_and_the_drift_
     assert all(steps["decode"] and steps["prefill"] for steps, _ in runs)
     calibrated = fit_speed(profile, runs)
     assert SpeedModel(**cal["speed"]) == calibrated
-    levels = report["drift_levels"]  # every check in time order, smoothed: the scored clusters' are the last
+    levels = report["drift_levels"]  # every check in time order, smoothed: the scored runs' are the last
     assert levels == [d.to_json() for d in smoothed(report["drift_checks"])]
+    assert len(levels) == 1 + len(cal["runs"]) + len(report["drift"])  # one before all, one after each run
     assert report["drift_checks"][-len(report["drift_after"]):] == report["drift_after"]
-    for mode, r in report["modes"].items():
+    mid = lambda a, b: {role: (a[role] + b[role]) / 2 for role in ("prefill", "decode")}
+    assert cal["drift"] == [pytest.approx(mid(a, b)) for a, b in zip(levels, levels[1:len(cal["runs"]) + 1])]
+    scored = levels[len(cal["runs"]):]  # the modes run in turn in each cluster: run j between scored[j] and [j + 1]
+    for k, mode in enumerate(MODES):
+        r = report["modes"][mode]
         drifts = report["drift_by_mode"][mode]
         assert len(drifts) == report["repeat"]
-        for d, before, after in zip(drifts, levels[-report["repeat"] - 1:-1], levels[-report["repeat"]:]):
-            for role in ("prefill", "decode"):
-                assert min(before[role], after[role]) - 1e-12 <= d[role] <= max(before[role], after[role]) + 1e-12
+        for i, d in enumerate(drifts):
+            j = i * len(report["modes"]) + k
+            assert d == pytest.approx(mid(scored[j], scored[j + 1]))
         want = calibrated.drifted(Drift.mean(drifts), Drift.mean(cal["drift"]))
         assert r["speed"]["predicted"] == pytest.approx(want.to_json())
         assert r["speed"]["start_speed"] == pytest.approx(SpeedModel().drifted(Drift.mean(drifts)).to_json())
         own = fit_speed(profile, [(steps, 1.0) for steps in r["runtime_steps"]])
         assert r["speed"]["replayed"] == pytest.approx(own.to_json())
+        by_run = r["speed_by_run"]  # the paired simulations: run i at the drift beside it, or its own forwards
+        assert by_run["predicted"] == [pytest.approx(calibrated.drifted(Drift.of(d), Drift.mean(cal["drift"])).to_json())
+                                       for d in drifts]
+        assert by_run["replayed"] == [pytest.approx(fit_speed(profile, [(steps, 1.0)]).to_json()) for steps in r["runtime_steps"]]
         for steps in r["runtime_steps"]:  # every forward of the scored runs, with what the profile needs
             assert all(len(row) == 5 and row[2] > 0 for row in steps["prefill"])
             assert all(len(row) == 7 and row[0] >= 1 and row[2] > 0 and row[5] >= 0 and 0 <= row[6] <= 1
@@ -116,14 +127,20 @@ def test_errors_and_verdicts_come_from_the_runs(report):
                 sd = math.sqrt(sum((x - stats["mean"]) ** 2 for x in runs))  # n - 1 = 1
                 assert stats["noise"] == pytest.approx(6.314 * sd / math.sqrt(2) / abs(stats["mean"]))
             for sim_name, errs in r["errors"].items():
-                e = errs[name]
+                e = errs[name]  # paired: one simulation per run, in the runs' order
+                sims = e["sim_runs"]
+                assert len(sims) == 2 and e["sim"] == pytest.approx(sum(sims) / 2)
                 err = e["rel_error"]  # JSON null: infinite (the runtime's value is 0, the simulator's not)
-                if stats["mean"]:
-                    assert err == pytest.approx(e["sim"] / stats["mean"] - 1)
+                if all(runs):
+                    ratios = [a / b for a, b in zip(sims, runs)]
+                    assert err == pytest.approx(sum(ratios) / 2 - 1)
+                    assert e["noise"] == pytest.approx(6.314 * abs(ratios[0] - ratios[1]) / 2)  # t * sd / sqrt(2)
+                elif stats["mean"]:
+                    assert err == pytest.approx(e["sim"] / stats["mean"] - 1) and e["noise"] is None
                 else:
                     assert (err is None) == (e["sim"] != 0)
                 if name in GOALS:
-                    noise = stats["noise"] if stats["noise"] is not None else math.inf
+                    noise = e["noise"] if e["noise"] is not None else math.inf
                     assert e["verdict"] == verdict(err if err is not None else math.inf, noise, GOALS[name])
         missed = {n for n in GOALS if r["errors"]["predicted"][n]["verdict"] not in ("met", "within noise")}
         assert set(r["causes"]) == missed  # every miss names its measured cause, nothing else does
@@ -135,7 +152,7 @@ def test_errors_and_verdicts_come_from_the_runs(report):
         placed = r["placed_hits"]  # per request, both worlds: the hit placement fixed
         names = {d.request for d in sim}
         assert set(placed["sim"]) == names and all(set(p) == names for p in placed["runtime"])
-        assert r["errors"]["predicted"]["placed_hit_tokens"]["sim"] == sum(placed["sim"].values())
+        assert r["errors"]["predicted"]["placed_hit_tokens"]["sim_runs"][0] == sum(placed["sim"].values())
         assert r["runtime"]["placed_hit_tokens"]["runs"] == [sum(p.values()) for p in placed["runtime"]]
         assert any(placed["sim"].values()) and any(placed["runtime"][0].values())  # later turns hit
 

@@ -67,10 +67,9 @@ def fidelity(
 _ERROR_COLUMNS = ("replayed", "start_speed", "shared_cnics")
 
 
-def _noise(stats: dict) -> str:
-    """The runtime mean's 90% confidence half-width (fidelity/compare.py; JSON null: one run, unknown)."""
-    n = stats.get("noise")
-    return "-" if n is None or n == float("inf") else f"{100 * n:.1f}%"
+def _noise(n: float | None) -> str:
+    """An error's 90% confidence half-width (fidelity/compare.py: `paired`; one run: unknown)."""
+    return "-" if n is None or not n < float("inf") else f"{100 * n:.1f}%"
 
 
 def print_fidelity(report: dict) -> None:
@@ -82,7 +81,7 @@ def print_fidelity(report: dict) -> None:
               f"runs: {'; '.join(f'{drift(a)} / {drift(b)}' for a, b in zip(report['drift'], report['drift_after']))}")
     for mode, r in report["modes"].items():
         table = Table(title=f"fidelity, {report['workload']}, {mode}: predicted vs {report['repeat']} runtime run(s)")
-        for col in ("metric", "runtime mean", "spread", "noise", "predicted", "error", "goal", "verdict",
+        for col in ("metric", "runtime mean", "spread", "predicted", "error", "± noise", "goal", "verdict",
                     *(f"error, {c.replace('_', ' ')}" for c in _ERROR_COLUMNS)):
             table.add_column(col, justify="right")
         pred = r["errors"]["predicted"]
@@ -91,12 +90,12 @@ def print_fidelity(report: dict) -> None:
                 continue
             e = pred[name]
             goal = e.get("goal")
-            table.add_row(name, f"{stats['mean']:.4g}", f"{100 * stats['spread']:.1f}%", _noise(stats), f"{e['sim']:.4g}",
-                          f"{100 * e['rel_error']:+.1f}%", "-" if goal is None else f"{100 * goal:.0f}%",
+            table.add_row(name, f"{stats['mean']:.4g}", f"{100 * stats['spread']:.1f}%", f"{e['sim']:.4g}",
+                          f"{100 * e['rel_error']:+.1f}%", _noise(e.get("noise")), "-" if goal is None else f"{100 * goal:.0f}%",
                           e.get("verdict", "-"),
                           *(f"{100 * r['errors'][c][name]['rel_error']:+.1f}%" for c in _ERROR_COLUMNS))
         d = r["decisions"]
-        table.add_row("same read side", "", "", "", "", f"{100 * d['same_side_mean']:.0f}%", "", "", "", "", "")
+        table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", "", "", "", "", "", "")
         out.print(table)
         s = r["speed"]
         out.print(f"{mode}: speed on the profile (fidelity/speed.py): predicted {describe_speed(s['predicted'])}; "

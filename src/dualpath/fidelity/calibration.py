@@ -4,21 +4,22 @@ The compute profile (`dualpath calibrate`, runtime/profile/calibrate.py) times e
 step alone, in a process pinned to an engine's CPU set. A prediction corrects it twice:
 
 1. Drift: a shared machine's speed moves within minutes. Right before and right after every
-   runtime cluster (the calibration's and the scored ones, each running every mode in turn) some
-   of the profile's prefill and decode points are timed again (`calibrate.check_drift`); the drift
-   of each role is the median of now / cached over its points (`speed.Drift`): a prefill check
-   alone, applied to decode too, moved the decode prediction the wrong way on two held-out runs
-   (docs/results.md). The session's checks, in time order, are smoothed by a running median of
-   three (`smoothed`): one check that reads the machine far from the checks beside it (a prefill
-   check read 1.32 between checks of 0.86-1.02 on a held-out run, docs/results.md) moves no run. Each mode's run is given the drift at its
-   middle, linear between the smoothed checks before and after its cluster (`drifts_through`): a
-   machine that slows down through a cluster's runs slows its later modes more. The prediction of
-   the scored runs takes the mean of those drifts: measurements made beside each run, never of it.
+   runtime run (the calibration's and the scored ones; a cluster runs every mode in turn, and is
+   checked between two modes while idle) some of the profile's prefill and decode points are
+   timed again (`calibrate.check_drift`); the drift of each role is the median of now / cached over
+   its points (`speed.Drift`): a prefill check alone, applied to decode too, moved the decode
+   prediction the wrong way on two held-out runs (docs/results.md). The session's checks, in time
+   order, are smoothed by a running median of three (`smoothed`): one check that reads the machine
+   far from the checks beside it (a prefill check read 1.32 between checks of 0.86-1.02 on a
+   held-out run) moves no run. Each run is given the drift at its middle, halfway between the
+   smoothed checks right before and right after it. Each scored run is predicted at its
+   own drift (compare.py: `paired`); the calibration's speed is fitted at the drifts of its runs:
+   measurements made beside each run, never of it.
 2. Contention: inside a running cluster the engines' forwards take longer than the profile timed
    them alone, by how much depending on the forward and on what runs beside it (speed.py: the
    `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine moves
    KV and the cost of a join). It is fitted on the forwards of the calibration workloads' runs, which
-   are never the scored workload, each at the drift measured before its run, every mode's runs
+   are never the scored workload, each at its run's drift, every mode's runs
    together: the engines compute alike whichever mode schedules them, and what a mode changes (how
    much KV a decode engine moves during its steps, which requests join its batches) is measured per
    step and is in the model's terms. One fit over all the runs has twice the forwards of a fit per
@@ -28,7 +29,7 @@ step alone, in a process pinned to an engine's CPU set. A prediction corrects it
    2026-12-05, whose scored runs' own fits agreed across modes, 0.97 / x1.23 and 0.92 / x1.23).
 
 So the prediction runs the profile at `SpeedModel` fitted on the calibration runs, moved from
-their drift to the scored runs' (`SpeedModel.drifted`). The same model fitted on the scored runs'
+their drift to each scored run's (`SpeedModel.drifted`). The same model fitted on the scored runs'
 own forwards gives the `replayed` diagnostic, which says how much of an error is the speed and how
 much the model of everything else.
 """

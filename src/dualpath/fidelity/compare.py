@@ -1,23 +1,28 @@
-"""The simulator's errors against the runtime, judged against how well the runtime's repeats know
-their own mean.
+"""The simulator's errors against the runtime, judged against how well the repeats determine them.
 
 Per metric, the runtime's repeats give a mean, a spread ((max - min) / mean: how far apart single
 runs land) and `noise`: the half-width of the 90% confidence interval of their mean, relative to
 it (Student's t with n - 1 degrees of freedom times the standard deviation over sqrt(n); one run
-alone knows nothing of its noise: infinite). A simulation gives a value and its relative error
-against that mean. The goal is a bound on the error against the runtime's mean, so the verdict
-reads the mean's noise, not a single run's spread; both are reported:
+alone knows nothing of its noise: infinite).
+
+The prediction is paired with the runs: each runtime run is simulated at the speed measured beside
+it (run.py: the drift checks around its cluster), so a run on a slower machine is predicted
+slower, and the error is the mean over the runs of sim / real, less one (`paired`). Its noise is
+that mean's 90% confidence half-width: how consistently the simulator lands on each run, with the
+machine's measured speed taken out, and what the runs cannot take out left in. The goal bounds
+that error, so the verdict reads its noise, not a single run's spread; the runtime's own spread
+and noise are reported beside it:
 
     missed               |error| > goal
-    noise exceeds goal   |error| <= goal, but the runtime's mean is uncertain by more than the
-                         goal: these repeats cannot tell whether the goal holds
-    within noise         |error| <= noise <= goal: the error is below the mean's own uncertainty
-                         (the goal holds; the error itself is not resolved)
+    noise exceeds goal   |error| <= goal, but the error is uncertain by more than the goal:
+                         these repeats cannot tell whether the goal holds
+    within noise         |error| <= noise <= goal: the error is below its own uncertainty (the
+                         goal holds; the error itself is not resolved)
     met                  noise < |error| <= goal
 
-`holds` is met or within noise. With three repeats the noise is about the spread (1.7 standard
-deviations either way); each further repeat narrows it (five: about 0.95 of one). Results come
-from sim/results.py and runtime/apps/replay.py (`summarise`): the same keys in both worlds.
+`holds` is met or within noise. With three repeats a noise is about 1.7 standard deviations of its
+values either way, with five about 0.95. Results come from sim/results.py and
+runtime/apps/replay.py (`summarise`): the same keys in both worlds.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from ..metrics.decisions import Decision, agreement
 
-# The prediction's goals: relative error per metric (the simulator's value over the runtime's mean).
+# The prediction's goals: relative error per metric (the simulator's value over the runtime's, `paired`).
 GOALS: dict[str, float] = {"jct_s": 0.05, "ttft_p50_s": 0.10, "ttft_p90_s": 0.15, "tpot_mean_s": 0.10}
 HOLDS = ("met", "within noise")
 # Student's t at 0.95 for 1..10 degrees of freedom (a 90% two-sided interval; any statistics table,
@@ -70,14 +75,20 @@ def verdict(error: float, noise: float, goal: float) -> str:
     return "within noise" if abs(error) <= noise else "met"
 
 
-def mean_noise(values: Sequence[float]) -> float:
-    """The 90% confidence half-width of the mean of `values`, relative to it (module docstring)."""
-    n, m = len(values), mean(values)
+def half_width(values: Sequence[float]) -> float:
+    """The 90% confidence half-width of the mean of `values` (Student's t; one value: infinite)."""
+    n = len(values)
     if n < 2:
         return math.inf
+    return T_95_BY_DF[min(n - 1, len(T_95_BY_DF)) - 1] * stdev(values) / math.sqrt(n)
+
+
+def mean_noise(values: Sequence[float]) -> float:
+    """`half_width` relative to the mean of `values` (module docstring)."""
+    m = mean(values)
     if m == 0:
         return 0.0 if not any(values) else math.inf
-    return T_95_BY_DF[min(n - 1, len(T_95_BY_DF)) - 1] * stdev(values) / math.sqrt(n) / abs(m)
+    return half_width(values) / abs(m)
 
 
 def runtime_stats(runs: Sequence[dict]) -> dict[str, Any]:
@@ -92,18 +103,30 @@ def runtime_stats(runs: Sequence[dict]) -> dict[str, Any]:
     return out
 
 
-def errors(stats: dict[str, Any], sim_run: dict) -> dict[str, Any]:
-    """Per metric, the simulated value and its error against the runtime's mean; the goal's verdict
-    where the metric has one."""
+def errors(stats: dict[str, Any], sim_runs: Sequence[dict]) -> dict[str, Any]:
+    """Per metric, the simulations' values (one per runtime run, in the runs' order), their mean,
+    the error and its noise (`paired`); the goal's verdict where the metric has one."""
     out: dict[str, Any] = {}
     for name, get in METRICS.items():
-        sim = get(sim_run)
-        row: dict[str, Any] = {"sim": sim, "rel_error": rel_error(sim, stats[name]["mean"])}
+        sims = [get(r) for r in sim_runs]
+        row: dict[str, Any] = {"sim": mean(sims), "sim_runs": sims, **paired(sims, stats[name]["runs"])}
         if name in GOALS:
-            row.update(goal=GOALS[name], verdict=verdict(row["rel_error"], stats[name]["noise"], GOALS[name]))
+            row.update(goal=GOALS[name], verdict=verdict(row["rel_error"], row["noise"], GOALS[name]))
         out[name] = row
-    out["snic_utilisation"] = list(sim_run["nic_utilisation"]["snic_read_by_node"])
+    out["snic_utilisation"] = list(sim_runs[0]["nic_utilisation"]["snic_read_by_node"])
     return out
+
+
+def paired(sims: Sequence[float], reals: Sequence[float]) -> dict[str, float]:
+    """Each runtime run against the simulation of that run: the error is the mean of sim / real
+    over the runs, less one, and its noise the 90% confidence half-width of that mean (module
+    docstring). Where a run's value is 0 (nothing to divide by), the error of the means and no noise."""
+    if len(sims) != len(reals):
+        raise ValueError(f"{len(sims)} simulations for {len(reals)} runs")
+    if any(r == 0 for r in reals):
+        return {"rel_error": rel_error(mean(sims), mean(reals)), "noise": math.nan}
+    ratios = [s / r for s, r in zip(sims, reals)]
+    return {"rel_error": mean(ratios) - 1.0, "noise": half_width(ratios)}
 
 
 def causes(predicted: dict[str, Any], replayed: dict[str, Any], speeds: dict[str, dict[str, float]]) -> dict[str, str]:
@@ -135,10 +158,10 @@ def _runtime_snic(run: dict) -> list[float | None]:
     return [v.get("utilisation") for _, v in sorted(run.get("snic", {}).items(), key=lambda kv: int(kv[0]))]
 
 
-def compare_decisions(runtime_logs: Sequence[Sequence[Decision]], sim_log: Sequence[Decision]) -> dict[str, Any]:
-    """The simulator's decisions against each runtime repeat's, and the repeats against each other
-    (how reproducible the runtime's own decisions are)."""
-    vs_sim = [agreement(log, sim_log).to_json() for log in runtime_logs]
+def compare_decisions(runtime_logs: Sequence[Sequence[Decision]], sim_logs: Sequence[Sequence[Decision]]) -> dict[str, Any]:
+    """Each runtime repeat's decisions against its own simulation's, and the repeats against each
+    other (how reproducible the runtime's own decisions are)."""
+    vs_sim = [agreement(log, sim_log).to_json() for log, sim_log in zip(runtime_logs, sim_logs, strict=True)]
     between = [agreement(runtime_logs[0], log).to_json() for log in runtime_logs[1:]]
     side = [a["same_side"] for a in vs_sim]
     return {"vs_sim": vs_sim, "runtime_repeats": between, "same_side_mean": mean(side) if side else math.nan,

@@ -6,19 +6,21 @@ Numbered path:
      plan_demo; a trace's time scale from those rates and its `load`, `_replan`). A workload never
      calibrates its own prediction.
   2. Calibration: each calibration workload runs once per mode on the local runtime cluster, the
-     profile's drift timed right before and right after. Their forwards, every mode's together,
-     give the engines' contention.
+     profile's drift timed right before and right after each run. Their forwards, every mode's
+     together, give the engines' contention.
   3. The scored runs: `repeat` fresh clusters, each running every mode in turn on a fresh store, the
-     drift timed after each, the scheduler's decisions recorded. Once every cluster has run, the
-     session's checks are smoothed (a running median of three) and each run takes the drift at
-     its middle (calibration.py: `smoothed`, `drifts_through`).
-  4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, per
-     mode at four speeds (speed.py: SpeedModel): `predicted` (fitted on the calibration runs, at the
-     scored runs' drift: nothing measured from the scored runs), `replayed` (fitted on the scored
-     runs' own forwards: a diagnostic), `start_speed` (drift only, no contention: an ablation), and
-     `shared_cnics` (predicted, with the paper presets' CNICs in place of the runtime's arbiters).
-  5. compare.py: per mode and metric, the runtime's mean and spread, each simulation's error and
-     the goal's verdict; for a missed goal the cause the runs measured; the decisions' agreement.
+     drift timed after each run, the scheduler's decisions recorded. Once every cluster has run,
+     the session's checks are smoothed (a running median of three) and each run takes the drift at
+     its middle, between the checks right before and right after it (calibration.py: `smoothed`).
+  4. The simulator, `local` preset (preset.py), the same work arriving as the replay sends it, once
+     per scored run of each mode (paired with it), at four speeds (speed.py: SpeedModel):
+     `predicted` (fitted on the calibration runs, at the drift measured beside that run: nothing
+     measured from the scored runs), `replayed` (fitted on that run's own forwards: a diagnostic),
+     `start_speed` (drift only, no contention: an ablation), and `shared_cnics` (predicted, with
+     the paper presets' CNICs in place of the runtime's arbiters).
+  5. compare.py: per mode and metric, the runtime's mean, spread and noise, each simulation's
+     error against its runs and the goal's verdict; for a missed goal the cause the runs measured;
+     the decisions' agreement, run by run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..metrics.decisions import Decision, DecisionLog
 from ..sim.simulator import Simulator
 from ..runtime.apps.replay import TraceWorkload
 from ..workloads import Trajectory
-from .calibration import CalibrationRuns, DriftCheck, drifts_through, predicted_speed, smoothed, step_records
+from .calibration import CalibrationRuns, DriftCheck, predicted_speed, smoothed, step_records
 from .compare import causes, compare_decisions, errors, runtime_stats
 from .preset import local_sim_config
 from .speed import Drift, SpeedModel, fit_speed
@@ -79,25 +81,40 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
         **_workload_size(plan.trajectories), "runtime_wall_s": sum(walls_s[n_cal:]),
         "calibration": calib.to_json(base.profile),
         "drift_checks": [d.to_json() for d in checks], "drift_levels": [d.to_json() for d in smoothed(checks)],
-        "drift": [d.to_json() for d in checks[n_cal:-1]], "drift_after": [d.to_json() for d in checks[n_cal + 1:]],
+        "drift": [d.to_json() for d in checks[-repeat * len(modes) - 1:-1]],  # before each scored run, in order
+        "drift_after": [d.to_json() for d in checks[-repeat * len(modes):]],
         "drift_by_mode": {m: [d.to_json() for d in ds] for m, ds in mode_drifts.items()}, "modes": {}}
-    source = f"profile {base.path} (dualpath calibrate)"
     for mode in modes:
         real_runs = [next(r for r in runs if r["mode"] == mode) for runs in scored]
-        speeds = {"predicted": predicted_speed(calib.speed(base.profile), calib.mean_drift(), mode_drifts[mode]),
-                  "replayed": fit_speed(base.profile, [(r["steps"], 1.0) for r in real_runs]),
-                  "start_speed": predicted_speed(SpeedModel(), 1.0, mode_drifts[mode])}
+        speeds, by_run = _speeds(calib, base.profile, real_runs, mode_drifts[mode])
         runtime_cfg = _demo_config(mode, plan.rates, model)
-        cfgs = {name: local_sim_config(runtime_cfg, base.profile, kvbpt, f"{source} at {s}", s) for name, s in speeds.items()}
-        cfgs["shared_cnics"] = replace(cfgs["predicted"], cluster=replace(cfgs["predicted"].cluster,
-                                                                          cnic_as_runtime_arbiter=False))
+        source = f"profile {base.path} (dualpath calibrate)"
+        cfgs = {name: [local_sim_config(runtime_cfg, base.profile, kvbpt, f"{source} at {s}", s) for s in ss]
+                for name, ss in by_run.items()}
+        cfgs["shared_cnics"] = [replace(c, cluster=replace(c.cluster, cnic_as_runtime_arbiter=False)) for c in cfgs["predicted"]]
         report["modes"][mode] = _mode_report(real_runs, cfgs, {k: v.to_json() for k, v in speeds.items()}, mode,
                                              plan.trajectories, timeline)
-    report["local_preset"] = asdict(cfgs["predicted"].local)
+        report["modes"][mode]["speed_by_run"] = {k: [v.to_json() for v in vs] for k, vs in by_run.items()}
+    report["local_preset"] = asdict(cfgs["predicted"][0].local)
     report["profile_fit"] = {"prefill": asdict(base.profile.prefill_fit), "decode": asdict(base.profile.decode_fit)}
     report["profile_points"] = {"prefill": [asdict(p) for p in base.profile.prefill],
                                 "decode": [asdict(p) for p in base.profile.decode]}
     return report
+
+
+def _speeds(calib: CalibrationRuns, profile: Any, real_runs: Sequence[dict],
+            drifts: Sequence[Drift]) -> tuple[dict[str, SpeedModel], dict[str, list[SpeedModel]]]:
+    """A mode's speeds: per run (paired, compare.py), `predicted` the calibration's at the drift
+    beside run i, `replayed` fitted on run i's own forwards, `start_speed` the drift alone; and one
+    of each over every run, as a summary (the mean drift; every run's forwards)."""
+    calibrated, cal_drift = calib.speed(profile), calib.mean_drift()
+    summary = {"predicted": predicted_speed(calibrated, cal_drift, drifts),
+               "replayed": fit_speed(profile, [(r["steps"], 1.0) for r in real_runs]),
+               "start_speed": predicted_speed(SpeedModel(), 1.0, drifts)}
+    by_run = {"predicted": [predicted_speed(calibrated, cal_drift, [d]) for d in drifts],
+              "replayed": [fit_speed(profile, [(r["steps"], 1.0)]) for r in real_runs],
+              "start_speed": [predicted_speed(SpeedModel(), 1.0, [d]) for d in drifts]}
+    return summary, by_run
 
 
 def _calibration_specs(spec: WorkloadSpec, calibrate_on: Sequence[str] | None) -> list[WorkloadSpec]:
@@ -113,11 +130,12 @@ def _calibration_specs(spec: WorkloadSpec, calibrate_on: Sequence[str] | None) -
 async def _clusters(jobs: Sequence[tuple[str, Any, int, bool]], modes: Sequence[str], model: str, device: str,
                     check: Callable[[], None], on_turn: Callable[..., None] | None) -> tuple[list, list[float]]:
     """Each job (workload key, plan, seed, keep its trace) on a fresh cluster running every mode in
-    turn, the drift `check`ed after each: its (key, runs) and its seconds."""
+    turn, the drift `check`ed after each run (between two modes, the cluster idle; after the last,
+    the cluster gone): its (key, runs) and its seconds."""
     clusters, walls_s = [], []
     for key, plan, seed, keep in jobs:
         t0 = time.perf_counter()
-        res = await _run(plan, modes, model, device, seed=seed, on_turn=on_turn, keep_trace=keep)
+        res = await _run(plan, modes, model, device, seed=seed, on_turn=on_turn, keep_trace=keep, between_modes=check)
         walls_s.append(time.perf_counter() - t0)
         clusters.append((key, res["runs"]))
         check()
@@ -126,16 +144,19 @@ async def _clusters(jobs: Sequence[tuple[str, Any, int, bool]], modes: Sequence[
 
 def _drifts(clusters: Sequence[tuple[str, list]], checks: Sequence[Drift], n_cal: int,
             modes: Sequence[str]) -> tuple[CalibrationRuns, dict[str, list[Drift]]]:
-    """Every run's drift: cluster k ran between checks k and k + 1, smoothed (calibration.py:
-    `smoothed`), each of its runs at the drift of its middle (`drifts_through`). The first `n_cal`
-    clusters are the calibration's; the rest the scored ones, whose drifts are kept per mode."""
+    """Every run's drift: the j-th run of the session ran between checks j and j + 1, smoothed
+    (calibration.py: `smoothed`), and takes the drift of its middle. The first
+    `n_cal` clusters are the calibration's; the rest the scored ones, whose drifts are kept per mode."""
     levels = smoothed(checks)
-    calib = CalibrationRuns(last_after=checks[n_cal])
+    calib = CalibrationRuns()
     mode_drifts: dict[str, list[Drift]] = {m: [] for m in modes}
+    j = 0
     for k, (key, runs) in enumerate(clusters):
-        through = drifts_through(levels[k], levels[k + 1], [r["wall_s"] for r in runs])
+        through = [levels[j + i].toward(levels[j + i + 1], 0.5) for i in range(len(runs))]
+        j += len(runs)
         if k < n_cal:
             calib.add(key, runs, through)
+            calib.last_after = checks[j]
         else:
             for run, d in zip(runs, through):
                 mode_drifts[run["mode"]].append(d)
@@ -143,13 +164,15 @@ def _drifts(clusters: Sequence[tuple[str, list]], checks: Sequence[Drift], n_cal
 
 
 async def _run(plan: Any, modes: Sequence[str], model: str, device: str, seed: int,
-               on_turn: Callable[..., None] | None, keep_trace: bool = False) -> dict[str, Any]:
-    """One cluster running every mode; each run's forwards as `steps` (calibration.py: step_records),
-    read from its timeline, which stays in the run as `trace` only with `keep_trace`."""
+               on_turn: Callable[..., None] | None, keep_trace: bool = False,
+               between_modes: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One cluster running every mode (`between_modes` called between two of them); each run's
+    forwards as `steps` (calibration.py: step_records), read from its timeline, which stays in the
+    run as `trace` only with `keep_trace`."""
     from ..runtime.apps.demo import run_demo, runtime_trace
 
     res = await run_demo(tuple(modes), model=model, device=device, plan=plan, record_decisions=True,
-                         on_turn=on_turn, seed=seed, record_timeline=True)
+                         on_turn=on_turn, seed=seed, record_timeline=True, between_modes=between_modes)
     for run in res["runs"]:
         trace = runtime_trace(run)
         run["steps"] = step_records(trace)
@@ -192,17 +215,18 @@ def _mode_report(real_runs: list[dict], cfgs: dict[str, Any], speeds: dict[str, 
     from ..metrics.timeline import merge_traces
 
     stats = runtime_stats(real_runs)
-    sims = {name: _simulate(cfg, mode, work, timeline and name == "predicted") for name, cfg in cfgs.items()}
-    errs = {name: errors(stats, run) for name, (run, _, _) in sims.items()}
-    pred_run, pred_log, pred_trace = sims["predicted"]
+    sims = {name: [_simulate(cfg, mode, work, timeline and name == "predicted" and i == 0) for i, cfg in enumerate(runs)]
+            for name, runs in cfgs.items()}  # per run of the runtime, its own simulation
+    errs = {name: errors(stats, [run for run, _, _ in runs]) for name, runs in sims.items()}
+    pred_run, pred_log, pred_trace = sims["predicted"][0]  # beside the runtime's first run
     logs = [[Decision(**d) for d in r.pop("decisions")] for r in real_runs]
     out = {
         "runtime": stats, "errors": errs, "speed": speeds,
         "causes": causes(errs["predicted"], errs["replayed"], speeds),
-        "decisions": compare_decisions(logs, pred_log), "sim_wall_s": pred_run["wall_s"],
+        "decisions": compare_decisions(logs, [log for _, log, _ in sims["predicted"]]), "sim_wall_s": pred_run["wall_s"],
         "runtime_model_time": [r["model_time"] for r in real_runs], "runtime_steps": [r["steps"] for r in real_runs],
         "decision_logs": {"sim": [asdict(d) for d in pred_log], "runtime": [[asdict(d) for d in log] for log in logs]},
-        "ttft_samples": {"sim": pred_run.get("ttft_samples_s", []),
+        "ttft_samples": {"sim": [x for run, _, _ in sims["predicted"] for x in run.get("ttft_samples_s", [])],
                          "runtime": [r.get("ttft_samples_s", []) for r in real_runs]},
         # per request, the hit tokens placement fixed (the decision's may be fewer or more)
         "placed_hits": {"sim": pred_run.get("placed_hits", {}), "runtime": [r.pop("placed_hits", {}) for r in real_runs]},

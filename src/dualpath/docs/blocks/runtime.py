@@ -9,7 +9,7 @@ from ..results import Node, Results
 
 # held-out workloads: no part of the `local` preset was developed on them (docs/results.md, fidelity);
 # the agents workload's first run and its rerun (the same command, no code changed between them)
-FIDELITY_RUNS = {"fidelity/heldout_agents_18k.json": "", "fidelity/heldout_mooncake_900s.json": ""}
+FIDELITY_RUNS = {"fidelity/heldout_agents_22k.json": "", "fidelity/heldout_mooncake_400s.json": ""}
 
 
 def _plan(r: Node) -> str:
@@ -99,12 +99,12 @@ HOLDS = ("met", "within noise")  # fidelity/compare.py: the verdicts under which
 
 
 def _cell(errs: Node, stats: Node, name: str) -> str:
-    """The predicted error with its verdict, the replayed error, the runtime mean's noise and its
-    runs' spread."""
+    """The predicted error, its noise and verdict; the replayed error; the runtime runs' spread."""
     e = errs["predicted"][name]
     verdict = e["verdict"] if e["verdict"] in HOLDS else f"**{e['verdict']}**"
-    return (f"{pct(e['rel_error'])} {verdict} (replayed {pct(errs['replayed'][name]['rel_error'])}; "
-            f"noise {pct(stats[name]['noise'], 1, False)}, spread {pct(stats[name]['spread'], 1, False)})")
+    noise = "?" if e["noise"] is None else pct(e["noise"], 1, False)  # null: one run, its noise unknown
+    return (f"{pct(e['rel_error'])} ± {noise} {verdict} (replayed "
+            f"{pct(errs['replayed'][name]['rel_error'])}; runs' spread {pct(stats[name]['spread'], 1, False)})")
 
 
 def _drifts(drift: list) -> str:
@@ -125,7 +125,7 @@ def _speeds(mode: Node) -> str:
 @block("fidelity", reads=tuple(FIDELITY_RUNS),
        command=("dualpath fidelity --workload W --calibrate-on C [--calibrate-on C ...] --repeat R "
                 "--json docs/results/fidelity/heldout_F.json --plot docs/results/fidelity/heldout_F.png "
-                "(W, C and R per row below; F: agents_18k, mooncake_900s)"))
+                "(W, C and R per row below; F: agents_22k, mooncake_400s)"))
 def fidelity(r: Results) -> str:
     rows, held, unresolved, missed = [], 0, [], []
     for rel in FIDELITY_RUNS:
@@ -150,7 +150,7 @@ def fidelity(r: Results) -> str:
                          f"{pct(errs['predicted']['de_path_bytes']['rel_error'])}", _speeds(mode)])
     total = held + len(unresolved) + len(missed)
     text = (f"{held} of {total} goals hold on the prediction"
-            + (f"; not resolved (within the goal, but the runtime's mean is uncertain by more than it): "
+            + (f"; not resolved (within the goal, but uncertain by more than it): "
                f"{'; '.join(unresolved)}" if unresolved else "")
             + (f"; missed: {'; '.join(missed)}." if missed else "."))
     return (table(["workload, mode", "calibrated on", "runs", *GOAL_LABELS.values(), "bytes PE / DE path",

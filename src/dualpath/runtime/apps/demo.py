@@ -196,11 +196,13 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    on_turn: Callable[[str, int, int, Mapping[str, int]], None] | None = None,
                    num_agents: int = DEMO_AGENTS, rounds: int | None = None, device: str = "cpu",
                    plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False,
-                   tp: TensorParallelConfig | None = None, record_timeline: bool = False) -> dict:
+                   tp: TensorParallelConfig | None = None, record_timeline: bool = False,
+                   between_modes: Callable[[], None] | None = None) -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
     `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates.
-    `record_timeline`: each run's "timeline" is its Chrome trace (`runtime_trace`)."""
+    `record_timeline`: each run's "timeline" is its Chrome trace (`runtime_trace`).
+    `between_modes`: called after each mode's run but the last, the cluster idle (fidelity's drift check)."""
     if plan is None:
         cal, kv_bytes, bt = calibrate_for(model, device)
         plan = plan_demo(cal, kv_bytes, bt, num_agents, rounds, snic_bytes_per_s)
@@ -217,6 +219,8 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
         cpu_note = cluster.cpu_plan.note
         for i, mode in enumerate(modes):
             if i:
+                if between_modes is not None:
+                    between_modes()
                 await cluster.switch_mode(mode)
             cb = None if on_turn is None else (lambda n, snic, m=mode: on_turn(m, n, total, snic))
             runs.append(await run_workload(cluster, trajectories, cb, cold=bool(cold_rounds), record_decisions=record_decisions))
