@@ -1,16 +1,27 @@
-"""transport/mooncake.py: two Mooncake Transfer Engines in one process over loopback TCP. The bytes of
-a span list land where the pieces say and nowhere else; a peer that is not there, or an address
-outside what it registered, is a clear error; without the package, one InputError saying what to
-install. Tests that need the engine skip where it does not load (the default install lacks it)."""
+"""transport/mooncake.py and engine/peers.py's MooncakePeers: two Mooncake Transfer Engines in one
+process over loopback TCP. The bytes of a span list land where the pieces say and nowhere else, and
+a peer's message comes after them; a peer that is not there, or an address outside what it
+registered, is a clear error (counted by the peers, who go on); without the package, one InputError
+saying what to install. Tests that need the engine skip where it does not load (the default
+install lacks it)."""
 
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 import pytest
 
+from dualpath.config import RuntimeConfig
+from dualpath.config.overrides import apply_overrides
+from dualpath.core.lanes import LaneWeights
 from dualpath.errors import InputError
+from dualpath.runtime.clock import MonotonicClock
+from dualpath.runtime.engine.peers import MooncakePeers, RemotePeers, peers_for
+from dualpath.runtime.transport import LinkArbiter, ShmRegion
+from dualpath.runtime.transport.integrity import bad_pieces
+from dualpath.runtime.transport.messages import Stop
 from dualpath.runtime.transport.mooncake import (INSTALL_HINT, MooncakeAddress, MooncakeTransfer, MooncakeWriteError,
                                                  address_of, engine_class, kv_lane_env)
 
@@ -94,3 +105,84 @@ def test_addresses_round_trip_and_a_missing_one_is_named():
 
 def test_the_kv_lane_is_the_low_priority_service_level_and_traffic_class():
     assert kv_lane_env(2) == {"MC_IB_SL": "2", "MC_IB_TC": "32"}  # DSCP CS1 (8) << 2
+
+
+class _Engine:
+    """What MooncakePeers asks of an engine: an arbiter, and mail to a peer's control endpoint
+    (a dict of fake engines here), which records what had landed when each message came."""
+
+    def __init__(self, post: dict, name: str, landing: np.ndarray | None = None) -> None:
+        self.arbiter = LinkArbiter(f"cnic-{name}", None, LaneWeights(), MonotonicClock())
+        self.inbox: list = []
+        self.landed_at_message: list[bytes] = []
+        self.got = threading.Event()
+        self.mail, self._post, self.landing = self, post, landing
+        post[name] = self
+
+    def send(self, endpoint: str, msg) -> None:
+        self._post[endpoint].receive(msg)
+
+    def receive(self, msg) -> None:
+        self.landed_at_message.append(bytes(self.landing) if self.landing is not None else b"")
+        self.inbox.append(msg)
+        self.got.set()
+
+
+@needs_mooncake
+def test_mooncake_peers_land_the_bytes_then_the_reply_and_a_vanished_peer_costs_nothing():
+    post: dict = {}
+    landing = np.zeros(65536, dtype=np.uint8)
+    sender, receiver = _Engine(post, "a"), _Engine(post, "b", landing)
+    a, b = MooncakePeers(sender, MooncakeTransfer.start()), MooncakePeers(receiver, MooncakeTransfer.start())
+    try:
+        b.expose("landing", landing)
+        src = np.random.default_rng(2).integers(0, 256, 65536, dtype=np.uint8)
+        done, sent = threading.Event(), []
+
+        def on_sent(sums):
+            sent.append(sums)
+            done.set()
+
+        # many arbiter chunks (8 KiB each): every one a batch write of its pieces
+        spans = [(0, 20000), (30000, 20000)]
+        sums = a.write("b", b.data_endpoint, src, spans, ShmRegion("landing", 4096, 61440), [(0, 40000)], on_sent,
+                       reply=lambda s: Stop(f"{len(s)} sums"))
+        assert done.wait(10) and receiver.got.wait(10)
+        assert receiver.inbox == [Stop(f"{len(sums)} sums")] and sent == [sums]
+        want = bytes(src[:20000]) + bytes(src[30000:50000])
+        assert bytes(landing[4096:44096]) == want and not landing[:4096].any() and not landing[44096:].any()
+        assert receiver.landed_at_message[0] == bytes(landing)  # the message came after every byte
+        assert bad_pieces(landing, sums, base_bytes=4096) == []  # the sums are of what landed
+        assert a.sent_bytes() == 40000 and a.failures == 0
+
+        b.close()  # the peer unregisters its memory (as a gone peer): the write is refused, counted, books go on
+        again = threading.Event()
+        a.write("b", b.data_endpoint, src, [(0, 1024)], ShmRegion("landing", 0, 1024), [(0, 1024)],
+                lambda s: again.set(), reply=lambda s: Stop("never"))
+        assert again.wait(10) and a.failures == 1 and len(receiver.inbox) == 1
+        gone = threading.Event()  # a peer that never existed: the same
+        a.write("b", MooncakeAddress("127.0.0.1:1", {"x": (1 << 20, 8)}).to_text(), src, [(0, 8)], ShmRegion("x", 0, 8),
+                [(0, 8)], lambda s: gone.set())
+        assert gone.wait(10) and a.failures == 2
+        with pytest.raises(ValueError, match="needs the peer's address"):  # a peer of the other transfer
+            a.write("b", "", src, [(0, 8)], ShmRegion("x", 0, 8), [(0, 8)], lambda s: None)
+    finally:
+        a.close()
+        sender.arbiter.close()
+        receiver.arbiter.close()
+
+
+@needs_mooncake
+def test_peers_for_chooses_mooncake_by_the_transfer_and_our_writes_otherwise():
+    post: dict = {}
+    eng = _Engine(post, "e")
+    cfg = apply_overrides(RuntimeConfig(model="tiny"), ["transport.kind=tcp", "transport.transfer=mooncake"])
+    peers = peers_for(eng, True, None, "127.0.0.1", 0, 0, cfg.transport)
+    ours = peers_for(eng, True, None, "127.0.0.1", 0, 0, apply_overrides(cfg, ["transport.transfer=remote-write"]).transport)
+    try:
+        assert isinstance(peers, MooncakePeers) and isinstance(ours, RemotePeers)
+        assert MooncakeAddress.from_text(peers.data_endpoint).session == peers.transfer.session
+    finally:
+        peers.close()
+        ours.close()
+        eng.arbiter.close()

@@ -16,7 +16,7 @@ here every engine process owns one Mooncake `TransferEngine`:
 3. `address()`: a `MooncakeAddress` (session and each segment's base address and size), as JSON
    text in the messages that already carry a peer's data endpoint (Hello, `PrefillAssign.de_data`,
    `LayerPull.reply_data`).
-4. `write(peer, pieces)`: pieces of (source address, destination segment, offset, nbytes) into the
+4. `write(peer, pieces)` (or `MooncakeSpanWrite`, a span copy's `do_chunk` for a LinkArbiter): pieces of (source address, destination segment, offset, nbytes) into the
    peer's segments, one batch, synchronous. When it returns the bytes are in the peer's memory (the
    peer acknowledges each write after placing it), so a message sent afterwards on any channel
    cannot overtake them. A non-zero return raises `MooncakeWriteError` (an OSError: the peer is
@@ -28,6 +28,7 @@ Over TCP any local source address will do; with RDMA the source must lie in regi
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from dataclasses import dataclass
@@ -37,7 +38,10 @@ import numpy as np
 
 from ...core.lanes import Lane
 from ...errors import InputError
+from .remote_write.initiator import byte_view
+from .shm import ShmRegion
 from .tcp import lane_socket_options
+from .transfer import SpanCopy
 
 INSTALL_HINT = ("pip install 'dualpath[mooncake]' (mooncake-transfer-engine-non-cuda) and its system libraries: "
                 "apt-get install libibverbs1 librdmacm1 libnuma1")
@@ -116,6 +120,7 @@ class MooncakeTransfer:
         self.session = f"[{host}]:{engine.get_rpc_port()}" if ":" in host else f"{host}:{engine.get_rpc_port()}"
         self._segments: dict[str, tuple[int, int]] = {}
         self._arrays: list[np.ndarray] = []  # registered memory stays alive while registered
+        self.sent_bytes = 0  # payload bytes that landed in peers
 
     @classmethod
     def start(cls, host: str = "127.0.0.1", protocol: str = "tcp", devices: str = "",
@@ -162,12 +167,49 @@ class MooncakeTransfer:
         if rc != 0:
             raise MooncakeWriteError(f"Mooncake write of {sum(lengths)} bytes in {len(lengths)} pieces to "
                                      f"{peer.session} failed (returned {rc}: the peer is gone or refused the addresses)")
+        self.sent_bytes += sum(lengths)  # one writer: the link's arbiter thread
 
     def close(self) -> None:
         for name, (base, _) in list(self._segments.items()):
             self._engine.unregister_memory(base)
             del self._segments[name]
         self._arrays = []
+
+
+class MooncakeSpanWrite:
+    """The `do_chunk` that writes `src_spans` of `src` to `dst_spans` of the peer's region `dst`
+    through Mooncake (RemoteSpanWrite's counterpart): the two span lists cut into aligned pieces by
+    SpanCopy, so integrity.piece_sums works on it, and `__call__(offset, n)` writes the pieces
+    overlapping that chunk of the logical stream in one batch, so a `LinkArbiter` interleaves lanes
+    between chunks as it does for a local copy. Every destination span lies in [0, dst.nbytes)."""
+
+    def __init__(self, transfer: MooncakeTransfer, peer: MooncakeAddress, src: np.ndarray,
+                 src_spans: list[tuple[int, int]], dst: ShmRegion, dst_spans: list[tuple[int, int]]) -> None:
+        for off, n in dst_spans:
+            if off < 0 or n < 0 or off + n > dst.nbytes:
+                raise ValueError(f"destination span [{off}, {off + n}) outside the region of {dst.nbytes} bytes")
+        cut = SpanCopy(src, src_spans, None, dst_spans)  # only its piece cutting: dst is in the peer
+        self.transfer, self.peer, self.src, self.dst = transfer, peer, src, dst
+        self.nbytes, self.pieces = cut.nbytes, cut.pieces  # (logical start, src offset, dst offset in dst, nbytes)
+        self._starts = [p[0] for p in self.pieces]
+        view = byte_view(src)  # refuses a non-contiguous source
+        if any(so < 0 or so + n > view.nbytes for _, so, _, n in self.pieces):
+            raise ValueError("a source span lies outside the source array")
+        self._src_address = address_of(np.frombuffer(view, dtype=np.uint8)) if view.nbytes else 0
+
+    def __call__(self, offset_bytes: int, nbytes: int) -> None:
+        if offset_bytes < 0 or nbytes < 0 or offset_bytes + nbytes > self.nbytes:
+            raise ValueError(f"bytes [{offset_bytes}, {offset_bytes + nbytes}) outside a write of {self.nbytes}")
+        end, base = offset_bytes + nbytes, self.dst.offset_bytes
+        out: list[Piece] = []
+        k = max(0, bisect.bisect_right(self._starts, offset_bytes) - 1)
+        while k < len(self.pieces) and self._starts[k] < end:
+            start, so, do, n = self.pieces[k]
+            lo, hi = max(offset_bytes, start) - start, min(end, start + n) - start
+            if hi > lo:
+                out.append((self._src_address + so + lo, self.dst.segment, base + do + lo, hi - lo))
+            k += 1
+        self.transfer.write(self.peer, out)
 
 
 def _segment(peer: MooncakeAddress, name: str) -> tuple[int, int]:
