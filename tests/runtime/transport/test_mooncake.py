@@ -23,18 +23,11 @@ from dualpath.runtime.transport import LinkArbiter, ShmRegion
 from dualpath.runtime.transport.integrity import bad_pieces
 from dualpath.runtime.transport.messages import Stop
 from dualpath.runtime.transport.mooncake import (INSTALL_HINT, MooncakeAddress, MooncakeTransfer, MooncakeWriteError,
-                                                 address_of, engine_class, kv_lane_env)
+                                                 address_of, engine_class, kv_lane_env,
+                                                 mooncake_loads)
 
 
-def _loads() -> bool:
-    try:
-        engine_class()
-    except InputError:
-        return False
-    return True
-
-
-needs_mooncake = pytest.mark.skipif(not _loads(), reason="Mooncake Transfer Engine does not load: pip install "
+needs_mooncake = pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load: pip install "
                                     "'dualpath[mooncake]' and apt-get install libibverbs1 librdmacm1 libnuma1")
 
 

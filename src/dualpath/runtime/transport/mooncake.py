@@ -61,6 +61,15 @@ def engine_class() -> Any:
     return TransferEngine
 
 
+def mooncake_loads() -> bool:
+    """Whether Mooncake's binding loads here (tests that need it skip otherwise)."""
+    try:
+        engine_class()
+    except InputError:
+        return False
+    return True
+
+
 def require_mooncake() -> None:
     """One clear error before any engine starts, not a traceback in each (as require_device)."""
     engine_class()
