@@ -7,6 +7,7 @@ install lacks it)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 
@@ -18,6 +19,7 @@ from dualpath.config.overrides import apply_overrides
 from dualpath.core.lanes import LaneWeights
 from dualpath.errors import InputError
 from dualpath.runtime.clock import MonotonicClock
+from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.engine.peers import MooncakePeers, RemotePeers, peers_for
 from dualpath.runtime.transport import LinkArbiter, ShmRegion
 from dualpath.runtime.transport.integrity import bad_pieces
@@ -179,3 +181,10 @@ def test_peers_for_chooses_mooncake_by_the_transfer_and_our_writes_otherwise():
         peers.close()
         ours.close()
         eng.arbiter.close()
+
+
+def test_a_cluster_with_the_kv_through_mooncake_refuses_to_start_where_it_does_not_load(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)
+    cfg = apply_overrides(RuntimeConfig(model="tiny"), ["transport.kind=tcp", "transport.transfer=mooncake"])
+    with pytest.raises(InputError, match=r"pip install 'dualpath\[mooncake\]'"):
+        asyncio.run(LocalCluster(cfg).start())  # before any engine, store or router exists
