@@ -24,6 +24,9 @@ here every engine process owns one Mooncake `TransferEngine`:
 5. `close()`: unregister the segments (the engine itself goes with the process).
 
 Over TCP any local source address will do; with RDMA the source must lie in registered memory too.
+Unlike our `WriteTarget`, Mooncake authenticates no peer, and its handshake and TCP data ports
+listen on every interface (0.0.0.0) whatever host `start` is given: a deployment keeps them on the
+cluster's own network.
 """
 
 from __future__ import annotations
