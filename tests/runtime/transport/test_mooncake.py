@@ -24,8 +24,8 @@ from dualpath.runtime.engine.peers import MooncakePeers, RemotePeers, peers_for
 from dualpath.runtime.transport import LinkArbiter, ShmRegion
 from dualpath.runtime.transport.integrity import bad_pieces
 from dualpath.runtime.transport.messages import Stop
-from dualpath.runtime.transport.mooncake import (INSTALL_HINT, MooncakeAddress, MooncakeTransfer, MooncakeWriteError,
-                                                 address_of, engine_class, kv_lane_env,
+from dualpath.runtime.transport.mooncake import (INSTALL_HINT, MooncakeAddress, MooncakeSpanWrite, MooncakeTransfer,
+                                                 MooncakeWriteError, address_of, engine_class, kv_lane_env,
                                                  mooncake_loads)
 
 
@@ -78,6 +78,40 @@ def test_an_absent_peer_a_foreign_address_and_an_unknown_segment_are_clear_error
         a.write(b.address(), [(address_of(src), "dst", 60, 8)])
     a.write(b.address(), [(address_of(src), "dst", 0, 64)])  # the engine still works after the refusals
     assert bytes(dst) == bytes(src)
+
+
+@needs_mooncake
+def test_a_source_outside_registered_memory_goes_through_the_staging_buffer_where_rdma_needs_it(pair, monkeypatch):
+    a, b = pair
+    landing = np.zeros(200000, dtype=np.uint8)
+    b.register("staged", landing)
+    own = np.zeros(4096, dtype=np.uint8)
+    a.register("own", own)
+    src = np.random.default_rng(3).integers(0, 256, 100000, dtype=np.uint8)  # registered nowhere
+    seen: list[tuple[int, int]] = []  # (source address, nbytes) of every piece Mooncake was given
+    stages: list[tuple[int, int]] = []  # the staging buffer's (address, nbytes) at each write
+    write = a.write
+
+    def spy(peer, pieces):
+        seen.extend((p[0], p[3]) for p in pieces)
+        stages.extend([(address_of(a._stage), a._stage.nbytes) if a._stage is not None else (0, 0)] * len(pieces))
+        write(peer, pieces)
+
+    monkeypatch.setattr(a, "write", spy)
+    monkeypatch.setattr(a, "stages_sources", True)  # as with protocol rdma (over TCP here)
+    job = MooncakeSpanWrite(a, b.address(), src, [(0, 30000), (50000, 50000)], ShmRegion("staged", 100, 90000),
+                            [(0, 80000)])
+    for offset in range(0, job.nbytes, 8192):  # as the arbiter's 8 KiB chunks
+        job(offset, min(8192, job.nbytes - offset))
+    job(0, job.nbytes)  # one chunk larger than the staging buffer: it grows
+    assert bytes(landing[100:80100]) == bytes(src[:30000]) + bytes(src[50000:]) and not landing[80100:].any()
+    assert not landing[:100].any() and seen and all(a.owns(addr, n) is False for addr, n in seen)
+    assert all(base <= addr and addr + n <= base + size for (addr, n), (base, size) in zip(seen, stages))
+    assert stages[0][1] < 80000 <= stages[-1][1]  # grown for the whole-transfer chunk
+    seen.clear()  # a source in registered memory is written from where it is
+    own[:] = 9
+    MooncakeSpanWrite(a, b.address(), own, [(0, 4096)], ShmRegion("staged", 0, 4096), [(0, 4096)])(0, 4096)
+    assert seen == [(address_of(own), 4096)] and (landing[:4096] == 9).all()
 
 
 def test_without_the_package_one_input_error_names_what_to_install(monkeypatch):

@@ -23,7 +23,8 @@ here every engine process owns one Mooncake `TransferEngine`:
    gone or refused, as a broken connection of ours). The binding releases the GIL meanwhile.
 5. `close()`: unregister the segments (the engine itself goes with the process).
 
-Over TCP any local source address will do; with RDMA the source must lie in registered memory too.
+Over TCP any local source address will do; with RDMA the source must lie in registered memory too,
+so a `MooncakeSpanWrite` from anywhere else goes through a registered staging buffer (`write_staged`).
 Unlike our `WriteTarget`, Mooncake authenticates no peer, and its handshake and TCP data ports
 listen on every interface (0.0.0.0) whatever host `start` is given: a deployment keeps them on the
 cluster's own network.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -50,6 +52,9 @@ INSTALL_HINT = ("pip install 'dualpath[mooncake]' (mooncake-transfer-engine-non-
                 "apt-get install libibverbs1 librdmacm1 libnuma1")
 # P2P handshake: each engine answers handshakes on its own RPC port; no etcd or metadata server
 P2P_HANDSHAKE = "P2PHANDSHAKE"
+# The staging buffer's least size: the arbiter's default chunk (LinkConfig.chunk_bytes, 8 KiB) x 8, so
+# a chunk never grows it, and a larger chunk (an uncapped link's whole transfer) grows it once
+STAGE_MIN_BYTES = 64 * 1024
 
 
 def engine_class() -> Any:
@@ -127,12 +132,17 @@ Piece = tuple[int, str, int, int]
 class MooncakeTransfer:
     """One Mooncake TransferEngine of this process and the segments it registered."""
 
-    def __init__(self, engine: Any, host: str) -> None:
+    def __init__(self, engine: Any, host: str, protocol: str = "tcp") -> None:
         self._engine = engine
         self.session = f"[{host}]:{engine.get_rpc_port()}" if ":" in host else f"{host}:{engine.get_rpc_port()}"
         self._segments: dict[str, tuple[int, int]] = {}
         self._arrays: list[np.ndarray] = []  # registered memory stays alive while registered
         self.sent_bytes = 0  # payload bytes that landed in peers
+        # RDMA reads a source through its registration key: a source outside every registered segment
+        # (a PE's per-layer KV, fresh each layer) is copied into a registered staging buffer first
+        self.stages_sources = protocol == "rdma"
+        self._stage: np.ndarray | None = None
+        self._stage_lock = threading.Lock()
 
     @classmethod
     def start(cls, host: str = "127.0.0.1", protocol: str = "tcp", devices: str = "",
@@ -146,7 +156,7 @@ class MooncakeTransfer:
         if rc != 0:
             raise InputError(f"Mooncake Transfer Engine did not start at {host} with protocol {protocol!r} and "
                              f"devices {devices or '(all found)'!r} (initialize returned {rc}; its log above says why)")
-        return cls(engine, host)
+        return cls(engine, host, protocol)
 
     def register(self, name: str, array: np.ndarray) -> None:
         """Let peers write into `array` (contiguous bytes of this process) as segment `name`."""
@@ -181,11 +191,44 @@ class MooncakeTransfer:
                                      f"{peer.session} failed (returned {rc}: the peer is gone or refused the addresses)")
         self.sent_bytes += sum(lengths)  # one writer: the link's arbiter thread
 
+    def owns(self, address: int, nbytes: int) -> bool:
+        """Whether [address, address + nbytes) lies in one segment this engine registered."""
+        return any(base <= address and address + nbytes <= base + size for base, size in self._segments.values())
+
+    def write_staged(self, peer: MooncakeAddress, pieces: Sequence[tuple[np.ndarray, str, int]]) -> None:
+        """As `write`, with each source (a uint8 array, its destination segment and offset) first
+        copied into this engine's registered staging buffer (`stages_sources`)."""
+        with self._stage_lock:  # one staging buffer: a writer at a time
+            stage = self._staging(sum(src.nbytes for src, _, _ in pieces))
+            out: list[Piece] = []
+            at, base = 0, address_of(stage)
+            for src, segment, offset_bytes in pieces:
+                stage[at:at + src.nbytes] = src
+                out.append((base + at, segment, offset_bytes, src.nbytes))
+                at += src.nbytes
+            self.write(peer, out)
+
+    def _staging(self, nbytes: int) -> np.ndarray:
+        """The registered staging buffer, grown (a new one registered) when `nbytes` do not fit."""
+        if self._stage is None or self._stage.nbytes < nbytes:
+            if self._stage is not None:
+                self._engine.unregister_memory(address_of(self._stage))
+            stage = np.empty(max(nbytes, STAGE_MIN_BYTES), dtype=np.uint8)
+            rc = self._engine.register_memory(address_of(stage), stage.nbytes)
+            if rc != 0:
+                raise MooncakeWriteError(f"Mooncake could not register a staging buffer of {stage.nbytes} bytes: returned {rc}")
+            self._stage = stage
+        return self._stage
+
     def close(self) -> None:
         for name, (base, _) in list(self._segments.items()):
             self._engine.unregister_memory(base)
             del self._segments[name]
         self._arrays = []
+        with self._stage_lock:
+            if self._stage is not None:
+                self._engine.unregister_memory(address_of(self._stage))
+                self._stage = None
 
 
 class MooncakeSpanWrite:
@@ -207,7 +250,9 @@ class MooncakeSpanWrite:
         view = byte_view(src)  # refuses a non-contiguous source
         if any(so < 0 or so + n > view.nbytes for _, so, _, n in self.pieces):
             raise ValueError("a source span lies outside the source array")
-        self._src_address = address_of(np.frombuffer(view, dtype=np.uint8)) if view.nbytes else 0
+        self._src_bytes = np.frombuffer(view, dtype=np.uint8)
+        self._src_address = address_of(self._src_bytes) if view.nbytes else 0
+        self._staged = transfer.stages_sources and not transfer.owns(self._src_address, view.nbytes)
 
     def __call__(self, offset_bytes: int, nbytes: int) -> None:
         if offset_bytes < 0 or nbytes < 0 or offset_bytes + nbytes > self.nbytes:
@@ -219,9 +264,12 @@ class MooncakeSpanWrite:
             start, so, do, n = self.pieces[k]
             lo, hi = max(offset_bytes, start) - start, min(end, start + n) - start
             if hi > lo:
-                out.append((self._src_address + so + lo, self.dst.segment, base + do + lo, hi - lo))
+                out.append((so + lo, self.dst.segment, base + do + lo, hi - lo))
             k += 1
-        self.transfer.write(self.peer, out)
+        if self._staged:
+            self.transfer.write_staged(self.peer, [(self._src_bytes[s:s + n], seg, off) for s, seg, off, n in out])
+        else:
+            self.transfer.write(self.peer, [(self._src_address + s, seg, off, n) for s, seg, off, n in out])
 
 
 def _segment(peer: MooncakeAddress, name: str) -> tuple[int, int]:
