@@ -8,6 +8,7 @@ install lacks it)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 
@@ -26,7 +27,7 @@ from dualpath.runtime.transport.integrity import bad_pieces
 from dualpath.runtime.transport.messages import Stop
 from dualpath.runtime.transport.mooncake import (INSTALL_HINT, MooncakeAddress, MooncakeSpanWrite, MooncakeTransfer,
                                                  MooncakeWriteError, address_of, engine_class, kv_lane_env,
-                                                 mooncake_loads)
+                                                 mooncake_loads, rdma_devices)
 
 
 needs_mooncake = pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load: pip install "
@@ -114,6 +115,13 @@ def test_a_source_outside_registered_memory_goes_through_the_staging_buffer_wher
     assert seen == [(address_of(own), 4096)] and (landing[:4096] == 9).all()
 
 
+@needs_mooncake
+@pytest.mark.skipif(os.path.isdir("/sys/class/infiniband"), reason="this host has RDMA devices")
+def test_rdma_without_rdma_devices_is_refused_not_quietly_tcp():
+    with pytest.raises(InputError, match="found no RDMA device"):
+        MooncakeTransfer.start(protocol="rdma")
+
+
 def test_without_the_package_one_input_error_names_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as if it were not installed: import fails
     for call in (engine_class, MooncakeTransfer.start):
@@ -130,6 +138,15 @@ def test_addresses_round_trip_and_a_missing_one_is_named():
         MooncakeAddress.from_text("")  # a peer of ours, not of Mooncake's
     with pytest.raises(ValueError, match="not a Mooncake address"):
         MooncakeAddress.from_text("127.0.0.1:5000")
+
+
+def test_the_rdma_devices_are_read_from_the_engines_topology():
+    class Engine:
+        def __init__(self, topology: str) -> None:
+            self.get_local_topology = lambda: topology
+
+    assert rdma_devices(Engine('{"cpu:0": [["mlx5_0"], ["mlx5_1"]], "cuda:0": [["mlx5_0"], []]}')) == {"mlx5_0", "mlx5_1"}
+    assert rdma_devices(Engine('{\n\t"cpu:0" : \n\t[\n\t\t[],\n\t\t[]\n\t]\n}\n')) == set()  # as 0.3.13 prints none
 
 
 def test_the_kv_lane_is_the_low_priority_service_level_and_traffic_class():

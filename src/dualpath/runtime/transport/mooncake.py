@@ -93,6 +93,13 @@ def kv_lane_env(kv_service_level: int) -> dict[str, str]:
     return {"MC_IB_SL": str(kv_service_level), "MC_IB_TC": str(lane_socket_options(Lane.KV).ip_tos)}
 
 
+def rdma_devices(engine: Any) -> set[str]:
+    """The RDMA NICs a started engine found: its topology is JSON, per CPU or GPU location a pair of
+    lists (preferred, other NICs); with none, an engine started for rdma falls back to TCP."""
+    topology = json.loads(engine.get_local_topology())
+    return {nic for lists in topology.values() for nics in lists for nic in nics}
+
+
 class MooncakeWriteError(OSError):
     """A write through Mooncake that did not land: the peer is gone, unreachable, or refused it."""
 
@@ -156,6 +163,9 @@ class MooncakeTransfer:
         if rc != 0:
             raise InputError(f"Mooncake Transfer Engine did not start at {host} with protocol {protocol!r} and "
                              f"devices {devices or '(all found)'!r} (initialize returned {rc}; its log above says why)")
+        if protocol == "rdma" and not rdma_devices(engine):  # it would move the bytes over TCP, saying so only in its log
+            raise InputError(f"transport.mooncake_protocol rdma: Mooncake found no RDMA device "
+                             f"({devices or 'any'}) on this host; use transport.mooncake_protocol tcp here")
         return cls(engine, host, protocol)
 
     def register(self, name: str, array: np.ndarray) -> None:
