@@ -154,10 +154,12 @@ class MooncakeTransfer:
     @classmethod
     def start(cls, host: str = "127.0.0.1", protocol: str = "tcp", devices: str = "",
               env: dict[str, str] | None = None) -> "MooncakeTransfer":
-        """A started engine listening at `host` (steps 1 of the module doc); `env` (kv_lane_env) is set
-        in this process's environment first, where the engine reads it."""
+        """A started engine listening at `host` (step 1 of the module doc); `env` (kv_lane_env) is set
+        in this process's environment first: the engine reads it when constructed."""
         te_class = engine_class()
         os.environ.update(env or {})
+        # its INFO lines (a dozen per engine at start, one per new peer) only when asked for: MC_LOG_LEVEL=INFO
+        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
         engine = te_class()
         rc = engine.initialize(host, P2P_HANDSHAKE, protocol, devices)
         if rc != 0:
