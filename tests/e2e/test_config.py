@@ -1,7 +1,7 @@
 import pytest
 
-from dualpath.config import (EngineTransport, FaultPolicy, ForcedSide, RuntimeConfig, SimConfig, TensorParallelConfig,
-                             paper_cluster, parse_mode, parse_pd)
+from dualpath.config import (EngineTransport, FaultPolicy, ForcedSide, KvTransfer, MooncakeProtocol, RuntimeConfig, SimConfig,
+                             TensorParallelConfig, paper_cluster, parse_mode, parse_pd)
 from dualpath.config.overrides import apply_overrides, config_from_json, config_to_json, set_fields
 from dualpath.parsing import parse_tokens
 from dualpath.errors import InputError
@@ -71,3 +71,20 @@ def test_paper_presets():
     assert qw.node.dram_buffer_bytes == 320e9
     with pytest.raises(InputError, match="does not fit"):
         paper_cluster("ds-v3.2-660b", "1P1D").kv_hbm_bytes_per_gpu(1)
+
+
+def test_the_kv_transfer_is_a_choice_of_its_own_beside_the_transport_kind():
+    c = apply_overrides(RuntimeConfig(model="tiny"), ["transport.kind=tcp", "transport.transfer=mooncake",
+                                                      "transport.mooncake_protocol=rdma",
+                                                      "transport.mooncake_devices=mlx5_0,mlx5_1", "transport.mooncake_kv_sl=3"])
+    t = c.transport
+    assert (t.kind, t.transfer, t.mooncake_protocol) == (EngineTransport.TCP, KvTransfer.MOONCAKE, MooncakeProtocol.RDMA)
+    assert (t.mooncake_devices, t.mooncake_kv_sl) == ("mlx5_0,mlx5_1", 3)
+    assert config_from_json(RuntimeConfig, config_to_json(c)) == c  # what a joining engine is sent
+    assert RuntimeConfig(model="tiny").transport.transfer is KvTransfer.REMOTE_WRITE  # the default
+    for bad, needle in [(["transport.transfer=mooncake"], "needs transport.kind tcp"),  # one host: shared memory
+                        (["transport.kind=tcp", "transport.transfer=nccl"], "transport.transfer must be one of"),
+                        (["transport.mooncake_protocol=ib"], "transport.mooncake_protocol must be one of"),
+                        (["transport.mooncake_kv_sl=16"], r"mooncake_kv_sl must be in \[0, 15\]")]:
+        with pytest.raises(InputError, match=needle):
+            apply_overrides(RuntimeConfig(model="tiny"), bad)

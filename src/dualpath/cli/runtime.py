@@ -110,6 +110,8 @@ def serve(
     engines_listen: Annotated[Optional[str], typer.Option(help="tcp://HOST:PORT: start no engines; wait for `dualpath engine`s to join here")] = None,
     token_file: Annotated[Optional[Path], typer.Option(help="shared token of the router and engines (required beyond loopback)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT (needs dualpath[cluster])")] = None,
+    transfer: Annotated[str, typer.Option(help="who moves KV between engines as across hosts: remote-write (ours) | mooncake "
+                                               "(Mooncake Transfer Engine, needs dualpath[mooncake]; engines talk over tcp)")] = "remote-write",
     tp: TpOption = 1,
     set_: SetOption = None,
 ) -> None:
@@ -129,7 +131,8 @@ def serve(
     faults = FaultConfig(policy=engine_fault_policy)
     if heartbeat_timeout_s is not None:
         faults = FaultConfig(policy=engine_fault_policy, heartbeat_timeout_s=heartbeat_timeout_s)
-    transport = TransportConfig(kind="tcp" if engines_listen or ray else "local",
+    remote = engines_listen or ray or transfer == "mooncake"  # Mooncake moves KV as across hosts, on loopback too
+    transport = TransportConfig(kind="tcp" if remote else "local", transfer=transfer,
                                 peer_token_file=None if token_file is None else str(token_file))
     cfg = RuntimeConfig(model=model, num_prefill=p, num_decode=d, mode=mode, device=device, tp=tp_config(tp),
                         links=LinkConfig(snic_bytes_per_s=None if snic_mb_s is None else snic_mb_s * 1e6),

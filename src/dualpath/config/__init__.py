@@ -16,15 +16,15 @@ from __future__ import annotations
 from ..parsing import parse_device, parse_pd
 from .features import MODE_PRESETS, Features, parse_mode
 from .runtime import (CNIC_PER_SNIC, DEMO_AGENTS, RUNTIME_BASIC_TOKENS_PER_FORWARD, EngineConfig, EngineTransport,
-                      FaultConfig, FaultPolicy, ForcedSide, KvDtype, LinkConfig, RuntimeConfig, StoreConfig,
-                      TransportConfig)
+                      FaultConfig, FaultPolicy, ForcedSide, KvDtype, KvTransfer, LinkConfig, MooncakeProtocol,
+                      RuntimeConfig, StoreConfig, TransportConfig)
 from .scheduler import SchedulerConfig
 from .sim import (MODEL_PRESETS, ClusterConfig, ComputeKnobs, MetricsConfig, SimConfig, WorkloadConfig,
                   paper_cluster)
 from .tp import TensorParallelConfig
 
 __all__ = ["CNIC_PER_SNIC", "DEMO_AGENTS", "MODEL_PRESETS", "MODE_PRESETS", "RUNTIME_BASIC_TOKENS_PER_FORWARD",
-           "ClusterConfig", "ComputeKnobs", "EngineConfig", "EngineTransport", "FaultConfig", "FaultPolicy", "Features",
-           "ForcedSide", "KvDtype", "LinkConfig", "MetricsConfig", "RuntimeConfig", "SchedulerConfig", "SimConfig",
-           "StoreConfig", "TensorParallelConfig", "TransportConfig", "WorkloadConfig", "paper_cluster", "parse_device",
-           "parse_mode", "parse_pd"]
+           "ClusterConfig", "ComputeKnobs", "EngineConfig", "EngineTransport", "FaultConfig", "FaultPolicy",
+           "Features", "ForcedSide", "KvDtype", "KvTransfer", "LinkConfig", "MetricsConfig", "MooncakeProtocol",
+           "RuntimeConfig", "SchedulerConfig", "SimConfig", "StoreConfig", "TensorParallelConfig", "TransportConfig",
+           "WorkloadConfig", "paper_cluster", "parse_device", "parse_mode", "parse_pd"]

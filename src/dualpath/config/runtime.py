@@ -26,6 +26,24 @@ class EngineTransport(enum.StrEnum):
     TCP = "tcp"  # as across hosts: tcp:// control with LC marks, remote writes for KV (engine/peers.py)
 
 
+class KvTransfer(enum.StrEnum):
+    """Who moves KV bytes between engines as across hosts (transport.kind tcp); on one host a peer's
+    shared memory is mapped. A field of its own, not a third `kind`: `kind` also decides the control
+    channel (ipc or tcp) and whether engines may join over the network, and Mooncake changes neither."""
+
+    REMOTE_WRITE = "remote-write"  # our TCP remote writes (transport/remote_write/)
+    MOONCAKE = "mooncake"  # Mooncake Transfer Engine (transport/mooncake.py; `pip install 'dualpath[mooncake]'`)
+
+
+class MooncakeProtocol(enum.StrEnum):
+    TCP = "tcp"  # any host; what the tests run
+    RDMA = "rdma"  # InfiniBand or RoCE NICs (transport.mooncake_devices names them)
+
+
+# InfiniBand service levels are 0-15 (docs/hardware.md §2.2)
+IB_SERVICE_LEVELS = 16
+
+
 class FaultPolicy(enum.StrEnum):
     RECOMPUTE = "recompute"  # migrate the request to live engines (Dynamo-style; router/recovery.py)
     FAIL = "fail"  # end its stream with an error (HTTP 503)
@@ -137,13 +155,30 @@ class StoreConfig:
 @dataclass(frozen=True, slots=True)
 class TransportConfig:
     """Between engines. `tcp`: the token in `peer_token_file` authenticates every peer, required
-    beyond loopback (transport/peer_auth.py, remote_write/wire.py)."""
+    beyond loopback (transport/peer_auth.py, remote_write/wire.py). `transfer` mooncake: the KV
+    bytes through Mooncake Transfer Engine instead (transport/mooncake.py; the token still guards
+    the control channel, Mooncake's own data plane has no authentication)."""
 
     kind: EngineTransport = EngineTransport.LOCAL
     peer_token_file: str | None = None
+    # Across hosts, who writes the KV bytes into a peer's memory: our TCP remote writes, or Mooncake
+    # Transfer Engine (needs kind tcp for its control channel; refused at start without the package).
+    transfer: KvTransfer = KvTransfer.REMOTE_WRITE
+    mooncake_protocol: MooncakeProtocol = MooncakeProtocol.TCP  # transfer mooncake: rdma where the NICs have it
+    mooncake_devices: str = ""  # transfer mooncake, rdma: NICs to use, comma-separated (mlx5_0,mlx5_1); "": all found
+    # transfer mooncake, rdma: the service level of the KV lane's queue pairs (MC_IB_SL). docs/paper.md §2.3
+    # puts KV on VL2, the one VL weighted only in the low arbiter table; the paper gives no SL -> VL table,
+    # and OpenSM's default (`sl2vl 0..14,7`, docs/hardware.md §2.2) maps SL 2 to VL2.
+    mooncake_kv_sl: int = 2
 
     def __post_init__(self) -> None:
         _set(self, "kind", choice(EngineTransport, self.kind, "transport.kind"))
+        _set(self, "transfer", choice(KvTransfer, self.transfer, "transport.transfer"))
+        _set(self, "mooncake_protocol", choice(MooncakeProtocol, self.mooncake_protocol, "transport.mooncake_protocol"))
+        if self.transfer is KvTransfer.MOONCAKE and self.kind is not EngineTransport.TCP:
+            raise InputError("transport.transfer mooncake moves KV between hosts: it needs transport.kind tcp")
+        if not 0 <= self.mooncake_kv_sl < IB_SERVICE_LEVELS:
+            raise InputError(f"transport.mooncake_kv_sl must be in [0, {IB_SERVICE_LEVELS - 1}], got {self.mooncake_kv_sl}")
 
 
 @dataclass(frozen=True, slots=True)

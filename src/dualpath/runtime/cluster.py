@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import RuntimeConfig
+from ..config import KvTransfer, RuntimeConfig
 from ..config.overrides import config_to_json
 from ..core.blocks import BlockLayout
 from ..errors import InputError
@@ -43,6 +43,7 @@ from .store import BlockStore
 from .store.remote import RemoteStore, store_for
 from .transport.channel import Outbox, ipc_endpoint
 from .transport.messages import Stop
+from .transport.mooncake import require_mooncake
 from .transport.shm import HostBuffer
 
 
@@ -96,6 +97,8 @@ class LocalCluster:
     async def start(self) -> None:
         cfg = self.cfg
         require_device(cfg.device)  # one clear error here, not a traceback in every engine
+        if cfg.transport.transfer is KvTransfer.MOONCAKE:
+            require_mooncake()  # the same for the KV data plane's package
         self._tmp = tempfile.mkdtemp(prefix="dp-")
         if cfg.store.location:
             self._store_root = cfg.store.location

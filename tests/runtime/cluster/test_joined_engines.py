@@ -10,7 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dualpath.config import EngineConfig, RuntimeConfig, TransportConfig
+from dualpath.runtime.transport.mooncake import MooncakeAddress, mooncake_loads
 from test_kv_paths import DEVICE, cluster_conversation, reference_conversation
 
 
@@ -70,3 +73,30 @@ def test_bad_engine_arguments_are_one_line_errors():
                          (("--role", "decode", "--router", "tcp://10.9.9.9:1"), "needs a shared token")):
         p = cli_here("engine", *args)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+@pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load: pip install "
+                    "'dualpath[mooncake]' and apt-get install libibverbs1 librdmacm1 libnuma1")
+def test_joined_engines_move_the_kv_through_mooncake_when_the_router_says_so(tmp_path):
+    """transport.transfer comes with the cluster's config in the Welcome: each joined engine starts its
+    own Mooncake engine and reports its address in its Hello; the tokens are the recompute's."""
+    token = tmp_path / "token"
+    token.write_text("the cluster's secret\n")
+    cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side="decode",
+                        engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
+                        transport=TransportConfig(kind="tcp", peer_token_file=str(token), transfer="mooncake"), device=DEVICE)
+    engines: list[subprocess.Popen] = []
+    data: list[str] = []
+    try:
+        outs, _, summary = asyncio.run(cluster_conversation(
+            cfg, data_endpoints=data, engines_listen="tcp://127.0.0.1:0",
+            on_router_ready=lambda router: engines.extend(_engine(router, role, token) for role in ("prefill", "decode"))))
+        assert outs == reference_conversation("tiny")
+        assert summary["bytes"]["remote_writes"] > 0 and summary["bytes"]["storage_via_decode"] > 0
+        assert sorted(len(MooncakeAddress.from_text(d).segments) for d in data) == [1, 2]  # DE: buffer; PE: + landing
+        ended = [(p, *p.communicate(timeout=60)) for p in engines]  # the cluster's Stop ended them cleanly
+        assert all(p.returncode == 0 and "joined " in out for p, out, _ in ended), [err[-2000:] for _, _, err in ended]
+    finally:
+        for p in engines:
+            if p.poll() is None:
+                p.kill()

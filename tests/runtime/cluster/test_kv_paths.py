@@ -12,6 +12,7 @@ from dualpath.config import EngineConfig, RuntimeConfig, TransportConfig
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from dualpath.runtime.model import load_model
+from dualpath.runtime.transport.mooncake import MooncakeAddress, mooncake_loads
 from persist_wait import wait_chain_stored
 
 # The engines' device; the reference always recomputes on the CPU. tools/gpu_check.sh sets `cuda`.
@@ -45,12 +46,14 @@ def reference_conversation(model_name: str, turns: list[list[int]] = TURNS, gen:
 
 
 async def cluster_conversation(cfg: RuntimeConfig, endpoints: list | None = None, logprobs: list | None = None,
-                               **cluster_kw) -> tuple[list[list[int]], list[int], dict]:
+                               data_endpoints: list | None = None, **cluster_kw) -> tuple[list[list[int]], list[int], dict]:
     """(tokens per turn, cached tokens per turn, the router's summary); `logprobs` gets each
-    token's log-probability as the cluster reported it."""
+    token's log-probability as the cluster reported it; `data_endpoints` where peers write to each engine."""
     async with LocalCluster(cfg, start_timeout_s=180, **cluster_kw) as c:
         if endpoints is not None:
             endpoints.extend([c.router.endpoint, *(e.endpoint for e in c.router.engines.values())])
+        if data_endpoints is not None:
+            data_endpoints.extend(e.data_endpoint for e in c.router.engines.values())
         context: list[int] = []
         outs, cached = [], []
         for i, append in enumerate(TURNS):
@@ -108,22 +111,34 @@ def test_tokens_identical_on_every_path_and_to_recompute(reference_logprobs, mod
         assert read["storage_to_prefill"] > 0 and read["storage_via_decode"] == 0
 
 
-@pytest.mark.parametrize("side", ["decode", "prefill"])
-def test_engines_talking_as_across_hosts_give_the_same_tokens(reference, tmp_path, side):
+_NEEDS_MOONCAKE = pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load: pip install "
+                                     "'dualpath[mooncake]' and apt-get install libibverbs1 librdmacm1 libnuma1")
+
+
+@pytest.mark.parametrize("side,transfer", [
+    ("decode", "remote-write"), ("prefill", "remote-write"),
+    *(pytest.param(side, "mooncake", marks=_NEEDS_MOONCAKE) for side in ("decode", "prefill")),
+])
+def test_engines_talking_as_across_hosts_give_the_same_tokens(reference, tmp_path, side, transfer):
     """transport.kind tcp: the engines and the router talk over tcp:// (loopback), CURVE-
     authenticated with a shared token (transport/peer_auth.py), and every KV byte between engines
     is a remote write over TCP (engine/peers.py), each engine mapping only its own memory, as on
     separate hosts. The tokens are the recompute's, and the bytes written into peers are exactly
     each turn's prompt KV: the PD transfer of the new tokens plus the hit (sent by the PE on the PE
-    path; streamed by the DE into the PE's landing zone, layer by layer, on the DE path)."""
+    path; streamed by the DE into the PE's landing zone, layer by layer, on the DE path). The same
+    with the KV bytes through Mooncake Transfer Engine (transport.transfer mooncake, TCP here)."""
     token = tmp_path / "token"
     token.write_text("a deployment's shared secret\n")
     cfg = RuntimeConfig(model="tiny", mode="dualpath", force_read_side=side,
                         engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096),
-                        transport=TransportConfig(kind="tcp", peer_token_file=str(token)), device=DEVICE)
+                        transport=TransportConfig(kind="tcp", peer_token_file=str(token), transfer=transfer), device=DEVICE)
     endpoints: list[str] = []
-    outs, cached, summary = asyncio.run(cluster_conversation(cfg, endpoints))
+    data: list[str] = []
+    outs, cached, summary = asyncio.run(cluster_conversation(cfg, endpoints, data_endpoints=data))
     assert all(ep.startswith("tcp://127.0.0.1:") for ep in endpoints) and len(set(endpoints)) == 3
+    # where peers write: a WriteTarget's HOST:PORT, or a Mooncake address (its session and segments)
+    assert all(MooncakeAddress.from_text(d).session.startswith("127.0.0.1:") if transfer == "mooncake"
+               else d.startswith("127.0.0.1:") for d in data) and len(set(data)) == 2
     assert outs == reference
     prompts, context = [], 0
     for append, out in zip(TURNS, reference):

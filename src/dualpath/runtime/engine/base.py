@@ -122,7 +122,8 @@ class EngineBase:
         pe = spec.role == EngineRole.PREFILL  # the timeline's tracks: the engine's index within its role
         self.track, self.cnic_track = engine_tracks(pe, spec.engine - (0 if pe else cfg.num_prefill))
         self.peers = peers_for(self, cfg.transport.kind == "tcp", self.token,  # at the host its inbox bound
-                                urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation)
+                                urlsplit(spec.endpoint).hostname or "127.0.0.1", spec.engine, spec.incarnation,
+                                cfg.transport)
         self.peers.expose(spec.segments[self.node][0], self.buffers[self.node])
         p = cfg.faults.kv_corrupt_probability
         self.flipper = FlipInjector(p, f"{cfg.seed}:{spec.engine}") if p > 0 else None

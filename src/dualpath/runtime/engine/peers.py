@@ -14,9 +14,14 @@ bytes when the message comes, so the message must not overtake them.
   rides the same KV-lane connection as an immediate after the writes (RDMA WRITE_WITH_IMM), and
   the receiver's target hands it to its own inbox: it cannot arrive before the bytes.
 
+- Across hosts through Mooncake Transfer Engine (`transport.transfer` mooncake, transport/mooncake.py):
+  every engine registers its segments with its own Mooncake engine and publishes their addresses as
+  its data endpoint, carried the same way; a batch write returns once the bytes are in the peer's
+  memory, and the message then goes over the control channel, as on one host.
+
 Either way the sender's checksums of what it sent (transport/integrity.py) go with the message.
-The two are `LocalPeers` and `RemotePeers`, one interface, chosen once when the engine starts
-(`peers_for`).
+The three are `LocalPeers`, `RemotePeers` and `MooncakePeers`, one interface, chosen once when the
+engine starts (`peers_for`).
 
 A peer that cannot be reached, or whose connection breaks mid-transfer, costs the bytes and the
 message to it, never this engine: the failure is logged and counted (`failures`), the local books
@@ -34,9 +39,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...config import KvTransfer, TransportConfig
 from ...core.lanes import Lane
 from ..transport.integrity import piece_sums
 from ..transport.messages import decode, encode
+from ..transport.mooncake import MooncakeAddress, MooncakeSpanWrite, MooncakeTransfer, kv_lane_env
 from ..transport.remote_write import RemoteSpanWrite, WriteInitiator, WriteTarget
 from ..transport.shm import ShmRegion
 
@@ -209,7 +216,75 @@ class RemotePeers:
         self.target.close()
 
 
+class MooncakePeers:
+    """Across hosts through Mooncake Transfer Engine (transport.transfer mooncake): the bytes go by
+    the engine's batch writes into the peer's registered segment, chunk by chunk on the KV lane of
+    the arbiter; each write returns once its bytes are in the peer's memory, so the message then
+    goes over the control channel, as on one host, and cannot overtake them. The data endpoint is
+    this engine's `MooncakeAddress` as JSON text (its session and segments' addresses)."""
+
+    def __init__(self, engine: Any, transfer: MooncakeTransfer) -> None:
+        self._engine, self.transfer = engine, transfer
+        self.failures = 0  # writes to a peer that failed (peer gone): counted, the local books go on
+        self.bad_immediates = 0  # no immediates here: the messages come on the control channel
+        self.fenced: dict[int, int] = {}  # engine id -> its last fenced incarnation (see fence)
+        self.data_endpoint = transfer.address().to_text()  # where peers write to this engine
+
+    def expose(self, name: str, array: np.ndarray) -> None:
+        """Register `array` (this engine's host buffer, landing zone) as segment `name`."""
+        self.transfer.register(name, array)
+        self.data_endpoint = self.transfer.address().to_text()
+
+    def write(self, peer_control: str, peer_data: str, src: np.ndarray, src_spans: list, region: ShmRegion,
+              dst_spans: list, on_sent: Callable[[list[int]], None], reply: Reply | None = None) -> list[int]:
+        """As LocalPeers.write, through Mooncake into the peer's segment, the reply after the bytes."""
+        eng = self._engine
+        job = MooncakeSpanWrite(self.transfer, MooncakeAddress.from_text(peer_data), src, src_spans, region, dst_spans)
+        sums = piece_sums(job)  # type: ignore[arg-type]  # its src and pieces, as a SpanCopy's
+        failed: list[OSError] = []
+
+        def chunk(offset: int, nbytes: int) -> None:
+            if not failed:
+                try:
+                    job(offset, nbytes)
+                except OSError as exc:  # the peer went away mid-transfer: drop the rest (see the module doc)
+                    failed.append(exc)
+                    self.failures += 1
+                    log.warning("a write to the peer at %s failed (%s); the router's liveness decides its requests",
+                                job.peer.session, exc)
+
+        def done(_res: object) -> None:
+            if reply is not None and not failed:
+                eng.mail.send(peer_control, reply(sums))
+            on_sent(sums)
+
+        eng.arbiter.submit(Lane.KV, job.nbytes, chunk, done)
+        return sums
+
+    def sent_bytes(self) -> int:
+        """Payload bytes written into peers through Mooncake so far."""
+        return self.transfer.sent_bytes
+
+    def send_after_writes(self, peer_control: str, peer_data: str, msg: Any) -> None:
+        """`msg` to a peer, after every byte this engine has written to it (a returned write has landed)."""
+        self._engine.mail.send(peer_control, msg)
+
+    def fence(self, engine: int, incarnation: int = 0) -> None:
+        """Noted only: Mooncake's engine takes a write into registered memory from whoever knows its
+        address, so a fenced peer that wakes is not cut off at the data plane as our WriteTarget does."""
+        self.fenced[engine] = max(incarnation, self.fenced.get(engine, incarnation))
+
+    def close(self) -> None:
+        self.transfer.close()
+
+
 def peers_for(engine: Any, remote: bool, token: bytes | None, host: str = "127.0.0.1", me: int = -1,
-              incarnation: int = 0) -> LocalPeers | RemotePeers:
-    """The engine's peers, chosen once: remote (transport.kind tcp) or on one host."""
-    return RemotePeers(engine, token, host, me, incarnation) if remote else LocalPeers(engine)
+              incarnation: int = 0, transport: TransportConfig | None = None) -> LocalPeers | RemotePeers | MooncakePeers:
+    """The engine's peers, chosen once: remote (transport.kind tcp), by our remote writes or, with
+    transport.transfer mooncake, by Mooncake Transfer Engine at `host`; or on one host."""
+    if not remote:
+        return LocalPeers(engine)
+    if transport is not None and transport.transfer is KvTransfer.MOONCAKE:
+        return MooncakePeers(engine, MooncakeTransfer.start(host, str(transport.mooncake_protocol), transport.mooncake_devices,
+                                                            kv_lane_env(transport.mooncake_kv_sl)))
+    return RemotePeers(engine, token, host, me, incarnation)
