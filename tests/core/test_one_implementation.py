@@ -29,7 +29,7 @@ def _callers(names: set[str]) -> dict[str, set[str]]:
 
 def test_only_the_global_scheduler_runs_the_policies():
     policies = {"select_prefill", "select_decode", "choose_read_side", "distribute_to_groups",
-                "round_robin_prefill", "round_robin_decode", "round_robin_read_side"}
+                "round_robin_prefill", "round_robin_decode", "round_robin_read_side", "split_read"}
     for name, where in _callers(policies).items():
         assert where == {"core/scheduler.py"}, f"{name} is called from {sorted(where)}"
 
