@@ -29,7 +29,7 @@ from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds, RecomputeRule
 from ..core.scheduler import derive_thresholds
-from ..core.snapshot import EngineLoad, ReadSide
+from ..core.snapshot import EngineLoad
 from ..errors import InputError
 from ..metrics import NULL_TIMELINE, Timeline, TurnRecorder
 from .compute_measured import compute_for
@@ -366,9 +366,8 @@ class Simulator(TurnLifecycle):
                 tok[req.de.eid] += req.de_len_tokens
                 seq[req.de.eid] += 1
                 hbm[req.de.eid] += req.hbm_bytes
-            if req.phase is Phase.READING:
-                node = req.pe.node if req.side is ReadSide.PREFILL else req.de.node
-                readq[node.nid] += req.hit_tokens
+            for part in req.read_parts:  # queued or running on its node (both parts of a split read)
+                readq[part.node.nid] += part.tokens
         for req, node in self.gate.waiting():  # charged at the decision (persists.py)
             readq[node.nid] += req.hit_tokens
         for n in self.nodes:
