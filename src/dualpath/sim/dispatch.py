@@ -149,9 +149,10 @@ class Dispatch:
 
 
 def _split_rule(ctx: SimContext) -> SplitRule:
-    """Split reads (core/policy/split.py) on the paper presets: every node reads at its SNIC's read
-    rate, and a DE node streams the DE part to the PE over its GPUs' CNICs together."""
+    """Split reads (core/policy/split.py) on the paper presets: each node reads at its SNIC's read
+    rate (a PE node's scaled by ClusterConfig.prefill_snic_scale), and a DE node streams the DE
+    part to the PE over its GPUs' CNICs together."""
     cl = ctx.cfg.cluster
     ns = cl.node
-    return SplitRule(cl.block_tokens, ctx.kv_bytes_per_token, ns.snic_read_bytes_per_s, ns.snic_read_bytes_per_s,
-                     ns.gpus_per_node * ns.cnic_bytes_per_s, ctx.cfg.scheduler.split_min_blocks)
+    return SplitRule(cl.block_tokens, ctx.kv_bytes_per_token, ns.snic_read_bytes_per_s * cl.prefill_snic_scale,
+                     ns.snic_read_bytes_per_s, ns.gpus_per_node * ns.cnic_bytes_per_s, ctx.cfg.scheduler.split_min_blocks)

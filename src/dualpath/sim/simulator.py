@@ -99,7 +99,8 @@ class Simulator(TurnLifecycle):
         self.links: list[Link] = [self.storage_egress] if self.storage_egress else []
         for nid in range(cl.num_prefill_nodes + cl.num_decode_nodes):
             is_pe = nid < cl.num_prefill_nodes
-            node = Node(nid, is_pe, Link(f"snic_in{nid}", ns.snic_read_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
+            read_bytes_per_s = ns.snic_read_bytes_per_s * (cl.prefill_snic_scale if is_pe else 1.0)  # 1.0: the paper's
+            node = Node(nid, is_pe, Link(f"snic_in{nid}", read_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
             self.links += [node.snic_in, node.snic_out]
             hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
             for g in range(ns.gpus_per_node):
