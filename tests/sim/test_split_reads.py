@@ -55,6 +55,7 @@ def test_split_reads_keep_every_ledger_and_move_dualpaths_bytes():
     _, dual = run(SPEC, mode="dualpath", cluster=cl)
     parts = [(d.pe_part_tokens, d.read_tokens) for p in passes for d in p.decode if d.pe_part_tokens]
     assert len(parts) >= 5 and all(0 < pe < hit and pe % 64 == 0 for pe, hit in parts)  # split, on block bounds
+    assert r["scheduler"]["split_reads"] == len(parts) and "split_reads" not in dual["scheduler"]
     kv = sim.kv_bytes_per_token
     b = r["bytes"]
     assert _read_bytes(r) == pytest.approx(sum(sim.recorder.hit_tokens) * kv) == pytest.approx(_read_bytes(dual))

@@ -31,12 +31,14 @@ class StorageReads:
         self.ctx = ctx
         self.life = life
         self.bytes_by_side = [0.0, 0.0]  # indexed by ReadSide
+        self.num_split = 0  # requests whose hit was read on both sides (`dualpath+split`)
 
     def enqueue(self, req: SimRequest, node: Node) -> None:
         req.to(Phase.READING)
         pe_part = req.pe_part_tokens
         if pe_part:  # a split read: the DE node's suffix first, then the PE node's prefix
             assert req.pe is not None and req.de is not None
+            self.num_split += 1
             self._queue(ReadPart(req, ReadSide.DECODE, req.hit_tokens - pe_part, req.de.node))
             self._queue(ReadPart(req, ReadSide.PREFILL, pe_part, req.pe.node))
         else:
