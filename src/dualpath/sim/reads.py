@@ -61,8 +61,9 @@ class StorageReads:
             node.read_queue.popleft()
             node.reads_active += 1
             req = part.req
-            if req.t_read_start < 0 or not req.pe_part_tokens:
-                req.t_read_start = ctx.loop.now_s
+            part.start_s = ctx.loop.now_s
+            if req.t_read_start < 0 or not req.pe_part_tokens:  # a split read: its first part's start
+                req.t_read_start = part.start_s
             latency_s = ctx.cfg.cluster.storage_read_latency_s
             if latency_s > 0:  # the reader waits for the store's first byte, then the bytes flow
                 ctx.loop.call_at(ctx.loop.now_s + latency_s, self._start_flow, part)
@@ -104,7 +105,7 @@ class StorageReads:
         node.read_queue_tokens -= part.tokens
         self.bytes_by_side[part.side] += flow.size_bytes
         req.read_parts.remove(part)
-        ctx.timeline.span(node.read_track, "read", req.t_read_start, ctx.loop.now_s, req.rid)
+        ctx.timeline.span(node.read_track, "read", part.start_s, ctx.loop.now_s, req.rid)
         if part.side is ReadSide.DECODE:
             req.delivered_bytes += flow.size_bytes  # hit KV now sits in the DE buffer
         if not req.read_parts:  # the whole hit is in (both parts of a split read)

@@ -87,13 +87,14 @@ class SimRequest:
 class ReadPart:
     """A read of some of a request's hit on one node's SNIC: the whole hit, or one part of a split."""
 
-    __slots__ = ("req", "side", "tokens", "node")
+    __slots__ = ("req", "side", "tokens", "node", "start_s")
 
     def __init__(self, req: SimRequest, side: ReadSide, tokens: int, node: "Node") -> None:
         self.req = req
         self.side = side
         self.tokens = tokens
         self.node = node
+        self.start_s = -1.0  # when its reader took it
 
 
 class Engine:
