@@ -29,7 +29,7 @@ def _callers(names: set[str]) -> dict[str, set[str]]:
 
 def test_only_the_global_scheduler_runs_the_policies():
     policies = {"select_prefill", "select_decode", "choose_read_side", "distribute_to_groups",
-                "round_robin_prefill", "round_robin_decode", "round_robin_read_side"}
+                "round_robin_prefill", "round_robin_decode", "round_robin_read_side", "split_read"}
     for name, where in _callers(policies).items():
         assert where == {"core/scheduler.py"}, f"{name} is called from {sorted(where)}"
 
@@ -84,6 +84,8 @@ def test_the_simulator_picks_its_mode_strategies_once():
     chosen in constructors: no mechanism asks `features.io_free` or `layerwise_prefill` per event."""
     assert _attribute_reads("io_free", "sim") == {"sim/simulator.py": 1, "sim/prefill.py": 1}
     assert _attribute_reads("layerwise_prefill", "sim") == {"sim/prefill.py": 2}  # the HBM budget, the pipeline
+    # Dispatch's constructor (the SplitRule, the local preset's refusal) and the results' count
+    assert _attribute_reads("split_reads", "sim") == {"sim/dispatch.py": 2, "sim/results.py": 1}
     calls = _callers({"kv_io_for", "pipeline_for"})
     assert calls == {"kv_io_for": {"sim/simulator.py"}, "pipeline_for": {"sim/prefill.py"}}
 

@@ -91,7 +91,7 @@ def _simulate(mode: str, seed: int):
         finish(req)
 
     def on_read_done(flow):
-        req, node = flow.tag
+        req, node = flow.tag.req, flow.tag.node  # a ReadPart (sim/state.py)
         log.append(("read_done", req.rid, node.nid, req.hit_tokens))
         read_done(flow)
 

@@ -9,12 +9,15 @@ from ..errors import InputError
 
 @dataclass(frozen=True, slots=True)
 class Features:
-    """Ablation switches (docs/paper.md §6.5). `basic` has none; `dualpath` all; `oracle` adds io_free."""
+    """Ablation switches (docs/paper.md §6.5). `basic` has none; `dualpath` all; `oracle` adds io_free.
+    `dualpath+split` adds split_reads, beyond the paper: a hit read on both sides at once
+    (core/policy/split.py; the simulator only so far)."""
 
     layerwise_prefill: bool
     de_read_path: bool
     dualpath_scheduler: bool
     io_free: bool = False
+    split_reads: bool = False
 
 
 _FEATURE_WORDS = {"layerwise": "layerwise_prefill", "de_read": "de_read_path", "scheduler": "dualpath_scheduler"}
@@ -22,17 +25,19 @@ MODE_PRESETS = {
     "basic": Features(False, False, False),
     "dualpath": Features(True, True, True),
     "oracle": Features(True, True, True, io_free=True),
+    "dualpath+split": Features(True, True, True, split_reads=True),
 }
 
 
 def parse_mode(text: str) -> Features:
-    """`basic`, `dualpath`, `oracle`, or `basic+W[+W...]` with W in layerwise, de_read, scheduler."""
+    """`basic`, `dualpath`, `oracle`, `dualpath+split`, or `basic+W[+W...]` with W in layerwise,
+    de_read, scheduler."""
     name = text.strip().lower()
     if name in MODE_PRESETS:
         return MODE_PRESETS[name]
     parts = name.split("+")
     if parts[0] != "basic" or len(parts) < 2 or any(p not in _FEATURE_WORDS for p in parts[1:]):
         raise InputError(
-            f"unknown mode {text!r}: use basic, dualpath, oracle, or basic+{'/'.join(_FEATURE_WORDS)} combined with '+'"
+            f"unknown mode {text!r}: use basic, dualpath, oracle, dualpath+split, or basic+{'/'.join(_FEATURE_WORDS)} combined with '+'"
         )
     return replace(MODE_PRESETS["basic"], **{_FEATURE_WORDS[p]: True for p in parts[1:]})

@@ -244,6 +244,9 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         features = parse_mode(self.mode)
+        if features.split_reads:
+            raise InputError(f"mode {self.mode!r}: split reads are simulator-only so far (dualpath sim); "
+                             "serve, run and demo read each hit on one side")
         _set(self, "kv_dtype", choice(KvDtype, self.kv_dtype, "kv_dtype"))
         if self.force_read_side is not None:
             _set(self, "force_read_side", choice(ForcedSide, self.force_read_side, "force_read_side"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.lanes import LaneWeights
+from ..core.policy.split import MIN_SPLIT_BLOCKS
 from ..errors import InputError
 
 
@@ -22,9 +23,14 @@ class SchedulerConfig:
     # would deliver later than a PE computes it again is recomputed. Off by default (the paper
     # always reads); for a degraded store.
     recompute_when_faster: bool = False
+    # `dualpath+split` (core/policy/split.py): a hit under this many blocks is read on one side; the
+    # reason for the default is MIN_SPLIT_BLOCKS's
+    split_min_blocks: int = MIN_SPLIT_BLOCKS
 
     def __post_init__(self) -> None:
         if min(self.alpha_read_s, self.beta_compute_s, self.z_factor, self.compute_quota_s) <= 0:
             raise InputError("scheduler thresholds must be positive")
+        if self.split_min_blocks < 2:
+            raise InputError("split_min_blocks must be at least 2 (a split has two parts)")
         if self.basic_tokens_per_forward <= 0:
             raise InputError("basic_tokens_per_forward must be positive")

@@ -104,10 +104,15 @@ class ClusterConfig:
     # choice: seconds before a read's first byte arrives (a store's request latency); 0 = none, as
     # the paper's model of 3FS reads at line rate. A knob for a slow or stalled store.
     storage_read_latency_s: float = 0.0
+    # choice: the PE nodes' SNIC read rate as a fraction of NodeSpec's, an unbalanced cluster (split
+    # reads' test bed, core/policy/split.py); 1 = the paper's cluster, every node's SNIC alike (§1.2).
+    prefill_snic_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.storage_read_latency_s < 0:
             raise InputError(f"storage_read_latency_s must be >= 0, got {self.storage_read_latency_s}")
+        if not 0 < self.prefill_snic_scale <= 1:
+            raise InputError(f"prefill_snic_scale must be in (0, 1], got {self.prefill_snic_scale}")
         try:
             get_model(self.model)
         except KeyError as e:

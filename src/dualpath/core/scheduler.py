@@ -20,7 +20,10 @@ A group is the engines of one node and shares the node's id (docs/paper.md §3.1
      side without the DE read path; DualPath: the shorter node read queue (`choose_read_side`),
      counting the reads this pass already sent there; otherwise alternating. With a
      RecomputeRule, a hit that the side's store would deliver later than a PE computes it again
-     is recomputed instead (`should_recompute`: no read, nothing added to a queue).
+     is recomputed instead (`should_recompute`: no read, nothing added to a queue). With a
+     SplitRule (`dualpath+split`, beyond the paper), a read hit is cut between the two nodes so
+     that both finish together (`split_read`: a PE-side prefix, a DE-side suffix); each node's
+     queue is charged with its own part.
 
 Where the two worlds' former copies differed, this follows the paper and the simulator, which
 already did: (a) the fetch order rotates (the router walked engines in id order; the paper has
@@ -45,6 +48,7 @@ from .policy import (
     PrefillThresholds,
     RecomputeRule,
     RoundRobinCursor,
+    SplitRule,
     choose_read_side,
     distribute_to_groups,
     round_robin_decode,
@@ -53,6 +57,7 @@ from .policy import (
     select_decode,
     select_prefill,
     should_recompute,
+    split_read,
 )
 from .policy.decode import Z_FACTOR_DEFAULT
 from .request import RequestId
@@ -106,6 +111,7 @@ class SchedulerRules:
     z_factor: float = Z_FACTOR_DEFAULT  # docs/paper.md §3.3
     forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
     recompute: RecomputeRule | None = None  # read or recompute a hit (policy/recompute.py); None: always read
+    split: SplitRule | None = None  # split a hit between the sides (policy/split.py; with dualpath only); None: never
 
 
 @final
@@ -125,16 +131,19 @@ class PrefillAssignment:
 class DecodeAssignment:
     """A DE choice with its read side; read-only like PrefillAssignment."""
 
-    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute")
+    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute", "pe_part_tokens")
 
     def __init__(self, req: QueuedRequest, ref: Any, engine: int, side: ReadSide, read_tokens: int,
-                 recompute: bool = False) -> None:
+                 recompute: bool = False, pe_part_tokens: int = 0) -> None:
         self.req: Final = req  # the request as the scheduler saw it
         self.ref: Final = ref  # the world's record of it
         self.engine: Final = engine  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
-        self.side: Final = side  # where its hit KV is read
+        self.side: Final = side  # where its hit KV is read (a split read: DECODE, with a PE-side part)
         self.read_tokens: Final = read_tokens  # tokens added to the read side's node queue (view.read_tokens at the pass)
         self.recompute: Final = recompute  # the hit is computed again, not read (read_tokens 0)
+        # a split read (policy/split.py): the prefix of read_tokens the PE node reads, the rest
+        # charged to the DE node; 0: not split
+        self.pe_part_tokens: Final = pe_part_tokens
 
 
 _NONE: tuple = ()
@@ -324,6 +333,7 @@ class GlobalScheduler:
         req, ref, pe_node = w.req, w.ref, w.pe_node
         self._de_totals[de_node] += req.decode_tokens
         rules = self.rules
+        pe_queue = de_queue = -1  # the queues the read-side rule compared (dualpath only)
         if rules.forced_side is not None:
             side = rules.forced_side
         elif not rules.de_read_path:
@@ -343,6 +353,13 @@ class GlobalScheduler:
         rule = rules.recompute
         if rule is not None and should_recompute(rule, tokens, view.store_latency_s(node)):
             return DecodeAssignment(req, ref, engine, side, 0, True)
+        if rules.split is not None and pe_queue >= 0:
+            pe_part = split_read(rules.split, tokens, pe_queue, de_queue, side)
+            if 0 < pe_part < tokens:  # both nodes read: each queue charged with its own part
+                reads[pe_node] = reads.get(pe_node, 0) + pe_part
+                reads[de_node] = reads.get(de_node, 0) + tokens - pe_part
+                return DecodeAssignment(req, ref, engine, ReadSide.DECODE, tokens, False, pe_part)
+            side, node = (ReadSide.PREFILL, pe_node) if pe_part else (ReadSide.DECODE, de_node)
         reads[node] = reads.get(node, 0) + tokens
         return DecodeAssignment(req, ref, engine, side, tokens)
 

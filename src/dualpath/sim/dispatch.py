@@ -9,6 +9,7 @@
      takes the final length and HBM and hands the request to placement (persists.py:
      `PlacementGate`), which queues the read of the hit (resolved during the pass) on the chosen
      side (or, with nothing to read or a free network, makes the request prefill-ready at once).
+     A split read (`dualpath+split`) carries its PE-side part; reads.py reads both parts.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import time
 from typing import Sequence
 
 from ..core.phase import Phase
-from ..core.policy import PrefillThresholds, RecomputeRule
+from ..core.policy import PrefillThresholds, RecomputeRule, SplitRule
 from ..core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules
 from ..core.snapshot import EngineLoad, ReadSide
+from ..errors import InputError
 from ..metrics.decisions import DecisionLog
 from .events import PRIO_SCHEDULE
 from .kv_io import KvIo
@@ -68,8 +70,12 @@ class Dispatch:
         self.gate = gate
         self.engines = engines
         f = ctx.features
+        cl = ctx.cfg.cluster
+        if f.split_reads and (cl.persist_waits_for_snic_write or cl.buffers_at_placement):
+            raise InputError("dualpath+split is modelled on the paper presets only: the `local` preset's placement "
+                             "(persists that wait, host buffers taken at placement) holds one read side")
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
-                               recompute=recompute)
+                               recompute=recompute, split=_split_rule(ctx) if f.split_reads else None)
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)
@@ -123,6 +129,7 @@ class Dispatch:
             eng.take(req.de_len_tokens, req.hbm_bytes)
             req.t_de = now
             req.side = d.side
+            req.pe_part_tokens = d.pe_part_tokens
             if self.decisions is not None:
                 assert req.pe is not None
                 self.decisions.record(str(req.rid), now, req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
@@ -139,3 +146,13 @@ class Dispatch:
     @property
     def num_decisions(self) -> int:
         return self.scheduler.num_decisions
+
+
+def _split_rule(ctx: SimContext) -> SplitRule:
+    """Split reads (core/policy/split.py) on the paper presets: each node reads at its SNIC's read
+    rate (a PE node's scaled by ClusterConfig.prefill_snic_scale), and a DE node streams the DE
+    part to the PE over its GPUs' CNICs together."""
+    cl = ctx.cfg.cluster
+    ns = cl.node
+    return SplitRule(cl.block_tokens, ctx.kv_bytes_per_token, ns.snic_read_bytes_per_s * cl.prefill_snic_scale,
+                     ns.snic_read_bytes_per_s, ns.gpus_per_node * ns.cnic_bytes_per_s, ctx.cfg.scheduler.split_min_blocks)

@@ -8,9 +8,9 @@ Numbered path of one forward (docs/paper.md §1.3, §3.5):
      for this forward and the group waits on that buffer.
   2. Layerwise: hit-KV Layer Blocks stream in (PE path: PE buffer -> loopback on the PE's CNIC;
      DE path: DE buffer -> DE CNIC -> PE CNIC) while layers compute, and each layer's new KV streams
-     to the DE buffer (all of it on the PE path, only the miss on the DE path). Flows are
-     aggregated per PE GPU and forward (see `_start_streams`). The forward ends
-     when compute and the incoming streams are both done.
+     to the DE buffer (all of it on the PE path, only the miss on the DE path; a split read's PE
+     part streams as the PE path's, the rest as the DE path's). Flows are aggregated per PE GPU
+     and forward (see `_start_streams`). The forward ends when compute and incoming streams are done.
      Not layerwise: the whole cached KV is loaded first, then compute, then the PD transfer; the
      GPU cannot start its next forward before its KV left HBM.
   3. `_forward_done`: chunks advance; a fully computed request emits its first token, frees its
@@ -170,9 +170,7 @@ class PrefillGroup:
     # --- 2. streams and compute ------------------------------------------------------------
     def _start_streams(self, fwd: Forward) -> None:
         """Cached KV into PE HBM. Per PE GPU one loopback flow (PE buffer -> its own CNIC, both
-        directions) and one flow for everything arriving from DE buffers.
-
-        The remote flow is rate-limited where the streams converge, on the PE GPU's CNIC-in
+        directions) and one flow for everything arriving from DE buffers. The remote flow is rate-limited where the streams converge, on the PE GPU's CNIC-in
         (incast); each sending DE CNIC has its bytes booked on its ledger but does not limit the
         rate. Per-pair flows would be exact but cost O(pairs^2) re-rates per forward (a PE GPU
         hears from up to every DE GPU), and DE CNICs carry little else (one H2D per request).
@@ -186,6 +184,10 @@ class PrefillGroup:
                 continue
             acc = per_gpu.setdefault(eng.eid, [eng, 0, 0, {}, [], []])  # + the requests of each flow (timeline)
             nbytes = req.cached_tokens * kvbpt
+            if req.pe_part_tokens:  # a split read: its PE part from the PE buffer, the rest from the DE's
+                acc[1] += req.pe_part_tokens * kvbpt
+                acc[4].append(req.rid)
+                nbytes -= req.pe_part_tokens * kvbpt
             if req.side is ReadSide.DECODE:
                 assert req.de is not None
                 acc[2] += nbytes
@@ -253,8 +255,8 @@ class PrefillGroup:
         per_gpu: dict[int, list] = {}
         for eng, req, ntok in fwd.entries:
             tokens = ntok
-            if req.side is ReadSide.PREFILL and not req.hit_sent:
-                tokens += req.hit_tokens  # the PE path sends the hit KV on to the DE too
+            if not req.hit_sent and (req.side is ReadSide.PREFILL or req.pe_part_tokens):
+                tokens += req.pe_part_tokens or req.hit_tokens  # the PE path sends the hit (a split: its PE part) on too
                 req.hit_sent = True
             acc = per_gpu.setdefault(eng.eid, [eng, 0, []])
             acc[1] += tokens * kvbpt

@@ -11,6 +11,9 @@ Numbered path of one read:
   3. After the store's latency (ClusterConfig.storage_read_latency_s, 0 by default), the flow
      crosses [storage egress (if finite), SNIC in] on the KV lane.
   4. `_done`: the read queue shrinks, the request is PREFILL_READY in its PE's batch queue.
+A split read (`dualpath+split`, core/policy/split.py) is two such reads at once, each a `ReadPart`:
+the hit's prefix on the PE node (its bytes in the PE buffer) and the suffix on the DE node (the
+whole prompt's room in the DE buffer, as the DE path); the request is ready when both are done.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ..core.phase import Phase
 from ..core.snapshot import ReadSide
 from .lifecycle import SimContext, TurnLifecycle
 from .links import Flow
-from .state import Node, SimRequest
+from .state import Node, ReadPart, SimRequest
 
 
 class StorageReads:
@@ -28,66 +31,84 @@ class StorageReads:
         self.ctx = ctx
         self.life = life
         self.bytes_by_side = [0.0, 0.0]  # indexed by ReadSide
+        self.num_split = 0  # requests whose hit was read on both sides (`dualpath+split`)
 
     def enqueue(self, req: SimRequest, node: Node) -> None:
         req.to(Phase.READING)
-        node.read_queue.append(req)
-        node.read_queue_tokens += req.hit_tokens
+        pe_part = req.pe_part_tokens
+        if pe_part:  # a split read: the DE node's suffix first, then the PE node's prefix
+            assert req.pe is not None and req.de is not None
+            self.num_split += 1
+            self._queue(ReadPart(req, ReadSide.DECODE, req.hit_tokens - pe_part, req.de.node))
+            self._queue(ReadPart(req, ReadSide.PREFILL, pe_part, req.pe.node))
+        else:
+            self._queue(ReadPart(req, req.side, req.hit_tokens, node))
+
+    def _queue(self, part: ReadPart) -> None:
+        node = part.node
+        part.req.read_parts.append(part)
+        node.read_queue.append(part)
+        node.read_queue_tokens += part.tokens
         self.pump(node)
 
     def pump(self, node: Node) -> None:
         ctx = self.ctx
         limit = ctx.cfg.cluster.reads_in_flight_per_node
         while node.read_queue and node.reads_active < limit:
-            req = node.read_queue[0]
-            if not self._reserve(req):
+            part = node.read_queue[0]
+            if not self._reserve(part):
                 return
             node.read_queue.popleft()
             node.reads_active += 1
-            req.t_read_start = ctx.loop.now_s
+            req = part.req
+            part.start_s = ctx.loop.now_s
+            if req.t_read_start < 0 or not req.pe_part_tokens:  # a split read: its first part's start
+                req.t_read_start = part.start_s
             latency_s = ctx.cfg.cluster.storage_read_latency_s
             if latency_s > 0:  # the reader waits for the store's first byte, then the bytes flow
-                ctx.loop.call_at(ctx.loop.now_s + latency_s, self._start_flow, (req, node))
+                ctx.loop.call_at(ctx.loop.now_s + latency_s, self._start_flow, part)
             else:
-                self._start_flow((req, node))
+                self._start_flow(part)
 
-    def _start_flow(self, tag: tuple[SimRequest, Node]) -> None:
-        req, node = tag
+    def _start_flow(self, part: ReadPart) -> None:
         ctx = self.ctx
-        nbytes = req.hit_tokens * ctx.kv_bytes_per_token
+        node = part.node
+        nbytes = part.tokens * ctx.kv_bytes_per_token
         links = (node.snic_in,) if ctx.storage_egress is None else (ctx.storage_egress, node.snic_in)
-        ctx.net.start(nbytes, Lane.KV, links, self._done, tag)
+        ctx.net.start(nbytes, Lane.KV, links, self._done, part)
 
-    def _reserve(self, req: SimRequest) -> bool:
+    def _reserve(self, part: ReadPart) -> bool:
         ctx = self.ctx
+        req = part.req
         pe, de = req.pe, req.de
         assert pe is not None and de is not None
-        if req.pe_buffer_bytes if req.side is ReadSide.PREFILL else req.de_buffer_bytes:
+        if req.pe_buffer_bytes if part.side is ReadSide.PREFILL else req.de_buffer_bytes:
             return True  # placement took it (ClusterConfig.buffers_at_placement)
-        if req.side is ReadSide.PREFILL:
-            node, nbytes = pe.node, req.hit_tokens * ctx.kv_bytes_per_token
+        if part.side is ReadSide.PREFILL:
+            node, nbytes = pe.node, part.tokens * ctx.kv_bytes_per_token
         else:
             node, nbytes = de.node, req.input_tokens * ctx.kv_bytes_per_token
         if not node.reserve(nbytes):
             node.waiters[id(node)] = node  # the reader is this node: a release here pumps it again
             return False
-        if req.side is ReadSide.PREFILL:
+        if part.side is ReadSide.PREFILL:
             req.pe_buffer_bytes = float(nbytes)
         else:
             req.de_buffer_bytes = float(nbytes)
         return True
 
     def _done(self, flow: Flow) -> None:
-        req: SimRequest
-        node: Node
-        req, node = flow.tag
+        part: ReadPart = flow.tag
+        req, node = part.req, part.node
         ctx = self.ctx
         node.reads_active -= 1
-        node.read_queue_tokens -= req.hit_tokens
-        self.bytes_by_side[req.side] += flow.size_bytes
-        req.t_read_end = ctx.loop.now_s
-        ctx.timeline.span(node.read_track, "read", req.t_read_start, req.t_read_end, req.rid)
-        if req.side is ReadSide.DECODE:
+        node.read_queue_tokens -= part.tokens
+        self.bytes_by_side[part.side] += flow.size_bytes
+        req.read_parts.remove(part)
+        ctx.timeline.span(node.read_track, "read", part.start_s, ctx.loop.now_s, req.rid)
+        if part.side is ReadSide.DECODE:
             req.delivered_bytes += flow.size_bytes  # hit KV now sits in the DE buffer
-        self.life.prefill_ready(req)
+        if not req.read_parts:  # the whole hit is in (both parts of a split read)
+            req.t_read_end = ctx.loop.now_s
+            self.life.prefill_ready(req)
         self.pump(node)

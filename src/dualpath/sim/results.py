@@ -117,7 +117,7 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
     snic_read_util = _utilisation(snic_in, duration)
     return {
         "mode": None,  # filled in by the caller
-        "features": asdict(sim.features),
+        "features": _features(sim.features),
         "jct_s": jct_s,
         "agent_jct_s": distribution(agent_jct).to_dict(),
         **turn_latencies(arrival, first, second, finish, gen),
@@ -136,7 +136,8 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
             "decode_mean": float(np.mean(de_busy)) if de_busy else 0.0,
         },
         "scheduler": {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions,
-                      **({"recomputed_hits": sim.num_recomputed} if sim.cfg.scheduler.recompute_when_faster else {})},
+                      **({"recomputed_hits": sim.num_recomputed} if sim.cfg.scheduler.recompute_when_faster else {}),
+                      **({"split_reads": sim.reads.num_split} if sim.features.split_reads else {})},
         **({"persists": _persists(sim)} if sim.writes.modelled else {}),
         "policy_wall_s": sim.driver.policy_cpu_s,
         "prefill_attention_max_over_avg": _attention_balance(sim),
@@ -152,3 +153,12 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
         "turns_per_wall_s": len(rec) / wall_s if wall_s > 0 else float("nan"),
         "build": build_kind(),  # 'pure' or 'compiled' (mypyc): changes wall times only
     }
+
+
+def _features(features: Features) -> dict[str, bool]:
+    """The mode's switches; `split_reads` (beyond the paper) only when on, so that the paper's modes
+    write the results they wrote before it existed."""
+    out = asdict(features)
+    if not out["split_reads"]:
+        del out["split_reads"]
+    return out

@@ -29,7 +29,7 @@ from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds, RecomputeRule
 from ..core.scheduler import derive_thresholds
-from ..core.snapshot import EngineLoad, ReadSide
+from ..core.snapshot import EngineLoad
 from ..errors import InputError
 from ..metrics import NULL_TIMELINE, Timeline, TurnRecorder
 from .compute_measured import compute_for
@@ -99,7 +99,8 @@ class Simulator(TurnLifecycle):
         self.links: list[Link] = [self.storage_egress] if self.storage_egress else []
         for nid in range(cl.num_prefill_nodes + cl.num_decode_nodes):
             is_pe = nid < cl.num_prefill_nodes
-            node = Node(nid, is_pe, Link(f"snic_in{nid}", ns.snic_read_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
+            read_bytes_per_s = ns.snic_read_bytes_per_s * (cl.prefill_snic_scale if is_pe else 1.0)  # 1.0: the paper's
+            node = Node(nid, is_pe, Link(f"snic_in{nid}", read_bytes_per_s, w), Link(f"snic_out{nid}", ns.snic_bytes_per_s, w), ns.dram_buffer_bytes)
             self.links += [node.snic_in, node.snic_out]
             hbm = self.pe_kv_hbm_bytes if is_pe else self.de_kv_hbm_bytes
             for g in range(ns.gpus_per_node):
@@ -366,9 +367,8 @@ class Simulator(TurnLifecycle):
                 tok[req.de.eid] += req.de_len_tokens
                 seq[req.de.eid] += 1
                 hbm[req.de.eid] += req.hbm_bytes
-            if req.phase is Phase.READING:
-                node = req.pe.node if req.side is ReadSide.PREFILL else req.de.node
-                readq[node.nid] += req.hit_tokens
+            for part in req.read_parts:  # queued or running on its node (both parts of a split read)
+                readq[part.node.nid] += part.tokens
         for req, node in self.gate.waiting():  # charged at the decision (persists.py)
             readq[node.nid] += req.hit_tokens
         for n in self.nodes:

@@ -32,7 +32,7 @@ class Agent:
 class SimRequest:
     __slots__ = (
         "rid", "agent", "input_tokens", "gen_tokens", "hit_tokens", "cached_tokens", "remaining_tokens",
-        "phase", "pe", "de", "side", "hit_sent", "pending_pd", "computed", "qview",
+        "phase", "pe", "de", "side", "pe_part_tokens", "read_parts", "hit_sent", "pending_pd", "computed", "qview",
         "pe_buffer_bytes", "de_buffer_bytes", "hbm_bytes", "delivered_bytes",
         "t_arrival", "t_pe", "t_de", "t_read_start", "t_read_end", "t_prefill_start", "t_first", "t_second", "t_finish",
     )
@@ -49,6 +49,8 @@ class SimRequest:
         self.pe: Engine | None = None
         self.de: Engine | None = None
         self.side = ReadSide.PREFILL
+        self.pe_part_tokens = 0  # a split read (side DECODE): the hit's prefix the PE node reads; 0: not split
+        self.read_parts: list[ReadPart] = []  # its reads queued or running (reads.py)
         self.hit_sent = False
         self.pending_pd = 0
         self.computed = False
@@ -80,6 +82,19 @@ class SimRequest:
         if self.de is None:
             raise AssertionError(f"{self.rid}: no DE chosen yet")
         return self.de
+
+
+class ReadPart:
+    """A read of some of a request's hit on one node's SNIC: the whole hit, or one part of a split."""
+
+    __slots__ = ("req", "side", "tokens", "node", "start_s")
+
+    def __init__(self, req: SimRequest, side: ReadSide, tokens: int, node: "Node") -> None:
+        self.req = req
+        self.side = side
+        self.tokens = tokens
+        self.node = node
+        self.start_s = -1.0  # when its reader took it
 
 
 class Engine:
@@ -143,7 +158,7 @@ class Node:
         self.snic_out = snic_out
         self.buffer_total_bytes = buffer_bytes
         self.buffer_free_bytes = buffer_bytes
-        self.read_queue: deque[SimRequest] = deque()
+        self.read_queue: deque[ReadPart] = deque()
         self.read_queue_tokens = 0  # hit tokens queued or being read here (the policy's read_q)
         self.reads_active = 0
         # things blocked on this node's buffer, by id: a Node (its reader) or a PrefillGroup

@@ -6,12 +6,14 @@ from .prefill import PrefillThresholds, select_prefill
 from .read_side import choose_read_side
 from .recompute import RecomputeRule, should_recompute
 from .round_robin import RoundRobinCursor, round_robin_decode, round_robin_prefill, round_robin_read_side
+from .split import SplitRule, split_read
 
 __all__ = [
     "Budget",
     "PrefillThresholds",
     "RecomputeRule",
     "RoundRobinCursor",
+    "SplitRule",
     "choose_read_side",
     "distribute_to_groups",
     "form_prefill_batch",
@@ -22,4 +24,5 @@ __all__ = [
     "select_decode",
     "select_prefill",
     "should_recompute",
+    "split_read",
 ]

@@ -1,0 +1,109 @@
+"""`dualpath+split` (core/policy/split.py) in the simulator: both parts of a split read cross their
+nodes' SNICs, every ledger holds, the bytes are dualpath's, and the split pays off where the two
+sides read at different rates; the runtime refuses the mode."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dualpath.config import RuntimeConfig, SimConfig, WorkloadConfig, paper_cluster, parse_mode
+from dualpath.core.lanes import Lane
+from dualpath.errors import InputError
+from dualpath.sim.runner import run_modes
+from dualpath.sim.simulator import Simulator
+
+from sim_helpers import run, trajs
+
+SPEC = [[(4000 + 997 * i, 30), (300, 20), (100, 30), (500, 3)] for i in range(6)]
+
+
+def _read_bytes(r: dict) -> float:
+    return r["bytes"]["storage_to_prefill"] + r["bytes"]["storage_via_decode"]
+
+
+def test_the_mode_parses_and_only_the_simulator_takes_it():
+    f = parse_mode("dualpath+split")
+    assert f.split_reads and f.de_read_path and f.dualpath_scheduler and not f.io_free
+    assert not parse_mode("dualpath").split_reads
+    with pytest.raises(InputError, match="simulator-only"):
+        RuntimeConfig(mode="dualpath+split")
+    with pytest.raises(InputError, match="simulator-only"):  # a mode switch of a running cluster rebuilds it
+        replace(RuntimeConfig(), mode="dualpath+split")
+    with pytest.raises(InputError, match="unknown mode"):
+        parse_mode("basic+split")
+
+
+def test_the_local_presets_placement_is_refused():
+    cl = replace(paper_cluster("ds-27b", "1P1D"), buffers_at_placement=True)
+    with pytest.raises(InputError, match="paper presets only"):
+        run(SPEC, mode="dualpath+split", cluster=cl)
+
+
+def test_split_reads_keep_every_ledger_and_move_dualpaths_bytes():
+    cl = replace(paper_cluster("ds-27b", "1P2D"), prefill_snic_scale=0.5)
+    cfg = SimConfig(cluster=cl, workload=WorkloadConfig(num_agents=len(SPEC)), check_invariants_every=10)
+    sim = Simulator(cfg, parse_mode("dualpath+split"), trajs(SPEC), [0.0] * len(SPEC))
+    passes = []
+    schedule = sim.driver.scheduler.schedule
+    sim.driver.scheduler.schedule = lambda view: passes.append(schedule(view)) or passes[-1]
+    r = sim.run()
+    _, dual = run(SPEC, mode="dualpath", cluster=cl)
+    parts = [(d.pe_part_tokens, d.read_tokens) for p in passes for d in p.decode if d.pe_part_tokens]
+    assert len(parts) >= 5 and all(0 < pe < hit and pe % 64 == 0 for pe, hit in parts)  # split, on block bounds
+    assert r["scheduler"]["split_reads"] == len(parts) and "split_reads" not in dual["scheduler"]
+    kv = sim.kv_bytes_per_token
+    b = r["bytes"]
+    assert _read_bytes(r) == pytest.approx(sum(sim.recorder.hit_tokens) * kv) == pytest.approx(_read_bytes(dual))
+    assert b["storage_to_prefill"] > 0 and b["storage_via_decode"] > 0
+    # every KV byte on a CNIC crosses two link directions: streams (both parts), PD transfer, DE H2D
+    cnic_kv = sum(l.served_bytes[Lane.KV] for e in sim.engines_by_id.values() for l in (e.cnic_out, e.cnic_in))
+    assert cnic_kv == pytest.approx(2 * (b["kv_layer_streams"] + b["pd_transfer"] + b["de_h2d"]))
+    # the PD transfer carries the computed tokens and the PE side's hit bytes, once
+    computed = sum(i - h for i, h in zip(sim.recorder.input_tokens, sim.recorder.hit_tokens)) * kv
+    assert b["pd_transfer"] == pytest.approx(computed + b["storage_to_prefill"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=st.lists(st.lists(st.tuples(st.integers(1, 9000), st.integers(1, 60)), min_size=1, max_size=4), min_size=1, max_size=5),
+    p=st.integers(1, 2),
+    d=st.integers(1, 2),
+    scale=st.sampled_from([0.25, 0.5, 1.0]),
+    stagger=st.floats(0.0, 5.0),
+)
+def test_random_small_workloads_finish_with_ledgers_intact(spec, p, d, scale, stagger):
+    cl = replace(paper_cluster("ds-27b", f"{p}P{d}D"), prefill_snic_scale=scale)
+    arrivals = [i * stagger for i in range(len(spec))]
+    sim, r = run(spec, mode="dualpath+split", cluster=cl, arrivals=arrivals, check_every=25)
+    assert r["num_turns"] == sum(len(t) for t in spec) and not sim.inflight
+    for n in sim.nodes:
+        assert n.buffer_free_bytes == pytest.approx(n.buffer_total_bytes)
+        assert n.read_queue_tokens == 0 and not n.read_queue
+    assert math.isfinite(r["jct_s"])
+
+
+def _pair(pd: str, agents: int, max_len: int, scale: float) -> tuple[dict, dict]:
+    cl = replace(paper_cluster("ds-27b", pd), prefill_snic_scale=scale)
+    cfg = SimConfig(cluster=cl, workload=WorkloadConfig(max_len_tokens=max_len, num_agents=agents, seed=3))
+    dual, split = run_modes(cfg, ["dualpath", "dualpath+split"])["runs"]
+    assert _read_bytes(split) == pytest.approx(_read_bytes(dual), rel=1e-12)  # the same hits, read once
+    return dual, split
+
+
+def test_split_reads_pay_off_where_the_pe_side_reads_at_half_rate():
+    """2P1D, the PE nodes' SNICs at half the DE node's: dualpath balances queued tokens, not seconds,
+    so the PE side lags; the split cuts each hit by the two sides' rates."""
+    dual, split = _pair("2P1D", 32, 65536, 0.5)
+    assert split["jct_s"] < dual["jct_s"] or split["ttft_s"]["p99"] < dual["ttft_s"]["p99"]
+    assert split["ttft_s"]["p99"] < 0.9 * dual["ttft_s"]["p99"]
+    assert split["bytes"]["storage_to_prefill"] < dual["bytes"]["storage_to_prefill"]  # less on the slower side
+
+
+def test_split_reads_cost_nothing_on_a_balanced_cluster():
+    dual, split = _pair("1P1D", 32, 32768, 1.0)
+    assert split["jct_s"] <= 1.01 * dual["jct_s"]
