@@ -23,8 +23,8 @@ class SchedulerConfig:
     # would deliver later than a PE computes it again is recomputed. Off by default (the paper
     # always reads); for a degraded store.
     recompute_when_faster: bool = False
-    # `dualpath+split` (core/policy/split.py): a hit under this many blocks is read on one side; the
-    # reason for the default is MIN_SPLIT_BLOCKS's
+    # choice: `dualpath+split` (core/policy/split.py): a hit under this many blocks is read on one
+    # side; the reason for the default is MIN_SPLIT_BLOCKS's
     split_min_blocks: int = MIN_SPLIT_BLOCKS
 
     def __post_init__(self) -> None:
