@@ -9,6 +9,8 @@ import sys
 import pytest
 from cli_helpers import cli, cli_here, read_lines_while_running
 
+from dualpath.runtime.transport.mooncake import mooncake_loads
+
 
 
 
@@ -110,6 +112,29 @@ def test_demo_on_the_tiny_model_reads_on_both_paths(tmp_path):
     # 0.69. On the tiny model a turn's compute is milliseconds, so each engine's reader thread, on
     # the one CPU its engine has here, falls short of the SNIC rate (basic's PE read at 0.78 of it).
     assert runs["dualpath"]["jct_s"] < 0.90 * runs["basic"]["jct_s"], {m: r["jct_s"] for m, r in runs.items()}
+
+
+@pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load: pip install "
+                    "'dualpath[mooncake]' and, as root, apt-get install libibverbs1 librdmacm1 libnuma1")
+def test_run_moves_the_kv_through_mooncake_with_the_same_tokens(tmp_path):
+    """`--transfer mooncake`: the engines talk as across hosts and Mooncake Transfer Engine writes the
+    KV into each other's buffers; each mode's tokens equal those of a run on shared memory."""
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"agent": 0, "rounds": [[150, 3], [40, 3], [70, 2]]}\n{"agent": 1, "rounds": [[90, 2], [64, 4]]}\n')
+    results = {}
+    for transfer in ("remote-write", "mooncake"):
+        j = tmp_path / f"{transfer}.json"
+        p = cli("run", str(f), "--model", "tiny", "--limit", "2", "--mode", "basic", "--mode", "dualpath",
+                "--transfer", transfer, "--json", str(j))
+        assert p.returncode == 0, p.stderr[-3000:]
+        results[transfer] = json.loads(j.read_text())
+    assert results["mooncake"]["config"]["transport"] == {"kind": "tcp", "transfer": "mooncake"}
+    assert results["remote-write"]["config"]["transport"] == {"kind": "local", "transfer": "remote-write"}
+    for local, moon in zip(results["remote-write"]["runs"], results["mooncake"]["runs"]):
+        assert local["mode"] == moon["mode"] and local["tokens_sha256"] == moon["tokens_sha256"]
+        assert moon["bytes"]["remote_writes"] > 0 and moon["cached_tokens"] > 0  # KV crossed between engines
+    p = cli("run", str(f), "--model", "tiny", "--transfer", "carrier-pigeon")
+    assert p.returncode == 2 and "--transfer must be one of remote-write, mooncake" in p.stderr
 
 
 def test_run_replays_a_trajectory_file(tmp_path):

@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..progress import reporter
 from .io import console, out
 from .results import RUNTIME_COLUMNS, print_runs
-from .runtime import DeviceOption, TpOption, _device, plot_runtime, tp_config
+from .runtime import DeviceOption, TpOption, TransferOption, _device, plot_runtime, tp_config, transfer_overrides
 
 
 def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s: Optional[float]):
@@ -82,8 +82,10 @@ def demo(
     tp: TpOption = 1,
     ray: Annotated[bool, typer.Option("--ray", help="with --testbed: a Ray node per emulated host, engines as Ray actors, and a kill -9 restart check (needs dualpath[cluster])")] = False,
     timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json")] = None,
+    transfer: TransferOption = "remote-write",
 ) -> None:
     """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
+    from ..config import TransportConfig
     from ..runtime.apps.demo import run_demo
 
     tp_cfg = tp_config(tp)
@@ -91,6 +93,9 @@ def demo(
         raise InputError("demo --ray runs on the testbed's own Ray nodes: add --testbed (your own cluster: serve --ray ADDRESS)")
     if testbed and timeline is not None:
         raise InputError("--timeline is not written on the testbed (the router runs in its own namespace)")
+    remote = transfer_overrides(transfer)  # mooncake: KV as across hosts, on loopback
+    if testbed and remote:
+        raise InputError("--transfer mooncake is not wired on the testbed yet: run without --testbed")
     if testbed:
         from .testbed import testbed_demo
 
@@ -99,8 +104,9 @@ def demo(
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
         progress.log(f"starting a local 1P1D cluster ({model} on {device})")
+        transport = TransportConfig(kind="tcp", transfer=transfer) if remote else None
         result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan,
-                                   tp=tp_cfg, record_timeline=timeline is not None))
+                                   tp=tp_cfg, record_timeline=timeline is not None, transport=transport))
     if timeline is not None:
         _write_timelines(result, timeline)
     console.print(f"demo: {result['config']['cpus']}")

@@ -36,6 +36,21 @@ TpOption = Annotated[int, typer.Option(
     "a broadcast and an all_reduce per layer, on the latency-critical lane; cpu only)")]
 
 
+TransferOption = Annotated[str, typer.Option(
+    help="who moves KV between engines: remote-write (ours; shared memory on one host) | mooncake (Mooncake "
+         "Transfer Engine, as across hosts on loopback too: engines talk over tcp; needs dualpath[mooncake])")]
+
+
+def transfer_overrides(transfer: str) -> list[str]:
+    """`--transfer` as `--set` overrides: mooncake moves KV as across hosts (transport.kind tcp)."""
+    from ..config import KvTransfer
+    from ..config.runtime import choice
+
+    if choice(KvTransfer, transfer, "--transfer") is KvTransfer.MOONCAKE:
+        return ["transport.kind=tcp", f"transport.transfer={transfer}"]
+    return []
+
+
 def tp_config(ranks: int, **placement):
     """RuntimeConfig.tp from `--tp` (validated there: 1 or 2)."""
     from ..config.tp import TensorParallelConfig
@@ -110,8 +125,7 @@ def serve(
     engines_listen: Annotated[Optional[str], typer.Option(help="tcp://HOST:PORT: start no engines; wait for `dualpath engine`s to join here")] = None,
     token_file: Annotated[Optional[Path], typer.Option(help="shared token of the router and engines (required beyond loopback)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT (needs dualpath[cluster])")] = None,
-    transfer: Annotated[str, typer.Option(help="who moves KV between engines as across hosts: remote-write (ours) | mooncake "
-                                               "(Mooncake Transfer Engine, needs dualpath[mooncake]; engines talk over tcp)")] = "remote-write",
+    transfer: TransferOption = "remote-write",
     tp: TpOption = 1,
     set_: SetOption = None,
 ) -> None:
@@ -206,6 +220,7 @@ def run(
                                           "(root; needs --snic-mb-s; CNIC 8x)")] = False,
     ray: Annotated[Optional[str], typer.Option("--ray", help="engines as Ray actors: local | auto | HOST:PORT "
                                                "(needs dualpath[cluster])")] = None,
+    transfer: TransferOption = "remote-write",
     set_: SetOption = None,
 ) -> None:
     """Replay a trajectory file or a Mooncake trace against the local cluster."""
@@ -219,6 +234,9 @@ def run(
         raise InputError("--limit and --max-len must be positive, --time-scale >= 0")
     if testbed and ray is not None:
         raise InputError("run --testbed --ray is not wired: use demo --testbed --ray, or run --ray on your own cluster")
+    overrides = transfer_overrides(transfer) + list(set_ or [])
+    if testbed and transfer != "remote-write":
+        raise InputError("--transfer mooncake is not wired on the testbed yet: run without --testbed")
     if testbed:
         from .testbed import testbed_run
 
@@ -237,7 +255,7 @@ def run(
             progress.log(f"replaying {trace.name} on a local {pd} cluster ({model} on {device}); modes {', '.join(mode)}")
             result = asyncio.run(run_trace(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device,
                                            on_turn=progress.update, decisions=decisions, timeline=timeline,
-                                           clusters=clusters, placement=placement, overrides=set_ or []))
+                                           clusters=clusters, placement=placement, overrides=overrides))
     print_runs(result, f"replay of {trace.name}", 1e6, "MB", RUNTIME_COLUMNS)
     for r in result["runs"]:
         for key in ("decisions_file", "timeline_file"):

@@ -93,5 +93,7 @@ async def run_trace(path: Path, model: str, pd: str, modes: list[str], limit: in
     for mode, cfg in zip(modes, cfgs):  # every mode's config checked before any cluster starts
         async with clusters(cfg) as cluster:
             runs.append(await replay_on(cluster, path, mode, limit, max_len, time_scale, on_turn, decisions, timeline))
+    transport = cfgs[0].transport
     return {"config": {"model": model, "pd": pd, "trace": str(path), "limit": limit, "max_len": max_len, "device": device,
+                       "transport": {"kind": str(transport.kind), "transfer": str(transport.transfer)},
                        **(placement or {})}, "runs": runs}
