@@ -25,6 +25,7 @@ import json
 import os
 import random
 import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,22 +64,33 @@ def free_port() -> int:
 
 def start_server(model: str, port: int, *args: str, log_path: Path | None = None) -> subprocess.Popen:
     """`dualpath serve` of `model` on `port` (and `args`) in its own process, its output in
-    `log_path` (a temporary file by default: a pipe nobody reads would fill and stall it)."""
+    `log_path` (a temporary file by default, which `stop_server` removes after a clean exit: a pipe
+    nobody reads would fill and stall the server)."""
+    temporary = log_path is None
     log_path = log_path or Path(tempfile.mkstemp(prefix="dualpath-serve-", suffix=".log")[1])
     with open(log_path, "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port),
                                  *args], stdout=log, stderr=subprocess.STDOUT)
     proc.log_path = log_path  # type: ignore[attr-defined]  # wait_ready quotes it
+    proc.log_is_temporary = temporary  # type: ignore[attr-defined]
     return proc
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    """SIGTERM (the server stops its engines), then SIGKILL after 60 s."""
+    """SIGTERM (the server stops its engines), then SIGKILL after 60 s. A temporary log is removed
+    when the server exited by the SIGTERM, kept (and named) otherwise."""
     proc.terminate()
     try:
-        proc.wait(timeout=60)
+        clean = proc.wait(timeout=60) in (0, -signal.SIGTERM)
     except subprocess.TimeoutExpired:
         proc.kill()
+        clean = False
+    log = getattr(proc, "log_path", None)
+    if log is not None and getattr(proc, "log_is_temporary", False):
+        if clean:
+            Path(log).unlink(missing_ok=True)
+        else:
+            print(f"the server did not stop cleanly; its log: {log}", file=sys.stderr)
 
 
 async def wait_ready(client: Any, base: str, proc: subprocess.Popen) -> None:
