@@ -64,7 +64,7 @@ async def run_fidelity(workload: str, modes: Sequence[str], repeat: int, model: 
     for s in (spec, *cal_specs):  # bad input: one line before the drift check times anything
         _plan(s, base, kvbpt, block, model, window)
     drift = DriftCheck(model, device)
-    checks = [drift(base)]  # the session's drift checks in time order: before the first cluster, after each
+    checks = [drift(base)]  # the session's drift checks in time order: before the first run, after each run
     now = replace(base, profile=base.profile.scaled(checks[0].prefill))  # the rates follow the prefill speed
     plan = _plan(spec, now, kvbpt, block, model, window)
     cal_plans = [_plan(c, now, kvbpt, block, model, window) for c in cal_specs]
