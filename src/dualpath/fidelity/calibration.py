@@ -67,12 +67,12 @@ class CalibrationRuns:
 
     workloads: list[str] = field(default_factory=list)
     runs: list[dict] = field(default_factory=list)  # runtime results (runtime/apps/demo.py: run_workload)
-    drifts: list[Drift] = field(default_factory=list)  # per run, the drift at its middle (drifts_through)
+    drifts: list[Drift] = field(default_factory=list)  # per run, the drift at its middle (run.py: _drifts)
     last_after: Drift | None = None  # the check after the last cluster (the scored runs' first check)
     wall_s: float = 0.0
 
     def add(self, workload: str, runs: Sequence[dict], drifts: Sequence[Any]) -> None:
-        """A cluster's runs, each with its drift (`drifts_through`)."""
+        """A cluster's runs, each with its drift."""
         for run, drift in zip(runs, drifts, strict=True):
             self.workloads.append(workload)
             self.runs.append(run)
@@ -108,17 +108,6 @@ def smoothed(checks: Sequence[Any]) -> list[Drift]:
         lo = min(max(i - 1, 0), len(ds) - 3)
         window = ds[lo:lo + 3]
         out.append(Drift(median(d.prefill for d in window), median(d.decode for d in window)))
-    return out
-
-
-def drifts_through(before: Any, after: Any, wall_s: Sequence[float]) -> list[Drift]:
-    """The drift at the middle of each of a cluster's runs, run in turn for `wall_s` seconds each
-    between a check `before` and one `after` (linear in time between the two, per role)."""
-    b, a = Drift.of(before), Drift.of(after)
-    total, out, start = sum(wall_s), [], 0.0
-    for w in wall_s:
-        out.append(b.toward(a, (start + w / 2) / total if total > 0 else 0.5))
-        start += w
     return out
 
 
