@@ -1,35 +1,36 @@
-"""`dualpath bench transport`: bytes per second of the real path between two spawned engine
-processes (shared memory + ZeroMQ control + a `LinkArbiter` at unlimited rate) next to in-process
-memcpy, measured in alternating rounds in one run; chunks of REAL_SPEED_CHUNK_BYTES by default.
+"""Shared memory between two engine processes, one of the four transfers of `dualpath bench
+transport` (transport_run.py runs them side by side): a holder process serves pulls from its host
+buffer through a `LinkArbiter` at unlimited rate, the bytes land in the receiver's host buffer, as the
+engines move KV; chunks of REAL_SPEED_CHUNK_BYTES by default.
 
 The holder moves a block as the engines move KV (a `LinkArbiter` transfer whose `do_chunk` is a
 `ContiguousCopy` into the receiver's shared-memory buffer, then a message); its pull and ready
 messages are this bench's own.
 
-Lifecycle of one block:
-1. The receiver allocates a slot in its `HostBuffer` and sends the holder
-   `KvPull(request_id, layer, segment, offset_bytes, nbytes, reply_to=receiver.endpoint)`.
-2. The holder's `ShmKvSender.send` submits the copy (source: its own buffer; destination: the
-   pull's region, attached on first use) to its arbiter on the KV lane.
+Lifecycle of one block (block k of b bytes: bytes [k * b, (k + 1) * b) of both buffers):
+1. The receiver sends the holder `KvPull(k, None, segment, offset_bytes, b, reply_to=receiver.endpoint)`.
+2. The holder's `ShmKvSender.send` submits the copy (source: block k of its own buffer; destination:
+   the pull's region, attached on first use) to its arbiter on the KV lane.
 3. At delivery, on the link's thread, the sender pushes `KvReady` to `reply_to`; the receiver's
    `ShmKvReceiver.recv()` returns it and `view(ready)` reads the bytes.
 4. Teardown: close the holder's arbiter, then the sender (flush notifications), the receiver and
    the host buffers (owners unlink).
 
-Rates named `*_gbps` are GB/s (1e9 bytes per second), as in `bench.store`.
+`ShmPath` drives the two processes from the bench's process: "stream" (every pull sent at once,
+timed until the last `KvReady`), "each" (one block at a time, each timed), "clear" and "crc" (the
+receiver's bytes, for the check that they arrived intact).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing as mp
 import os
 import tempfile
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from ..runtime.transport.channel import Inbox, Outbox, ipc_endpoint
 from ..runtime.transport.messages import Stop, message
 from ..runtime.transport.shm import HostBuffer, SharedSegments, ShmRegion
 from ..runtime.transport.transfer import ContiguousCopy, TransferHandle, TransferResult
-from .lanes import KIB, MIB
+from .lanes import KIB
 
 # The transport bench's link runs at real speed, where every chunk is one `do_chunk` call (~1 us)
 # besides its copy. Measured (2 shared cores, 256 MiB in 16 MiB blocks, ratio to one 256 MiB
@@ -137,16 +138,28 @@ class ShmKvReceiver:
         self._inbox.close()
 
 
+# The seed of the bytes every transfer moves: the holder process and the bench's process draw the
+# same bytes from it (`source_bytes`), so a checksum of what landed compares across processes
+SOURCE_SEED = 3
+# Per command to an engine process: its start-up (spawn, imports) and one round of a large run on a
+# loaded 2-core machine
+ENGINE_WAIT_S = 120.0
+
+
+def source_bytes(nbytes: int, seed: int = SOURCE_SEED) -> np.ndarray:
+    """The bytes a transfer moves: `nbytes` random bytes, the same for the same seed in any process."""
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
 def holder_process_main(endpoint: str, num_blocks: int, block_bytes: int, chunk_bytes: int, conn: Any) -> None:
-    """KV holder: serves `KvPull`s from its host buffer through its link until `Stop`."""
+    """KV holder: serves `KvPull`s from its host buffer through its link until `Stop`. A pull of
+    `nbytes` for request k copies bytes [k * nbytes, (k + 1) * nbytes) of the buffer's
+    num_blocks * block_bytes bytes (its slots back to back), so any block size is served."""
+    total_bytes = num_blocks * block_bytes
     with HostBuffer.create(block_bytes, num_blocks) as buf, Inbox(endpoint) as inbox:
-        rng = np.random.default_rng(3)
-        regions = [buf.allocate() for _ in range(num_blocks)]
-        for r in regions:
-            buf.view(r)[:] = rng.integers(0, 256, block_bytes, dtype=np.uint8)
-        crc = 0
-        for r in regions:
-            crc = zlib.crc32(buf.view(r), crc)
+        whole = ShmRegion(buf.name, 0, total_bytes)
+        buf.view(whole)[:] = source_bytes(total_bytes)
+        crc = zlib.crc32(buf.view(whole))
         segments = SharedSegments(own=(buf,))
         arbiter = LinkArbiter("holder-cnic", None, LaneWeights(), MonotonicClock(), chunk_bytes)
         sender = ShmKvSender(arbiter, segments)
@@ -156,8 +169,12 @@ def holder_process_main(endpoint: str, num_blocks: int, block_bytes: int, chunk_
             msg = inbox.recv()
             if isinstance(msg, Stop):
                 break  # else a KvPull: the only other message this bench sends
+            start = msg.request_id * msg.nbytes
+            if not 0 <= start <= start + msg.nbytes <= total_bytes:
+                raise ValueError(f"pull of bytes [{start}, {start + msg.nbytes}) outside the holder's {total_bytes}")
             dst = ShmRegion(msg.segment, msg.offset_bytes, msg.nbytes)
-            handles.append(sender.send(msg.request_id, msg.layer, regions[msg.request_id], dst, msg.reply_to))
+            src = ShmRegion(buf.name, start, msg.nbytes)
+            handles.append(sender.send(msg.request_id, msg.layer, src, dst, msg.reply_to))
             handles = [h for h in handles if not h.done()]
         for h in handles:
             h.wait(timeout_s=60.0)
@@ -165,71 +182,132 @@ def holder_process_main(endpoint: str, num_blocks: int, block_bytes: int, chunk_
         arbiter.close()
         sender.close()
         segments.close()
-        del regions
     conn.send(("done", None))
 
 
-def receiver_process_main(endpoint: str, holder_endpoint: str, num_blocks: int, block_bytes: int, conn: Any) -> None:
-    """Receiver: on each "go", pulls every block (all pulls sent at once, so the holder's link
-    is never idle waiting for a request) and reports the time until the last `KvReady`; on
-    "stop", checksums what arrived."""
-    clock = MonotonicClock()
-    with HostBuffer.create(block_bytes, num_blocks) as buf:
+class _Puller:
+    """The receiver's pulls: block k of `block_bytes` into bytes [k * block_bytes, ...) of its buffer."""
+
+    def __init__(self, receiver: ShmKvReceiver, holder: Outbox, clock: Clock) -> None:
+        self.receiver, self.holder, self.clock = receiver, holder, clock
+
+    def _pull(self, k: int, block_bytes: int) -> None:
+        self.holder.send(KvPull(k, None, self.receiver.buffer.name, k * block_bytes, block_bytes, self.receiver.endpoint))
+
+    def _ready(self) -> KvReady:
+        ready = self.receiver.recv(timeout_s=60.0)
+        if ready is None:
+            raise TimeoutError("no KvReady within 60 s")
+        return ready
+
+    def stream(self, block_bytes: int, num_blocks: int) -> float:
+        """Every pull sent at once (the holder's link never idles waiting for one): seconds to the last KvReady."""
+        t0 = self.clock.now_s()
+        for k in range(num_blocks):
+            self._pull(k, block_bytes)
+        for _ in range(num_blocks):
+            self._ready()
+        return self.clock.now_s() - t0
+
+    def each(self, block_bytes: int, num_blocks: int) -> list[float]:
+        """One pull at a time: seconds from each pull to its KvReady."""
+        out = []
+        for k in range(num_blocks):
+            t0 = self.clock.now_s()
+            self._pull(k, block_bytes)
+            self._ready()
+            out.append(self.clock.now_s() - t0)
+        return out
+
+
+def receiver_process_main(endpoint: str, holder_endpoint: str, total_bytes: int, conn: Any) -> None:
+    """Receiver: pulls one whole-buffer block first (untimed: the holder attaches this buffer), then
+    answers ShmPath's commands on `conn` until "stop"."""
+    with HostBuffer.create(total_bytes, 1) as buf:
         receiver = ShmKvReceiver(buf, endpoint)
         holder = Outbox(holder_endpoint)
-        regions = [buf.allocate() for _ in range(num_blocks)]
+        puller = _Puller(receiver, holder, MonotonicClock())
+        dst = buf.view(ShmRegion(buf.name, 0, total_bytes))
+        puller.each(total_bytes, 1)
         conn.send(("ready", None))
-        assert conn.recv() == "go"
-        # Setup, untimed: one block end to end, so the holder attaches (registers) this buffer.
-        holder.send(KvPull(0, None, regions[0].segment, regions[0].offset_bytes, regions[0].nbytes, endpoint))
-        if receiver.recv(timeout_s=60.0) is None:
-            raise TimeoutError("no KvReady for the setup block within 60 s")
-        got: dict[int, KvReady] = {}
         while True:
-            t0 = clock.now_s()
-            for i, r in enumerate(regions):
-                holder.send(KvPull(i, None, r.segment, r.offset_bytes, r.nbytes, endpoint))
-            for _ in range(num_blocks):
-                ready = receiver.recv(timeout_s=60.0)
-                if ready is None:
-                    raise TimeoutError("no KvReady within 60 s")
-                got[ready.request_id] = ready
-            conn.send(("round", clock.now_s() - t0))
-            if conn.recv() != "go":
+            cmd, *args = conn.recv()
+            if cmd == "stop":
                 break
-        crc = 0
-        for i in range(num_blocks):
-            crc = zlib.crc32(receiver.view(got[i]), crc)
+            if cmd == "stream":
+                conn.send((cmd, puller.stream(*args)))
+            elif cmd == "each":
+                conn.send((cmd, puller.each(*args)))
+            elif cmd == "clear":
+                dst.fill(0)
+                conn.send((cmd, None))
+            else:  # "crc"
+                conn.send((cmd, zlib.crc32(dst[:args[0]])))
+        del dst
         holder.send(Stop("done"))
         holder.close()
         receiver.close()
-    conn.send(("done", crc))
+    conn.send(("done", None))
 
 
-class _MemcpyBaseline:
-    """In-process copies of `total_bytes` between two plain (anonymous-memory) numpy arrays, both
-    touched beforehand: one call (`np.copyto`, `ctypes.memmove`) and one call per block."""
+class ShmPath:
+    """Shared memory between two spawned engine processes (holder and receiver), driven from here;
+    the bytes are `source_bytes(total_bytes)`. A context manager: leaving it stops both."""
 
-    def __init__(self, total_bytes: int, block_bytes: int) -> None:
-        self.src = np.empty(total_bytes, dtype=np.uint8)
-        self.src.fill(0x5A)  # mapped: an untouched source would read the shared zero page
-        self.dst = np.zeros(total_bytes, dtype=np.uint8)
-        self.dst.fill(0)  # mapped: no page faults in the timed copies
-        self.total_bytes, self.block_bytes = total_bytes, block_bytes
-        self.seconds: dict[str, list[float]] = {k: [] for k in ("numpy.copyto", "ctypes.memmove", "blockwise")}
+    name = "shm"
 
-    def round(self, clock: Clock) -> None:
-        src, dst, n, b = self.src, self.dst, self.total_bytes, self.block_bytes
-        t0 = clock.now_s()
-        np.copyto(dst, src)
-        t1 = clock.now_s()
-        ctypes.memmove(dst.ctypes.data, src.ctypes.data, n)
-        t2 = clock.now_s()
-        for off in range(0, n, b):
-            ctypes.memmove(dst.ctypes.data + off, src.ctypes.data + off, b)
-        t3 = clock.now_s()
-        for k, dt in (("numpy.copyto", t1 - t0), ("ctypes.memmove", t2 - t1), ("blockwise", t3 - t2)):
-            self.seconds[k].append(dt)
+    def __init__(self, total_bytes: int, chunk_bytes: int = REAL_SPEED_CHUNK_BYTES,
+                 engine_nt_threshold_bytes: int | None = None, timeout_s: float = ENGINE_WAIT_S) -> None:
+        self.timeout_s = timeout_s
+        self._tmp = tempfile.TemporaryDirectory(prefix="dp-")
+        ctx = mp.get_context("spawn")
+        holder_ep, recv_ep = ipc_endpoint(self._tmp.name, "holder"), ipc_endpoint(self._tmp.name, "receiver")
+        (self._holder, h_child), (self._recv, r_child) = ctx.Pipe(), ctx.Pipe()
+        self._procs = [ctx.Process(target=holder_process_main, args=(holder_ep, 1, total_bytes, chunk_bytes, h_child)),
+                       ctx.Process(target=receiver_process_main, args=(recv_ep, holder_ep, total_bytes, r_child))]
+        with _engine_env(engine_nt_threshold_bytes):
+            for p in self._procs:
+                p.start()
+        try:
+            self.source_crc = expect(self._holder, self._procs, "ready", timeout_s)[1]
+            expect(self._recv, self._procs, "ready", timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ask(self, cmd: str, *args: Any) -> Any:
+        self._recv.send((cmd, *args))
+        return expect(self._recv, self._procs, cmd, self.timeout_s)[1]
+
+    def stream(self, block_bytes: int, num_blocks: int) -> float:
+        return self._ask("stream", block_bytes, num_blocks)
+
+    def each(self, block_bytes: int, num_blocks: int) -> list[float]:
+        return self._ask("each", block_bytes, num_blocks)
+
+    def clear(self) -> None:
+        self._ask("clear")
+
+    def landed_crc(self, nbytes: int) -> int:
+        return self._ask("crc", nbytes)
+
+    def close(self) -> None:
+        if any(p.is_alive() for p in self._procs):
+            with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+                self._recv.send(("stop",))
+                expect(self._recv, self._procs, "done", self.timeout_s)
+                expect(self._holder, self._procs, "done", self.timeout_s)
+        for p in self._procs:
+            p.join(timeout=10.0)
+            if p.is_alive():
+                p.terminate()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "ShmPath":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @contextlib.contextmanager
@@ -250,87 +328,7 @@ def _engine_env(nt_threshold_bytes: int | None) -> Iterator[None]:
             os.environ["GLIBC_TUNABLES"] = old
 
 
-def run_transport_bench(total_bytes: int = 256 * MIB, block_bytes: int = 16 * MIB,
-                        chunk_bytes: int = REAL_SPEED_CHUNK_BYTES, timeout_s: float = 120.0,
-                        repeats: int = 5, engine_nt_threshold_bytes: int | None = None) -> dict[str, Any]:
-    """GB/s of KV transfers between two spawned processes vs in-process memcpy, side by side.
-
-    `repeats` rounds, each: the receiver pulls all `total_bytes` (one `KvPull` per block, all
-    sent at once) through the holder's unlimited-rate link, then this process copies the same
-    number of bytes in-process. Rates are best of the rounds (`*_median_gbps`: medians).
-    `memcpy_gbps` is one plain copy of all `total_bytes`, with whichever of `np.copyto` and
-    `ctypes.memmove` was faster (`memcpy_method`); `memcpy_blockwise_gbps` copies the same bytes
-    one block per call. They differ because glibc switches to non-temporal stores only for copies
-    above its threshold (~99 MiB here, `ld.so --list-tunables`), which no block or chunk copy
-    reaches. The transport also copies between shared-memory (tmpfs) mappings, which get no
-    transparent huge pages, while the baseline's numpy arrays may.
-
-    `engine_nt_threshold_bytes` (off by default) starts the engine processes with glibc's
-    non-temporal threshold lowered to it (GLIBC_TUNABLES, x86 glibc only), e.g. to
-    `chunk_bytes`: chunk copies then use non-temporal stores like the one large copy does
-    (measured ~0.79 of it instead of ~0.54 with 256 KiB chunks). It applies to every memcpy of
-    the engine processes, and only this bench sets it.
-    """
-    if total_bytes <= 0 or block_bytes <= 0 or total_bytes % block_bytes:
-        raise ValueError("total_bytes must be a positive multiple of block_bytes")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    num_blocks = total_bytes // block_bytes
-    clock = MonotonicClock()
-    baseline = _MemcpyBaseline(total_bytes, block_bytes)
-    transport_s: list[float] = []
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="dp-") as tmp:
-        holder_ep, recv_ep = ipc_endpoint(tmp, "holder"), ipc_endpoint(tmp, "receiver")
-        (h_parent, h_child), (r_parent, r_child) = ctx.Pipe(), ctx.Pipe()
-        procs = [ctx.Process(target=holder_process_main, args=(holder_ep, num_blocks, block_bytes, chunk_bytes, h_child)),
-                 ctx.Process(target=receiver_process_main, args=(recv_ep, holder_ep, num_blocks, block_bytes, r_child))]
-        with _engine_env(engine_nt_threshold_bytes):
-            for p in procs:
-                p.start()
-        try:
-            _, src_crc = _expect(h_parent, procs, "ready", timeout_s)
-            _expect(r_parent, procs, "ready", timeout_s)
-            for i in range(repeats):
-                r_parent.send("go")
-                transport_s.append(_expect(r_parent, procs, "round", timeout_s)[1])
-                baseline.round(clock)  # while the engines idle
-            r_parent.send("stop")
-            _, dst_crc = _expect(r_parent, procs, "done", timeout_s)
-            _expect(h_parent, procs, "done", timeout_s)
-        finally:
-            for p in procs:
-                p.join(timeout=10.0)
-                if p.is_alive():
-                    p.terminate()
-
-    result = _rates(total_bytes, transport_s, baseline.seconds)
-    return {"total_bytes": total_bytes, "block_bytes": block_bytes, "chunk_bytes": chunk_bytes, "repeats": repeats,
-            "engine_nt_threshold_bytes": engine_nt_threshold_bytes, **result, "checksum_ok": src_crc == dst_crc}
-
-
-def _rates(total_bytes: int, transport_s: list[float], memcpy_s: dict[str, list[float]]) -> dict[str, Any]:
-    """GB/s (best and median of the rounds) of the transport and of the memcpy baselines."""
-    def gbps(seconds: list[float], pick: Callable[[list[float]], float]) -> float:
-        return total_bytes / pick(seconds) / 1e9
-
-    def median(xs: list[float]) -> float:
-        return float(np.median(xs))
-
-    method = min(("numpy.copyto", "ctypes.memmove"), key=lambda k: min(memcpy_s[k]))
-    transport_gbps, memcpy_gbps = gbps(transport_s, min), gbps(memcpy_s[method], min)
-    blockwise_gbps = gbps(memcpy_s["blockwise"], min)
-    transport_median, memcpy_median = gbps(transport_s, median), gbps(memcpy_s[method], median)
-    return {"transport_gbps": transport_gbps, "memcpy_gbps": memcpy_gbps, "ratio": transport_gbps / memcpy_gbps,
-            "memcpy_method": method,
-            "memcpy_numpy_gbps": gbps(memcpy_s["numpy.copyto"], min),
-            "memcpy_memmove_gbps": gbps(memcpy_s["ctypes.memmove"], min),
-            "memcpy_blockwise_gbps": blockwise_gbps, "ratio_blockwise": transport_gbps / blockwise_gbps,
-            "transport_median_gbps": transport_median, "memcpy_median_gbps": memcpy_median,
-            "ratio_median": transport_median / memcpy_median}
-
-
-def _expect(conn: Any, procs: list[Any], tag: str, timeout_s: float, poll_s: float = 0.1) -> tuple[str, Any]:
+def expect(conn: Any, procs: list[Any], tag: str, timeout_s: float, poll_s: float = 0.1) -> tuple[str, Any]:
     """Wait for `(tag, payload)` on `conn`; fail early if an engine process died."""
     for _ in range(max(1, round(timeout_s / poll_s))):
         if conn.poll(poll_s):
