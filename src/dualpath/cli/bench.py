@@ -10,9 +10,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..config import parse_mode
+from ..config import RuntimeConfig, parse_mode
 from ..errors import InputError
-from .io import out
+from .io import console, out
 from .sim import _positive, _split_ints
 
 
@@ -110,18 +110,58 @@ def _lanes_sim(model: str, pd: str, agents: int, max_len: str, json_path: Option
 
 
 def bench_transport(
-    total_mib: Annotated[int, typer.Option()] = 256,
-    block_mib: Annotated[int, typer.Option()] = 16,
-    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    total_mib: Annotated[int, typer.Option(help="bytes per transfer per size per round, MiB (whole Full Blocks)")] = 256,
+    block_mib: Annotated[Optional[float], typer.Option(help="one more block size, MiB, besides the model's two")] = None,
+    rounds: Annotated[int, typer.Option(help="alternating rounds: every transfer at every size each round")] = 5,
+    latency_blocks: Annotated[Optional[int], typer.Option(
+        help="blocks timed one at a time per size per round [default: bench.transport_run.LATENCY_BLOCKS_DEFAULT]")] = None,
+    chunk_kib: Annotated[Optional[int], typer.Option(
+        help="the engines' link chunk, KiB [default: bench.transport.REAL_SPEED_CHUNK_BYTES]")] = None,
+    model: Annotated[str, typer.Option(help="whose KV block sizes: a built-in model or a .gguf file")] = RuntimeConfig().model,
+    json_path: Annotated[Path, typer.Option("--json")] = Path("out/bench/transport.json"),
+    plot: Annotated[Optional[Path], typer.Option(help="a PNG of rates and latencies by transfer and size")] = None,
 ) -> None:
-    """Shared-memory KV transfer between two engine processes vs an in-process memcpy."""
-    from ..bench.transport import run_transport_bench
+    """Four KV transfers side by side: Mooncake Transfer Engine and our remote writes (loopback TCP),
+    shared memory between two engine processes, in-process memcpy; the model's block sizes."""
+    from ..bench.transport import REAL_SPEED_CHUNK_BYTES
+    from ..bench.transport_run import LATENCY_BLOCKS_DEFAULT, block_sizes, model_layout, plot_transport, run_transport_bench
     from ..sim.runner import write_json
 
-    r = run_transport_bench(total_mib * 2**20, block_mib * 2**20)
-    out.print_json(json.dumps(r, default=str))
-    if json_path:
-        write_json(r, json_path)
+    latency_blocks = LATENCY_BLOCKS_DEFAULT if latency_blocks is None else latency_blocks
+    chunk_kib = REAL_SPEED_CHUNK_BYTES // 1024 if chunk_kib is None else chunk_kib
+    if min(total_mib, rounds, latency_blocks, chunk_kib) < 1 or (block_mib is not None and block_mib <= 0):
+        raise InputError("--total-mib, --rounds, --latency-blocks and --chunk-kib must be >= 1, --block-mib positive")
+    cfg = RuntimeConfig(model=model)
+    layout = model_layout(cfg)
+    sizes = block_sizes(layout, None if block_mib is None else int(block_mib * 2**20))
+    total_bytes = total_mib * 2**20 // layout.full_block_bytes * layout.full_block_bytes
+    if total_bytes < max(sizes.values()):
+        raise InputError(f"--total-mib {total_mib} holds no whole block of {max(sizes.values()) / 2**20:.2f} MiB")
+    r = run_transport_bench(sizes, total_bytes, rounds, chunk_kib * 1024, latency_blocks)
+    r.update(model=model, block_tokens=layout.block_tokens, num_layers=layout.num_layers,
+             kv_bytes_per_token_per_layer=layout.kv_bytes_per_token_per_layer, kv_dtype=str(cfg.kv_dtype))
+    _print_transport(r)
+    write_json(r, json_path)
+    console.print(f"wrote {json_path}")
+    if plot:
+        plot_transport(r, plot)
+        console.print(f"wrote {plot}")
+
+
+def _print_transport(r: dict) -> None:
+    table = Table(title=f"{r['model']} KV blocks, {r['total_bytes'] / 2**20:.1f} MiB per transfer per size per round, "
+                        f"{r['rounds']} rounds, {r['chunk_bytes'] // 1024} KiB link chunks, {r['cpus']} CPUs")
+    for col in ("transfer", "block", "GB/s (median)", "min-max", "vs memcpy", "latency p50 us", "p90 us", "intact"):
+        table.add_column(col, justify="right")
+    for t, by_size in r["rows"].items():
+        for size, c in by_size.items():
+            table.add_row(t, f"{size} {c['block_bytes'] / 1024:,.0f} KiB", f"{c['gbps_median']:.2f}",
+                          f"{c['gbps_min']:.2f}-{c['gbps_max']:.2f}", f"{c['ratio_to_memcpy']:.2f}",
+                          f"{c['latency_p50_us']:,.0f}", f"{c['latency_p90_us']:,.0f}", "yes" if c["intact"] else "NO")
+    out.print(table)
+    for line in r["notes"]:
+        out.print(line)
+
 
 def bench_store(
     directory: Annotated[Path, typer.Option(help="where to write the test store (same disk as your KV store)")] = Path("out/bench-store"),
