@@ -49,6 +49,34 @@ def transport_shm(r: Results) -> str:
             f"{'yes' if d['checksum_ok'] else 'NO'}.\n\n" + table(["way", "GB/s", "vs memcpy"], rows))
 
 
+# The four-transfer format `dualpath bench transport` writes now (bench/transport_run.py). It becomes
+# the `transport` block, replacing `transport_shm` (the format before it), once
+# docs/results/transport/transport.json is committed: @block("transport", reads=("transport/transport.json",),
+# command=TRANSPORT_COMMAND) on a function returning transport_table(r.json("transport/transport.json")).
+TRANSPORT_COMMAND = ("dualpath bench transport --json docs/results/transport/transport.json "
+                     "--plot docs/results/transport/transport.png")
+TRANSPORT_LABELS = {"memcpy": "in-process memcpy (the reference)", "shm": "shared memory, engine -> engine process",
+                    "tcp": "our remote writes, loopback TCP", "mooncake": "Mooncake Transfer Engine, loopback TCP"}
+
+
+def transport_table(d) -> str:
+    """Per transfer and block size: GB/s (median and spread of the rounds), ratio to memcpy, latency."""
+    sizes = sorted(d["sizes"], key=lambda s: d["sizes"][s])
+    rows = [[TRANSPORT_LABELS.get(t, t), f"{s} ({num(d['sizes'][s] / 1024)} KiB)", f"{d['rows'][t][s]['gbps_median']:.2f}",
+             f"{d['rows'][t][s]['gbps_min']:.2f}-{d['rows'][t][s]['gbps_max']:.2f}",
+             f"**{ratio(d['rows'][t][s]['ratio_to_memcpy'])}**", num(d["rows"][t][s]["latency_p50_us"]),
+             num(d["rows"][t][s]["latency_p90_us"]), "yes" if d["rows"][t][s]["intact"] else "NO"]
+            for t in d["transfers"] for s in sizes]
+    skipped = "".join(f" {t} skipped: {why}." for t, why in d["skipped"].items())
+    notes = "".join(f"\n\n{line}" for line in d["notes"] if ": skipped: " not in line)
+    return (f"{d['model']} KV blocks: a layer's slice of a block and a whole block ({d['block_tokens']} tokens, "
+            f"{d['kv_dtype']}); {num(d['total_bytes'] / 2**20, 1)} MiB per transfer per size per round, {d['rounds']} "
+            f"alternating rounds, {num(d['chunk_bytes'] / 1024)} KiB link chunks, {d['cpus']} CPUs; ratios to memcpy "
+            f"measured in the same round.{skipped}\n\n"
+            + table(["transfer", "block", "GB/s", "min-max", "vs memcpy", "latency p50 us", "p90 us", "intact"], rows)
+            + notes)
+
+
 @block("remote_write", reads=("transport/remote_write.json",),
        command="dualpath bench remote-write --json docs/results/transport/remote_write.json")
 def remote_write(r: Results) -> str:
