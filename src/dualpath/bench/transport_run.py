@@ -196,8 +196,8 @@ def _notes(r: dict[str, Any]) -> list[str]:
         notes.append(
             f"mooncake {name}: {d['link_gbps_median']:.2f} GB/s vs tcp {d['tcp_gbps_median']:.2f}; its "
             f"{d['us_per_block']:,.0f} us per block = {d['bytes_us_per_block']:,.0f} us of bytes at its one-batch rate "
-            f"({d['one_batch_gbps_median']:.2f} GB/s) + {d['per_call_us_per_block']:,.0f} us per synchronous write call "
-            f"({d['sync_per_block_gbps_median']:.2f} GB/s one call per block) + {d['link_us_per_block']:,.0f} us through "
+            f"({d['one_batch_gbps_median']:.2f} GB/s) {d['per_call_us_per_block']:+,.0f} us per synchronous write call "
+            f"({d['sync_per_block_gbps_median']:.2f} GB/s one call per block) {d['link_us_per_block']:+,.0f} us through "
             f"the link (arbiter chunks, thread hand-off)")
     return notes
 
