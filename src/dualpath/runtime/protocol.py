@@ -79,6 +79,7 @@ class PrefillAssign:
     layerwise: bool
     logprobs: int = -1  # SamplingParams.logprobs: top logprobs per token; -1 (api.NO_LOGPROBS): none
     n: int = 1  # SamplingParams.n: each choice's first token is sampled here (model/generate.py: choice_seed)
+    pe_part_tokens: int = 0  # a split read (read_side DECODE): the hit's prefix P reads into pe_offsets; D the rest
 
 
 @message
@@ -100,6 +101,7 @@ class DecodeAssign:
     seed: int
     logprobs: int = -1  # as PrefillAssign's
     n: int = 1  # choices: each decodes here from the prompt's KV blocks, shared (PagedKVCache.fork)
+    pe_part_tokens: int = 0  # a split read: D reads hit tokens [pe_part_tokens, hit_tokens) (PrefillAssign's)
 
 
 @message
@@ -128,7 +130,8 @@ class HitReady:
 @message
 @dataclass(frozen=True, slots=True)
 class LayerPull:
-    """P -> D: copy layer `layer` of tokens [0, num_tokens) of `rid` into P's landing zone."""
+    """P -> D: copy layer `layer` of tokens [first_token, num_tokens) of `rid` into P's landing zone,
+    whose tokens [0, num_tokens) start at `offset_bytes`."""
 
     rid: int
     layer: int
@@ -137,6 +140,7 @@ class LayerPull:
     offset_bytes: int
     reply_to: str
     reply_data: str  # the PE's data endpoint for remote writes ("" on one host: engine/peers.py)
+    first_token: int = 0  # a split read: tokens before it are the PE's own part (P loads them itself)
 
 
 @message
@@ -159,6 +163,7 @@ class LayerReady:
     rid: int
     layer: int
     sums: list
+    own: bool = False  # P's copy from its own buffer (the PE path's, or a split read's PE part); else D's
 
 
 @message
