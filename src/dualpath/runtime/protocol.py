@@ -9,7 +9,8 @@ router, which therefore knows every buffer's occupancy, as the paper's scheduler
 Numbered path of one request (router R, prefill engine P, decode engine D):
   1. R -> D `DecodeAssign` with the DE-buffer region for the prompt: D reserves HBM (KV cache
      blocks); on the DE path it reads the hit blocks into the region, then D -> P `HitReady`.
-  2. R -> P `PrefillAssign`: on the PE path P reads the hit into its PE-buffer region.
+  2. R -> P `PrefillAssign`: on the PE path P reads the hit into its PE-buffer region (a split
+     read: P its prefix, `pe_part_tokens`, D the rest, both at once).
   3. P runs layerwise prefill; per layer, cached KV lands in P's landing zone (PE path: P copies
      from its buffer; DE path: P -> D `LayerPull`, D copies, D -> P `LayerReady`), and the layer's
      new KV (plus, on the PE path, the hit) is written into D's region.

@@ -2,8 +2,8 @@
 
 Numbered path of one request through a DE (protocol.py has the whole picture):
   1. `DecodeAssign`: the router has reserved KV-cache room (HBM) and a DE-buffer region. DE path
-     with a hit: read the hit blocks into the region through this node's SNIC, then `HitReady`
-     to the PE (and `ReadDone` to the router).
+     with a hit: read the hit blocks into the region through this node's SNIC (a split read: the
+     blocks after the PE's part), then `HitReady` to the PE (and `ReadDone` to the router).
   2. `LayerPull` (DE path): this engine's CNIC arbiter writes layer l of the cached tokens from
      the region into the PE's landing zone, then `LayerReady` to the PE.
   3. `PromptReady`: every prompt byte is in the region. Check it against the PE's checksums

@@ -2,7 +2,9 @@
 
 Numbered path of one request through a PE (protocol.py has the whole picture):
   1. `PrefillAssign`: PE path with a hit -> read the hit blocks into this node's buffer (the
-     reader thread paces them through the node's emulated SNIC); DE path -> wait for `HitReady`.
+     reader thread paces them through the node's emulated SNIC); DE path -> wait for `HitReady`;
+     a split read (`dualpath+split`) -> both: its PE part (the hit's prefix) read here, the rest
+     by the DE, ready once both are in (prefill_request.py: `part_loaded`).
      A block that fails its checksum ends the hit there; the rest is recomputed.
   2. Ready requests join the batch queue (FIFO). When idle, the engine forms a batch with
      `core.policy.form_prefill_batch` (DualPath: the attention work of the paper's 300 ms quota,
@@ -10,7 +12,7 @@ Numbered path of one request through a PE (protocol.py has the whole picture):
      batch must fit the landing zone.
   3. (`kv_stream.PrefillKvStream`) Per layer l: the cached KV of every item lands in the landing zone ("HBM") - PE path: copied
      from this node's buffer by this engine's CNIC arbiter; DE path: pulled from the DE, whose
-     arbiter writes it here - while layer l-1 computes (layerwise; otherwise all layers load first).
+     arbiter writes it here; a split read: its PE part copied, the rest pulled - while layer l-1 computes (layerwise; otherwise all layers load first).
      Layer l's new KV goes to the DE's buffer (PE path: the hit as well), through the arbiter.
      Every load and PD copy carries a checksum per block piece (transport/integrity.py): a load that
      fails is loaded again, then (out of tries) the request restarts and recomputes its prompt.
