@@ -1,6 +1,6 @@
 """`dualpath+split` (core/policy/split.py) in the simulator: both parts of a split read cross their
 nodes' SNICs, every ledger holds, the bytes are dualpath's, and the split pays off where the two
-sides read at different rates; the runtime refuses the mode."""
+sides read at different rates. The runtime's half: tests/runtime/cluster/test_runtime_split_reads.py."""
 
 from __future__ import annotations
 
@@ -26,14 +26,12 @@ def _read_bytes(r: dict) -> float:
     return r["bytes"]["storage_to_prefill"] + r["bytes"]["storage_via_decode"]
 
 
-def test_the_mode_parses_and_only_the_simulator_takes_it():
+def test_the_mode_parses_and_both_worlds_take_it():
     f = parse_mode("dualpath+split")
     assert f.split_reads and f.de_read_path and f.dualpath_scheduler and not f.io_free
     assert not parse_mode("dualpath").split_reads
-    with pytest.raises(InputError, match="simulator-only"):
-        RuntimeConfig(mode="dualpath+split")
-    with pytest.raises(InputError, match="simulator-only"):  # a mode switch of a running cluster rebuilds it
-        replace(RuntimeConfig(), mode="dualpath+split")
+    assert RuntimeConfig(mode="dualpath+split").features.split_reads  # the runtime's half: tests/runtime/cluster/test_runtime_split_reads.py
+    assert replace(RuntimeConfig(), mode="dualpath+split").features.split_reads  # a mode switch of a running cluster
     with pytest.raises(InputError, match="unknown mode"):
         parse_mode("basic+split")
 

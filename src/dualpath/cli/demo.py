@@ -34,6 +34,36 @@ def _plan(model: str, device: str, agents: int, rounds: Optional[int], snic_mb_s
     return plan
 
 
+DEFAULT_DEMO_MODES = "basic,dualpath"
+
+
+def demo_modes(text: str) -> tuple[str, ...]:
+    """`--modes`: comma-separated modes (config/features.py: parse_mode names an unknown one), none twice."""
+    from ..config import parse_mode
+
+    modes = tuple(m.strip().lower() for m in text.split(",") if m.strip())
+    if not modes:
+        raise InputError(f"--modes {text!r}: name at least one mode, e.g. {DEFAULT_DEMO_MODES}")
+    for m in modes:
+        parse_mode(m)
+    if len(set(modes)) != len(modes):
+        raise InputError(f"--modes {text!r} names a mode twice")
+    return modes
+
+
+def _print_modes(result: dict) -> None:
+    """Per mode its JCT, the ratio to basic's (one run's cluster, measured together) and its tokens' digest."""
+    runs = {r["mode"]: r for r in result["runs"]}
+    if "basic" in runs and "dualpath" in runs:
+        b, d = runs["basic"], runs["dualpath"]
+        out.print(f"PE busy s per turn: basic {b['pe_busy_s_per_turn']:.3f}, dualpath {d['pe_busy_s_per_turn']:.3f}")
+    basic_sha = runs["basic"]["tokens_sha256"] if "basic" in runs else None
+    for m, r in runs.items():
+        ratio = "" if r["jct_over_basic"] is None or m == "basic" else f"; JCT {m} / basic = {r['jct_over_basic']:.2f}"
+        same = "" if basic_sha is None or m == "basic" else (" (basic's)" if r["tokens_sha256"] == basic_sha else " (NOT basic's)")
+        out.print(f"{m}: JCT {r['jct_s']:.2f} s{ratio}; tokens_sha256 {r['tokens_sha256'][:16]}{same}")
+
+
 def _provenance(cal) -> str:
     if not cal.reused:
         return "measured"
@@ -83,12 +113,16 @@ def demo(
     ray: Annotated[bool, typer.Option("--ray", help="with --testbed: a Ray node per emulated host, engines as Ray actors, and a kill -9 restart check (needs dualpath[cluster])")] = False,
     timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json")] = None,
     transfer: TransferOption = "remote-write",
+    modes: Annotated[str, typer.Option(help="comma-separated modes, run in this order on one cluster: basic | dualpath | oracle | dualpath+split (beyond the paper) | basic+layerwise[+de_read][+scheduler]")] = DEFAULT_DEMO_MODES,
 ) -> None:
-    """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode, compare."""
+    """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode (or --modes), compare."""
     from ..config import TransportConfig
     from ..runtime.apps.demo import run_demo
 
     tp_cfg = tp_config(tp)
+    mode_list = demo_modes(modes)
+    if testbed and mode_list != demo_modes(DEFAULT_DEMO_MODES):
+        raise InputError(f"--modes is not wired on the testbed yet (it runs {DEFAULT_DEMO_MODES}): run without --testbed")
     if ray and not testbed:
         raise InputError("demo --ray runs on the testbed's own Ray nodes: add --testbed (your own cluster: serve --ray ADDRESS)")
     if testbed and timeline is not None:
@@ -105,17 +139,13 @@ def demo(
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
         progress.log(f"starting a local 1P1D cluster ({model} on {device})")
         transport = TransportConfig(kind="tcp", transfer=transfer) if remote else None
-        result = asyncio.run(run_demo(model=model, seed=seed, on_turn=progress.update, device=device, plan=plan,
+        result = asyncio.run(run_demo(mode_list, model=model, seed=seed, on_turn=progress.update, device=device, plan=plan,
                                    tp=tp_cfg, record_timeline=timeline is not None, transport=transport))
     if timeline is not None:
         _write_timelines(result, timeline)
     console.print(f"demo: {result['config']['cpus']}")
     print_runs(result, _title(result, model, device), 1e6, "MB", RUNTIME_COLUMNS)
-    runs = {r["mode"]: r for r in result["runs"]}
-    if "basic" in runs and "dualpath" in runs:
-        b, d = runs["basic"], runs["dualpath"]
-        out.print(f"PE busy s per turn: basic {b['pe_busy_s_per_turn']:.3f}, dualpath {d['pe_busy_s_per_turn']:.3f}")
-        out.print(f"JCT dualpath / basic = {d['jct_s'] / b['jct_s']:.2f}")
+    _print_modes(result)
     _write_json(result, json_path)
     if plot:
         plot_runtime(result, plot, f"dualpath demo: {_title(result, model, device)}")

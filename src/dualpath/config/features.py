@@ -11,7 +11,7 @@ from ..errors import InputError
 class Features:
     """Ablation switches (docs/paper.md §6.5). `basic` has none; `dualpath` all; `oracle` adds io_free.
     `dualpath+split` adds split_reads, beyond the paper: a hit read on both sides at once
-    (core/policy/split.py; the simulator only so far)."""
+    (core/policy/split.py; both worlds)."""
 
     layerwise_prefill: bool
     de_read_path: bool

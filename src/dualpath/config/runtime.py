@@ -221,7 +221,7 @@ class RuntimeConfig:
     model: str = "smollm2-135m"
     num_prefill: int = 1
     num_decode: int = 1
-    mode: str = "dualpath"  # basic | dualpath | oracle | basic+W[+W] (features.py)
+    mode: str = "dualpath"  # basic | dualpath | oracle | dualpath+split | basic+W[+W] (features.py)
     device: str = "cpu"  # cpu | cuda (engine e on GPU e mod #GPUs) | cuda:N (runtime/engine/device.py)
     seed: int = 0
     kv_dtype: KvDtype = KvDtype.FLOAT32
@@ -244,9 +244,6 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         features = parse_mode(self.mode)
-        if features.split_reads:
-            raise InputError(f"mode {self.mode!r}: split reads are simulator-only so far (dualpath sim); "
-                             "serve, run and demo read each hit on one side")
         _set(self, "kv_dtype", choice(KvDtype, self.kv_dtype, "kv_dtype"))
         if self.force_read_side is not None:
             _set(self, "force_read_side", choice(ForcedSide, self.force_read_side, "force_read_side"))

@@ -6,7 +6,7 @@ earlier or the same pass, docs/paper.md §3.1-3.4). `dualpath sim --decisions F`
 --decisions F` write one JSONL file per mode (`decisions_path`); `fidelity` keeps both worlds' logs
 in its report (`modes.<mode>.decision_logs`). One object per decision:
 
-    {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920}
+    {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920, "pe_part_tokens": 0}
 
 - `request`: the request's name, `a<agent>t<turn>` (the simulator's `RequestId`, the runtime
   replay's request id); record i of a Mooncake trace is the one-turn agent `a<i>t0`.
@@ -17,6 +17,9 @@ in its report (`modes.<mode>.decision_logs`). One object per decision:
   engine per node).
 - `side`: "prefill" or "decode"; `hit_tokens`: the tokens the pass counted in that side's read
   queue (0: nothing to read).
+- `pe_part_tokens`: a split read (`dualpath+split`, core/policy/split.py; side "decode"): the prefix
+  of `hit_tokens` the PE node reads, the other `hit_tokens - pe_part_tokens` read by the DE node;
+  0: not split (a log written before the field reads as 0).
 
 Lines appear in decision order (within one pass, the pass's order).
 """
@@ -39,6 +42,7 @@ class Decision:
     de: int
     side: str
     hit_tokens: int
+    pe_part_tokens: int = 0
 
 
 class DecisionLog:
@@ -48,8 +52,9 @@ class DecisionLog:
         self.t0_s = t0_s
         self.decisions: list[Decision] = []
 
-    def record(self, request: str, now_s: float, pe: int, de: int, side: int, hit_tokens: int) -> None:
-        self.decisions.append(Decision(request, now_s - self.t0_s, pe, de, _SIDES[side], hit_tokens))
+    def record(self, request: str, now_s: float, pe: int, de: int, side: int, hit_tokens: int,
+               pe_part_tokens: int = 0) -> None:
+        self.decisions.append(Decision(request, now_s - self.t0_s, pe, de, _SIDES[side], hit_tokens, pe_part_tokens))
 
 
 @dataclass(frozen=True, slots=True)

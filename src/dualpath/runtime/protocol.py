@@ -9,7 +9,8 @@ router, which therefore knows every buffer's occupancy, as the paper's scheduler
 Numbered path of one request (router R, prefill engine P, decode engine D):
   1. R -> D `DecodeAssign` with the DE-buffer region for the prompt: D reserves HBM (KV cache
      blocks); on the DE path it reads the hit blocks into the region, then D -> P `HitReady`.
-  2. R -> P `PrefillAssign`: on the PE path P reads the hit into its PE-buffer region.
+  2. R -> P `PrefillAssign`: on the PE path P reads the hit into its PE-buffer region (a split
+     read: P its prefix, `pe_part_tokens`, D the rest, both at once).
   3. P runs layerwise prefill; per layer, cached KV lands in P's landing zone (PE path: P copies
      from its buffer; DE path: P -> D `LayerPull`, D copies, D -> P `LayerReady`), and the layer's
      new KV (plus, on the PE path, the hit) is written into D's region.
@@ -79,6 +80,7 @@ class PrefillAssign:
     layerwise: bool
     logprobs: int = -1  # SamplingParams.logprobs: top logprobs per token; -1 (api.NO_LOGPROBS): none
     n: int = 1  # SamplingParams.n: each choice's first token is sampled here (model/generate.py: choice_seed)
+    pe_part_tokens: int = 0  # a split read (read_side DECODE): the hit's prefix P reads into pe_offsets; D the rest
 
 
 @message
@@ -100,6 +102,7 @@ class DecodeAssign:
     seed: int
     logprobs: int = -1  # as PrefillAssign's
     n: int = 1  # choices: each decodes here from the prompt's KV blocks, shared (PagedKVCache.fork)
+    pe_part_tokens: int = 0  # a split read: D reads hit tokens [pe_part_tokens, hit_tokens) (PrefillAssign's)
 
 
 @message
@@ -128,7 +131,8 @@ class HitReady:
 @message
 @dataclass(frozen=True, slots=True)
 class LayerPull:
-    """P -> D: copy layer `layer` of tokens [0, num_tokens) of `rid` into P's landing zone."""
+    """P -> D: copy layer `layer` of tokens [first_token, num_tokens) of `rid` into P's landing zone,
+    whose tokens [0, num_tokens) start at `offset_bytes`."""
 
     rid: int
     layer: int
@@ -137,6 +141,7 @@ class LayerPull:
     offset_bytes: int
     reply_to: str
     reply_data: str  # the PE's data endpoint for remote writes ("" on one host: engine/peers.py)
+    first_token: int = 0  # a split read: tokens before it are the PE's own part (P loads them itself)
 
 
 @message
@@ -159,6 +164,7 @@ class LayerReady:
     rid: int
     layer: int
     sums: list
+    own: bool = False  # P's copy from its own buffer (the PE path's, or a split read's PE part); else D's
 
 
 @message

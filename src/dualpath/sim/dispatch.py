@@ -133,7 +133,7 @@ class Dispatch:
             if self.decisions is not None:
                 assert req.pe is not None
                 self.decisions.record(str(req.rid), now, req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
-                                      d.read_tokens)
+                                      d.read_tokens, d.pe_part_tokens)
             if d.recompute:  # the store is slower than computing the hit again
                 self.life.recompute_hit(req)
             assert req.pe is not None

@@ -1,5 +1,6 @@
 """`dualpath demo`: a local 1P1D cluster on the embedded defaults, an agentic replay in `basic`
-then `dualpath` mode, in the paper's storage-bound regime on whatever machine runs it.
+then `dualpath` mode (or any modes, `--modes`, e.g. with `dualpath+split`), in the paper's
+storage-bound regime on whatever machine runs it.
 
 Workload: 4 agents; a first prompt of 190 tokens, then 61 appended tokens and exactly 3 generated
 tokens per round (zero tool and think time, as the paper's replay; 3 tokens so TPOT, which excludes
@@ -198,7 +199,8 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False,
                    tp: TensorParallelConfig | None = None, record_timeline: bool = False,
                    between_modes: Callable[[], None] | None = None, transport: TransportConfig | None = None) -> dict:
-    """One cluster runs every mode in turn, each on a fresh, empty store (no restart between).
+    """One cluster runs every mode in turn, each on a fresh, empty store (no restart between); each
+    run's `jct_over_basic` is its JCT over basic's (None without a basic run).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
     `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates.
     `record_timeline`: each run's "timeline" is its Chrome trace (`runtime_trace`).
@@ -225,8 +227,10 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                 await cluster.switch_mode(mode)
             cb = None if on_turn is None else (lambda n, snic, m=mode: on_turn(m, n, total, snic))
             runs.append(await run_workload(cluster, trajectories, cb, cold=bool(cold_rounds), record_decisions=record_decisions))
+    basic = next((r for r in runs if r["mode"] == "basic"), None)  # every mode's JCT against it, one cluster's runs
     for r in runs:  # the DE path must not slow the PE's forward: its busy seconds per turn, side by side
         r["pe_busy_s_per_turn"] = r["engine_busy_s"].get("0", 0.0) / max(1, r["num_turns"])
+        r["jct_over_basic"] = None if basic is None else r["jct_s"] / basic["jct_s"]
     cal = plan.calibration
     return {
         "config": {"model": model, "pd": "1P1D", "snic_bytes_per_s": rates.snic_bytes_per_s,

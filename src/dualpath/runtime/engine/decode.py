@@ -2,8 +2,8 @@
 
 Numbered path of one request through a DE (protocol.py has the whole picture):
   1. `DecodeAssign`: the router has reserved KV-cache room (HBM) and a DE-buffer region. DE path
-     with a hit: read the hit blocks into the region through this node's SNIC, then `HitReady`
-     to the PE (and `ReadDone` to the router).
+     with a hit: read the hit blocks into the region through this node's SNIC (a split read: the
+     blocks after the PE's part), then `HitReady` to the PE (and `ReadDone` to the router).
   2. `LayerPull` (DE path): this engine's CNIC arbiter writes layer l of the cached tokens from
      the region into the PE's landing zone, then `LayerReady` to the PE.
   3. `PromptReady`: every prompt byte is in the region. Check it against the PE's checksums
@@ -145,7 +145,8 @@ class DecodeEngine(EngineBase):
         r = self.reqs.get(msg.rid)
         if r is not None:
             r.move(DecodeStage.WAITING)
-            self.mail.to_router(ReadDone(msg.rid, self.spec.engine, r.assign.hit_tokens, msg.nbytes, msg.ok_blocks))
+            a = r.assign
+            self.mail.to_router(ReadDone(msg.rid, self.spec.engine, a.hit_tokens - a.pe_part_tokens, msg.nbytes, msg.ok_blocks))
             if r.cancelled:
                 self._cancel(r)
             else:
@@ -180,20 +181,21 @@ class DecodeEngine(EngineBase):
     def _assign(self, a: DecodeAssign) -> None:
         r = DecodeRequest(a, tokens=list(a.prompt_ids), sampler=_decode_sampler(a, 0), seq=a.rid)
         self.reqs[a.rid] = r
-        if a.read_side == ReadSide.DECODE and a.hit_tokens:
-            nb = a.hit_tokens // self.cfg.block_tokens
+        if a.read_side == ReadSide.DECODE and a.hit_tokens:  # the hit's blocks [first, nb): a split read's DE part
+            first, nb = a.pe_part_tokens // self.cfg.block_tokens, a.hit_tokens // self.cfg.block_tokens
             r.stage = DecodeStage.READING  # its first stage
-            self.storage.read_blocks(a.rid, a.hit_digests, self.node, a.de_offsets[:nb])
+            self.storage.read_blocks(a.rid, a.hit_digests[first:nb], self.node, a.de_offsets[first:nb])
         self.replay_held(a.rid)
 
     # --- 2. layer streams to the PE -----------------------------------------------------------
     def _layer_pull(self, m: LayerPull) -> None:
-        r = self.reqs[m.rid]
-        spans = layer_spans(self.layout, r.assign.de_offsets, m.layer, 0, m.num_tokens)
-        region = ShmRegion(m.segment, m.offset_bytes, m.num_tokens * self.layout.kv_bytes_per_token_per_layer)
+        r, tb = self.reqs[m.rid], self.layout.kv_bytes_per_token_per_layer
+        spans = layer_spans(self.layout, r.assign.de_offsets, m.layer, m.first_token, m.num_tokens)
+        region = ShmRegion(m.segment, m.offset_bytes, m.num_tokens * tb)
+        dst_spans = contiguous(m.first_token * tb, (m.num_tokens - m.first_token) * tb)  # sums from the region's start
         rid, layer = m.rid, m.layer
         self.timeline.begin(("stream", rid))
-        self.peers.write(m.reply_to, m.reply_data, self.buffers[self.node], spans, region, contiguous(0, region.nbytes),
+        self.peers.write(m.reply_to, m.reply_data, self.buffers[self.node], spans, region, dst_spans,
                          lambda _sums: self._layer_sent(rid, layer), reply=lambda sums: LayerReady(rid, layer, sums))
 
     def _layer_sent(self, rid: int, layer: int) -> None:

@@ -64,7 +64,8 @@ class PrefillKvStream:
         self._batch: Batch = []
         self._zone: list[int] = []  # per item: byte offset of its cached KV within one layer slot
         self._slot_bytes = 0
-        self._loads_pending: dict[int, set[int]] = {}  # layer -> requests whose copy has not landed
+        # layer -> (rid, own) of the loads not landed: own, from this node's buffer; else the DE's
+        self._loads_pending: dict[int, set[tuple[int, bool]]] = {}
         self._issued = -1
         self._deferred: list[list[LayerKV]] = []
         self._sums: dict[tuple[int, int], list[int]] = {}  # (layer, rid) -> the sender's sums of the load
@@ -94,9 +95,11 @@ class PrefillKvStream:
         """Layer `layer`'s cached KV per item (None where an item has none), as views of the zone."""
         self._issue_through(min(self._num_layers - 1, layer + self.depth_layers - 1))
         landed = [r.assign.rid for r, _ in self._batch if r.cached and not self._lost(r)]
-        while landed:
+        while True:  # a lost item's own part (a split read's) lands before its zone is reused
             self._engine.pump(lambda: not self._loads_pending[layer], timeout_s=0.05)
             landed = self._verify(layer, landed)
+            if not landed:
+                break
         base = (layer % self.depth_layers) * self._slot_bytes
         views: list[LayerKV | None] = []
         for (r, _), off in zip(self._batch, self._zone):
@@ -111,11 +114,12 @@ class PrefillKvStream:
         return views
 
     def layer_ready(self, msg: LayerReady) -> None:
+        """One load of an item's layer landed (a split read's item has two: its own part, the DE's)."""
         pending = self._loads_pending.get(msg.layer)
-        if pending is not None and msg.rid in pending:
-            pending.discard(msg.rid)
-            self._sums[(msg.layer, msg.rid)] = msg.sums
-            if msg.layer == self._num_layers - 1:  # a PE-path item's cached KV is in (`_issue_item` began it)
+        if pending is not None and (msg.rid, msg.own) in pending:
+            pending.discard((msg.rid, msg.own))
+            self._sums.setdefault((msg.layer, msg.rid), []).extend(msg.sums)  # both from the item's offset
+            if msg.own and msg.layer == self._num_layers - 1:  # its own part is in (`_issue_item` began it)
                 self._engine.timeline.end(("h2d", msg.rid), self._engine.cnic_track, "h2d", msg.rid)
 
     def layer_dropped(self, msg: LayerDropped) -> None:
@@ -123,7 +127,7 @@ class PrefillKvStream:
         self._dropped.add(msg.rid)
         pending = self._loads_pending.get(msg.layer)
         if pending is not None:
-            pending.discard(msg.rid)
+            pending.discard((msg.rid, False))
 
     def _verify(self, layer: int, rids: list[int]) -> list[int]:
         """Check the loads of `rids` that landed against their sender's sums; ask the failed ones
@@ -149,18 +153,17 @@ class PrefillKvStream:
                 continue
             self._tries[(layer, rid)] = tries + 1
             eng.counters.layer_retransmits += 1
-            self._loads_pending[layer].add(rid)
-            self._issue_item(layer, r, base + off)
+            self._issue_item(layer, r, base + off)  # every part of it again
             again.append(rid)
         return again
 
     def peer_lost(self) -> None:
         """A DE was fenced (`engine.lost_engines`): its pulls never answer; stop waiting for them."""
-        for waiting in self._loads_pending.values():
-            waiting.difference_update([r.assign.rid for r, _ in self._batch if self._lost(r)])
+        for waiting in self._loads_pending.values():  # a split read's own part still lands
+            waiting.difference_update([(r.assign.rid, False) for r, _ in self._batch if self._lost(r)])
 
     def _lost(self, r: PrefillRequest) -> bool:
-        """A DE-path item whose loads will not come: its DE died, or it let the request go."""
+        """A DE-path (or split) item whose DE loads will not come: its DE died, or it let the request go."""
         return not r.pe_path and (r.assign.de_engine in self._engine.lost_engines or r.assign.rid in self._dropped)
 
     def _issue_through(self, layer: int) -> None:
@@ -170,27 +173,29 @@ class PrefillKvStream:
 
     def _issue(self, layer: int) -> None:
         base = (layer % self.depth_layers) * self._slot_bytes
-        pending: set[int] = set()
-        self._loads_pending[layer] = pending
+        self._loads_pending[layer] = set()
         for (r, _), off in zip(self._batch, self._zone):
             if r.cached == 0 or self._lost(r) or r.assign.rid in self.poisoned:
                 continue  # a poisoned item's outputs are discarded: its later layers need no load
-            pending.add(r.assign.rid)
             self._issue_item(layer, r, base + off)
 
     def _issue_item(self, layer: int, r: PrefillRequest, at_bytes: int) -> None:
-        """Load layer `layer` of `r`'s cached KV into the landing zone at `at_bytes`."""
-        eng, a = self._engine, r.assign
-        if r.pe_path:
-            eng.timeline.begin(("h2d", a.rid))
-            spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, r.cached)
-            dst = self._landing[at_bytes : at_bytes + r.cached * self._bytes_per_token_layer]
-            rid = a.rid
+        """Load layer `layer` of `r`'s cached KV into the landing zone at `at_bytes`: tokens
+        [0, own) copied from this node's buffer (PE path: all; a split read: its PE part), the rest
+        [own, cached) written by the DE on a `LayerPull` (DE path: all; a split read: its DE part)."""
+        eng, a, rid, own = self._engine, r.assign, r.assign.rid, r.own_tokens
+        pending = self._loads_pending[layer]
+        if own:
+            pending.add((rid, True))
+            eng.timeline.begin(("h2d", rid))
+            spans = layer_spans(eng.layout, a.pe_offsets, layer, 0, own)
+            dst = self._landing[at_bytes : at_bytes + own * self._bytes_per_token_layer]
             eng.copy_checked(eng.buffers[eng.spec.engine], spans, dst, contiguous(0, dst.nbytes),
-                             lambda sums: eng.mail.to_self(LayerReady(rid, layer, sums)))
-        else:
-            eng.mail.send(a.de_endpoint, LayerPull(a.rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint,
-                                              eng.peers.data_endpoint))
+                             lambda sums: eng.mail.to_self(LayerReady(rid, layer, sums, own=True)))
+        if own < r.cached:
+            pending.add((rid, False))
+            eng.mail.send(a.de_endpoint, LayerPull(rid, layer, r.cached, eng.spec.landing[0], at_bytes, eng.spec.endpoint,
+                                              eng.peers.data_endpoint, own))
 
     # --- 3, 4, 5: saves ---------------------------------------------------------------------------
     def save_kv_layer(self, layer: int, new: list[LayerKV]) -> None:
@@ -220,9 +225,9 @@ class PrefillKvStream:
             data = np.frombuffer(layer_kv_to_bytes(kv, eng.dtype), dtype=np.uint8)  # D2H on a GPU
             new_spans = layer_spans(eng.layout, a.de_offsets, layer, r.cached, r.cached + n)
             self._copy_pd(r, layer, data, contiguous(0, data.nbytes), new_spans)
-            if r.pe_path and not r.hit_sent and r.hit_tokens:
-                self._copy_pd(r, layer, own, layer_spans(eng.layout, a.pe_offsets, layer, 0, r.hit_tokens),
-                              layer_spans(eng.layout, a.de_offsets, layer, 0, r.hit_tokens))
+            if not r.hit_sent and r.own_hit_tokens:  # the hit's part this node read (PE path: all of it)
+                self._copy_pd(r, layer, own, layer_spans(eng.layout, a.pe_offsets, layer, 0, r.own_hit_tokens),
+                              layer_spans(eng.layout, a.de_offsets, layer, 0, r.own_hit_tokens))
             if r.pe_path and r.cached + n < len(r.prompt):
                 # a later chunk reloads this chunk's KV from the PE buffer (checked when it loads)
                 r.pending_pd += 1

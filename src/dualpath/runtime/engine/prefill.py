@@ -2,7 +2,9 @@
 
 Numbered path of one request through a PE (protocol.py has the whole picture):
   1. `PrefillAssign`: PE path with a hit -> read the hit blocks into this node's buffer (the
-     reader thread paces them through the node's emulated SNIC); DE path -> wait for `HitReady`.
+     reader thread paces them through the node's emulated SNIC); DE path -> wait for `HitReady`;
+     a split read (`dualpath+split`) -> both: its PE part (the hit's prefix) read here, the rest
+     by the DE, ready once both are in (prefill_request.py: `part_loaded`).
      A block that fails its checksum ends the hit there; the rest is recomputed.
   2. Ready requests join the batch queue (FIFO). When idle, the engine forms a batch with
      `core.policy.form_prefill_batch` (DualPath: the attention work of the paper's 300 ms quota,
@@ -10,7 +12,7 @@ Numbered path of one request through a PE (protocol.py has the whole picture):
      batch must fit the landing zone.
   3. (`kv_stream.PrefillKvStream`) Per layer l: the cached KV of every item lands in the landing zone ("HBM") - PE path: copied
      from this node's buffer by this engine's CNIC arbiter; DE path: pulled from the DE, whose
-     arbiter writes it here - while layer l-1 computes (layerwise; otherwise all layers load first).
+     arbiter writes it here; a split read: its PE part copied, the rest pulled - while layer l-1 computes (layerwise; otherwise all layers load first).
      Layer l's new KV goes to the DE's buffer (PE path: the hit as well), through the arbiter.
      Every load and PD copy carries a checksum per block piece (transport/integrity.py): a load that
      fails is loaded again, then (out of tries) the request restarts and recomputes its prompt.
@@ -122,7 +124,7 @@ class PrefillEngine(EngineBase):
                 Cancel: self._on_cancel, LayerDropped: self._layer_dropped}
 
     def _read_finished(self, msg: ReadFinished) -> None:
-        self._hit_loaded(msg.rid, msg.ok_blocks, report=msg.nbytes)
+        self._part_loaded(msg.rid, msg.ok_blocks, own=True, report=msg.nbytes)
 
     def _layer_ready(self, msg: LayerReady) -> None:
         self.kv.layer_ready(msg)  # the stream of the moment (a reconfigure builds a new one)
@@ -132,7 +134,7 @@ class PrefillEngine(EngineBase):
 
     def _hit_ready(self, msg: HitReady) -> None:
         if msg.rid in self.reqs:
-            self._hit_loaded(msg.rid, msg.ok_blocks, report=None)
+            self._part_loaded(msg.rid, msg.ok_blocks, own=False, report=None)
         else:
             self.mail.hold(msg.rid, msg)  # the DE's read finished before our assignment came
 
@@ -140,32 +142,35 @@ class PrefillEngine(EngineBase):
         r = self.reqs.get(msg.rid)
         if r is not None:
             r.cancelled = True  # dropped at the next batch formation unless in flight
-            if r.stage is PrefillStage.LOADING and not r.pe_path:
+            if r.stage is PrefillStage.LOADING and not r.own_read_pending:
                 self._drop(r)  # waits only for its DE's HitReady (maybe a dead DE's): nothing in flight here
 
     def on_peer_lost(self) -> None:
         self.kv.peer_lost()  # a forward waiting for that DE's layers goes on (its items are cancelled)
 
     def _assign(self, a: PrefillAssign) -> None:
-        r = PrefillRequest(a, a.hit_tokens, cached=a.hit_tokens, prompt=list(a.prompt_ids))
+        r = PrefillRequest.assigned(a)
         self.reqs[a.rid] = r
         self.queue.append(r)
         if a.hit_tokens == 0:
             r.move(PrefillStage.READY)
-        elif r.pe_path:
-            nb = a.hit_tokens // self.cfg.block_tokens
-            self.storage.read_blocks(a.rid, a.hit_digests, self.node, a.pe_offsets[:nb])
+        elif r.own_read_pending:  # the PE path's hit, or a split read's PE part (its prefix)
+            nb = r.own_hit_tokens // self.cfg.block_tokens
+            self.storage.read_blocks(a.rid, a.hit_digests[:nb], self.node, a.pe_offsets[:nb])
         self.replay_held(a.rid)
 
-    def _hit_loaded(self, rid: int, ok_blocks: int, report: int | None) -> None:
+    def _part_loaded(self, rid: int, ok_blocks: int, own: bool, report: int | None) -> None:
+        """This node's read (`own`, `report` its bytes) or the DE's (HitReady) is in; the request
+        is ready once every part is (prefill_request.py: a block that failed its checksum is recomputed)."""
         r = self.reqs.get(rid)
         if report is not None:
-            self.mail.to_router(ReadDone(rid, self.spec.engine, r.hit_tokens if r else 0, report, ok_blocks))
+            self.mail.to_router(ReadDone(rid, self.spec.engine, r.own_hit_tokens if r else 0, report, ok_blocks))
         if r is None:
             return
-        ok_tokens = min(r.hit_tokens, ok_blocks * self.cfg.block_tokens)
-        r.hit_tokens = r.cached = ok_tokens  # a block that failed its checksum is recomputed
-        r.move(PrefillStage.READY)
+        if r.part_loaded(own, ok_blocks, self.cfg.block_tokens):
+            r.move(PrefillStage.READY)
+        elif r.cancelled and not r.own_read_pending:
+            self._drop(r)  # a cancelled split read: its own read is in, the DE's may never come
 
     def _drop(self, r: PrefillRequest) -> None:
         self.queue.remove(r)
@@ -221,8 +226,7 @@ class PrefillEngine(EngineBase):
                 r.restart()  # its outputs came from KV that failed its checksums: recompute, never use
                 continue
             r.cached += n
-            if r.pe_path:
-                r.hit_sent = True
+            r.hit_sent = True  # its own part of the hit went to the DE with this forward (kv_stream.py)
             if r.remaining == 0:
                 self._first_token(r, logits[i])
         stream.wait_for_save()

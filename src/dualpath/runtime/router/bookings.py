@@ -30,18 +30,41 @@ class Bookings:
         pe.num_seqs += 1
         pe.num_tokens += rr.qview.num_tokens
 
-    def assigned_de(self, rr: RouterRequest, de: EngineState, side: ReadSide, read_tokens: int, recompute: bool) -> None:
+    def assigned_de(self, rr: RouterRequest, de: EngineState, side: ReadSide, read_tokens: int, recompute: bool,
+                    pe_part_tokens: int = 0) -> None:
+        """`pe_part_tokens` > 0: a split read, the PE node charged with its part, `side` (DECODE) with the rest."""
         rr.de = de
         de.num_seqs += 1
         de.num_tokens += rr.total_tokens
         de.kv_reserved_tokens += rr.total_tokens
         rr.side = ReadSide.PREFILL if rr.pe_side_only else side  # (a DE-path retry: recovery.py)
-        rr.read_charged_tokens, rr.recompute = read_tokens, recompute  # recompute: a slow store's hit is a miss
-        rr.side_engine.read_queue_tokens += read_tokens
+        rr.recompute = recompute  # a slow store's hit is a miss
+        rr.pe_part_tokens = 0 if rr.pe_side_only else pe_part_tokens
+        self.hit_found(rr, read_tokens)
 
-    def read_ended(self, rr: RouterRequest) -> None:
-        rr.side_engine.read_queue_tokens -= rr.read_charged_tokens
-        rr.read_charged_tokens = 0
+    def hit_found(self, rr: RouterRequest, hit_tokens: int) -> None:
+        """Charge the read queues with `hit_tokens` (the pass's hit, then placement's: a persist may have
+        landed or failed since): a split's PE part on the PE node (shorter if the hit is), the rest on the side's."""
+        pe_part = min(rr.pe_part_tokens, hit_tokens)
+        assert rr.pe is not None
+        rr.pe.read_queue_tokens += pe_part - rr.pe_part_charged_tokens
+        rr.side_engine.read_queue_tokens += hit_tokens - pe_part - rr.read_charged_tokens
+        rr.pe_part_tokens = rr.pe_part_charged_tokens = pe_part
+        rr.read_charged_tokens = hit_tokens - pe_part
+
+    def read_ended(self, rr: RouterRequest, engine: int | None = None) -> None:
+        """`engine`'s read of `rr` ended (a split has one per node); None: every read of it."""
+        if engine is None or engine != rr.side_engine.engine:
+            rr.pe.read_queue_tokens -= rr.pe_part_charged_tokens  # a split's PE part (0 otherwise)
+            rr.pe_part_charged_tokens = 0
+        if engine is None or engine == rr.side_engine.engine:
+            rr.side_engine.read_queue_tokens -= rr.read_charged_tokens
+            rr.read_charged_tokens = 0
+
+    @staticmethod
+    def reading(rr: RouterRequest) -> bool:
+        """A read of `rr` has not reported yet (a split's two: both must report)."""
+        return bool(rr.read_charged_tokens or rr.pe_part_charged_tokens)
 
     def pe_released(self, rr: RouterRequest) -> None:
         rr.pe.num_seqs -= 1

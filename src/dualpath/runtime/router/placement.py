@@ -5,8 +5,8 @@ Pure bookkeeping over the store index and the nodes' host buffers; the router de
   2. `blocked_by_persist`: the block after the stored prefix is still being written by a DE
      (`PersistQueued` .. `Persisted`), so a lookup now would miss what the turn will soon hit.
   3. `allocate_regions`: one slot per prompt block in the DE node's buffer (always: the prompt
-     KV lands there), and on the PE read path one per block in the PE node's buffer too; all or
-     nothing.
+     KV lands there), and on the PE read path one per block in the PE node's buffer too (a split
+     read: one per block of its PE part); all or nothing.
   4. `engine_lost`: a dead DE's writes never report; its blocks stop blocking placement.
 """
 
@@ -92,19 +92,21 @@ class Placement:
         return now_s - rr.persist_wait_since_s < wait_s
 
     # 3. buffers
-    def allocate_regions(self, pe_node: int, de_node: int, num_tokens: int,
-                         side: ReadSide) -> tuple[list[ShmRegion], list[ShmRegion]] | None:
+    def allocate_regions(self, pe_node: int, de_node: int, num_tokens: int, side: ReadSide,
+                         pe_part_tokens: int = 0) -> tuple[list[ShmRegion], list[ShmRegion]] | None:
         """(DE regions, PE regions) for a prompt of `num_tokens`, or None (nothing held) when a
-        buffer lacks room."""
+        buffer lacks room. The PE node holds the whole prompt on the PE path (later chunks reload
+        earlier ones from it), a split read's PE part (`pe_part_tokens`) on the DE path."""
         nblocks = -(-num_tokens // self.block_tokens)
+        pe_blocks = nblocks if side is ReadSide.PREFILL else -(-pe_part_tokens // self.block_tokens)
         try:
             de_regions = self._allocate(de_node, nblocks)
         except BufferFull:
             return None
         pe_regions: list[ShmRegion] = []
-        if side is ReadSide.PREFILL:
+        if pe_blocks:
             try:
-                pe_regions = self._allocate(pe_node, nblocks)
+                pe_regions = self._allocate(pe_node, pe_blocks)
             except BufferFull:
                 self.free(de_node, de_regions)
                 return None

@@ -125,8 +125,7 @@ class Recovery:
             rr.de_regions, rr.de_done = [], True
             hit = True
         self._placement.release_de_regions(rr)  # its PE lost: nothing writes into them any more
-        if rr.side_engine is lost:
-            self._bookings.read_ended(rr)  # the dead node's read never reports
+        self._bookings.read_ended(rr, lost.engine)  # the dead node's read (a split's part) never reports
         nxt = None
         if hit and not rr.finished:
             for e, done in ((rr.pe, rr.pe_done), (rr.de, rr.de_done)):

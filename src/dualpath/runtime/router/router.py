@@ -245,9 +245,9 @@ class Router:
             self.metrics.pe_assigned(a.ref.rid)
         for d in p.decode:
             rr: RouterRequest = d.ref
-            self.bookings.assigned_de(rr, self.engines[d.engine], d.side, d.read_tokens, d.recompute)
+            self.bookings.assigned_de(rr, self.engines[d.engine], d.side, d.read_tokens, d.recompute, d.pe_part_tokens)
             self.placing.append(rr)
-            self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute)
+            self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute, d.pe_part_tokens)
 
     # --- 3. placement and assignment ----------------------------------------------------------------
     def _place(self) -> None:
@@ -268,13 +268,13 @@ class Router:
         if not rr.recompute and self.placement.wait_for_persist(rr, prompt, stored, self.clock.now_s(), wait_s,
                                                                 lambda: self._loop.call_later(wait_s, self.kick)):
             return False
-        regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side)
+        hit = self.placement.hit_tokens(prompt, stored)
+        regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side, min(rr.pe_part_tokens, hit))
         if regions is None:
             return False
         rr.de_regions, rr.pe_regions = regions
-        hit = self.placement.hit_tokens(prompt, stored)
-        rr.side_engine.read_queue_tokens += hit - rr.read_charged_tokens
-        rr.hit_tokens = rr.read_charged_tokens = hit
+        self.bookings.hit_found(rr, hit)
+        rr.hit_tokens = hit
         rr.advance(Phase.READING if hit else Phase.PREFILL_READY)
         self._send_assignments(rr, prompt)
         self.metrics.placed(rr.stream_rid, hit, rr.side)
@@ -287,12 +287,12 @@ class Router:
         de_offsets = [r.offset_bytes for r in rr.de_regions]
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
-                                       p.temperature, p.top_p, seed, p.logprobs, p.n))
+                                       p.temperature, p.top_p, seed, p.logprobs, p.n, rr.pe_part_tokens))
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
                                         [r.offset_bytes for r in rr.pe_regions], p.temperature, p.top_p, seed,
                                         p.min_tokens > 0 or p.ignore_eos, self.features.layerwise_prefill, p.logprobs,
-                                        p.n))
+                                        p.n, rr.pe_part_tokens))
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
@@ -348,8 +348,8 @@ class Router:
         emit(rr, self.metrics, self.clock.now_s(), msg.token, msg.index, msg.finished, msg.reason or None, msg.logprobs, msg.choice)
 
     def _read_done(self, rr: RouterRequest, msg: ReadDone) -> None:
-        rr.advance(Phase.PREFILL_READY)
-        self.bookings.read_ended(rr)
+        self.bookings.read_ended(rr, msg.engine)
+        rr.advance(Phase.READING if self.bookings.reading(rr) else Phase.PREFILL_READY)  # a split: once both parts are in
         self.metrics.read_done(rr.rid, msg.engine == rr.pe.engine, msg.nbytes)
 
     def _prefill_done(self, rr: RouterRequest, msg: PrefillDone) -> None:

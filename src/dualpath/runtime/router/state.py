@@ -11,8 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ...config import RuntimeConfig
-from ...core.policy import RecomputeRule
+from ...config import CNIC_PER_SNIC, RuntimeConfig
+from ...core.policy import RecomputeRule, SplitRule
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulerRules, derive_thresholds
 from ...core.phase import IllegalTransition, Phase, check_transition
 from ...core.snapshot import EngineLoad, QueuedRequest, ReadSide
@@ -91,6 +91,10 @@ class RouterRequest:
     hit_tokens: int = 0
     read_charged_tokens: int = 0  # tokens booked on the read side's queue, until ReadDone
     side: ReadSide = ReadSide.PREFILL
+    # a split read (`dualpath+split`, core/policy/split.py; `side` DECODE): the hit's prefix
+    # [0, pe_part_tokens) the PE node reads, the rest the DE node reads; 0: the whole hit on `side`
+    pe_part_tokens: int = 0
+    pe_part_charged_tokens: int = 0  # tokens of the PE part booked on the PE's read queue, until its ReadDone
     de_regions: list = field(default_factory=list)
     pe_regions: list = field(default_factory=list)
     choices: list = field(default_factory=list)  # a ChoiceStream per choice (SamplingParams.n)
@@ -180,6 +184,7 @@ class RouterRequest:
         backwards, legal because nothing was sent; the router has undone the bookings."""
         self.pe = self.de = None
         self.phase, self.side, self.read_charged_tokens = Phase.QUEUED, ReadSide.PREFILL, 0
+        self.pe_part_tokens = self.pe_part_charged_tokens = 0
 
     def advance(self, target: Phase) -> None:
         """Walk the path forward to `target`: READING only with a hit, DECODING only for more than
@@ -249,6 +254,8 @@ def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequ
             raise AssertionError(f"request {rr.rid}: phase {rr.phase.name} but engines {rr.pe}, {rr.de}")
         if rr.read_charged_tokens:
             readq[rr.side_engine.engine] += rr.read_charged_tokens
+        if rr.pe_part_charged_tokens:
+            readq[rr.pe.engine] += rr.pe_part_charged_tokens
         if rr.pe is not None and not rr.pe_done:
             tok[rr.pe.engine] += rr.qview.num_tokens
             seq[rr.pe.engine] += 1
@@ -282,8 +289,9 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     recompute = None
     if cfg.scheduler.recompute_when_faster:  # read or recompute (core/policy/recompute.py)
         recompute = RecomputeRule(kv_bytes_per_token, cfg.links.snic_bytes_per_s or float("inf"), rate)
+    split = split_rule(cfg, kv_bytes_per_token) if features.split_reads else None
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
-                           recompute)
+                           recompute, split)
     scheduler = GlobalScheduler(pes, des, rules)
     for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
         if by_id[g].num_tokens:
@@ -292,3 +300,13 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
         if by_id[g].num_tokens:
             scheduler.de_released(g, by_id[g].num_tokens)
     return scheduler, pes, des
+
+
+def split_rule(cfg: RuntimeConfig, kv_bytes_per_token: int) -> SplitRule:
+    """`dualpath+split` (core/policy/split.py) on this runtime: every node reads through a SNIC of the
+    configured rate and streams a DE part over its one CNIC (links.cnic_rate). Unlimited links (no
+    SNIC cap) have no rate to compare; equal nominal ones stand in, the CNIC CNIC_PER_SNIC x the SNIC
+    as in the emulation (runtime/profile/emulation.py): the rule depends only on their ratios."""
+    snic = cfg.links.snic_bytes_per_s or 1.0
+    cnic = cfg.links.cnic_rate or CNIC_PER_SNIC * snic
+    return SplitRule(cfg.block_tokens, kv_bytes_per_token, snic, snic, cnic, cfg.scheduler.split_min_blocks)
