@@ -26,8 +26,8 @@ from dualpath.runtime.transport import LinkArbiter, ShmRegion
 from dualpath.runtime.transport.integrity import bad_pieces
 from dualpath.runtime.transport.messages import Stop
 from dualpath.runtime.transport.mooncake import (INSTALL_HINT, MooncakeAddress, MooncakeSpanWrite, MooncakeTransfer,
-                                                 MooncakeWriteError, address_of, engine_class, kv_lane_env,
-                                                 mooncake_loads, rdma_devices)
+                                                 MooncakeWriteError, MAX_PIECES_PER_CALL, address_of, engine_class,
+                                                 kv_lane_env, mooncake_loads, rdma_devices)
 
 
 needs_mooncake = pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load: pip install "
@@ -59,6 +59,21 @@ def test_a_span_list_lands_in_the_peers_segments_and_nowhere_else(pair):
     untouched = np.ones(landing.size, dtype=bool)
     untouched[1000:4000] = untouched[6000] = False
     assert not landing[untouched].any() and not buffer[:4000].any()  # nothing outside the pieces
+
+
+@needs_mooncake
+def test_a_write_of_more_pieces_than_one_call_takes_lands_whole(pair):
+    """One batch call of 2,730 pieces fails (mooncake.py: MAX_PIECES_PER_CALL): `write` splits it."""
+    a, b = pair
+    n, piece = MAX_PIECES_PER_CALL + 682, 64
+    src = np.random.default_rng(3).integers(0, 256, n * piece, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    a.register("many_src", src)
+    b.register("many_dst", dst)
+    sent = a.sent_bytes
+    a.write(b.address(), [(address_of(src) + k * piece, "many_dst", (n - 1 - k) * piece, piece) for k in range(n)])
+    assert np.array_equal(dst.reshape(n, piece), src.reshape(n, piece)[::-1])  # every piece where it was sent
+    assert a.sent_bytes - sent == n * piece
 
 
 @needs_mooncake
