@@ -35,28 +35,15 @@ def store_service(r: Results) -> str:
             + table(["cache state", "local GB/s", "service GB/s", "service / local"], rows))
 
 
-@block("transport_shm", reads=("runtime/transport.json",),
-       command="dualpath bench transport --json docs/results/runtime/transport.json")
-def transport_shm(r: Results) -> str:
-    d = r.json("runtime/transport.json")
-    rows = [["engine -> engine through the host buffer and the arbiter", f"{d['transport_gbps']:.2f}",
-             f"**{ratio(d['ratio'])}** (median of {d['repeats']}: {ratio(d['ratio_median'])})"],
-            ["in-process memcpy of the same bytes", f"{d['memcpy_gbps']:.2f}", "1"],
-            ["in-process memcpy block by block", f"{d['memcpy_blockwise_gbps']:.2f}",
-             f"transport / this: {ratio(d['ratio_blockwise'])}"]]
-    return (f"{num(d['total_bytes'] / 2**20)} MiB in {num(d['block_bytes'] / 2**20)} MiB blocks from one engine process to "
-            f"another, {num(d['chunk_bytes'] / 1024)} KiB arbiter chunks; checksums of the received bytes match: "
-            f"{'yes' if d['checksum_ok'] else 'NO'}.\n\n" + table(["way", "GB/s", "vs memcpy"], rows))
-
-
-# The four-transfer format `dualpath bench transport` writes now (bench/transport_run.py). It becomes
-# the `transport` block, replacing `transport_shm` (the format before it), once
-# docs/results/transport/transport.json is committed: @block("transport", reads=("transport/transport.json",),
-# command=TRANSPORT_COMMAND) on a function returning transport_table(r.json("transport/transport.json")).
 TRANSPORT_COMMAND = ("dualpath bench transport --json docs/results/transport/transport.json "
                      "--plot docs/results/transport/transport.png")
 TRANSPORT_LABELS = {"memcpy": "in-process memcpy (the reference)", "shm": "shared memory, engine -> engine process",
                     "tcp": "our remote writes, loopback TCP", "mooncake": "Mooncake Transfer Engine, loopback TCP"}
+
+
+@block("transport", reads=("transport/transport.json",), command=TRANSPORT_COMMAND)
+def transport(r: Results) -> str:
+    return transport_table(r.json("transport/transport.json"))
 
 
 def transport_table(d) -> str:
