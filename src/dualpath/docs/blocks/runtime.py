@@ -39,14 +39,28 @@ def _snic_util(run: Node, node: str) -> str:
        command="dualpath demo --json docs/results/runtime/demo.json --plot docs/results/runtime/demo.png")
 def demo(r: Results) -> str:
     d = r.json("runtime/demo.json")
+    return f"Plan: {_plan(d)}.\n\n" + _demo_table(d) + f"\n\n**JCT dualpath / basic = {ratio(jct_ratio(d))}.**"
+
+
+@block("demo_modes", reads=("runtime/demo_modes.json",),
+       command="dualpath demo --modes basic,dualpath,dualpath+split --json docs/results/runtime/demo_modes.json "
+               "--plot docs/results/runtime/demo_modes.png")
+def demo_modes(r: Results) -> str:
+    d = r.json("runtime/demo_modes.json")
+    basic = _by_mode(d)["basic"]
+    rows = [[m["mode"], f"**{ratio(m['jct_s'] / basic['jct_s'])}**", m["tokens_sha256"][:16],
+             "yes" if m["tokens_sha256"] == basic["tokens_sha256"] else "**NO**"] for m in d["runs"]]
+    return (f"Plan: {_plan(d)}.\n\n" + _demo_table(d) + "\n\n"
+            + table(["mode", "JCT / basic (one run, one cluster)", "tokens_sha256", "basic's tokens"], rows))
+
+
+def _demo_table(d: Node) -> str:
     rows = [[m["mode"], num(m["jct_s"], 1), num(m["ttft_s"]["p50"], 2), num(m["ttft_s"]["p90"], 2), ms(m["tpot_s"]["mean"], 0),
              pct(m["cached_tokens"] / m["prompt_tokens"], 1, False), mb(m["bytes"]["storage_to_prefill"], 0),
              mb(m["bytes"]["storage_via_decode"], 0), _snic_util(m, "0"), _snic_util(m, "1"),
              f"{m['pe_busy_s_per_turn']:.3f}"] for m in d["runs"]]
-    return (f"Plan: {_plan(d)}.\n\n"
-            + table(["mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "hit", "PE-path MB", "DE-path MB",
-                     "SNIC util PE node", "SNIC util DE node", "PE busy s per turn"], rows)
-            + f"\n\n**JCT dualpath / basic = {ratio(jct_ratio(d))}.**")
+    return table(["mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "hit", "PE-path MB", "DE-path MB",
+                  "SNIC util PE node", "SNIC util DE node", "PE busy s per turn"], rows)
 
 
 @block("demo_robustness", reads=("runtime/demo_robustness.json",),
