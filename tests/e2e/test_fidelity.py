@@ -315,7 +315,7 @@ def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
     write_jsonl(log.decisions, path)
     assert read_jsonl(path) == [Decision("a0t0", 0.5, 0, 1, "decode", 128), Decision("a1t0", 1.0, 1, 0, "prefill", 0)]
     assert json.loads(path.read_text().splitlines()[0]) == {"request": "a0t0", "t_s": 0.5, "pe": 0, "de": 1,
-                                                            "side": "decode", "hit_tokens": 128}
+                                                            "side": "decode", "hit_tokens": 128, "pe_part_tokens": 0}
     path.write_text(path.read_text() + '{"request": "x"}\n')
     with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:3"):
         read_jsonl(path)

@@ -93,14 +93,19 @@ def test_step_records_read_forwards_joins_and_the_decode_engines_own_traffic():
 
     tl = Timeline()  # a 1P1D cluster: PE0 is node 0, DE0 node 1
     tl.span("PE0", "prefill", 0.0, 1.0, None, {"tokens": 100, "keys": 5050.0, "model_s": 0.9, "requests": ["a0t0"]})
-    tl.span("SNIC node0 read", "read", 0.0, 4.0, "a1t1")  # the PE's reads: not the DE's traffic
+    tl.span("SNIC node0 read", "read", 0.0, 4.0, "a1t1")  # the PE's reads: not the DE's copies
+    tl.span("CNIC PE0", "transfer", 2.0, 6.0, "a0t0")  # the PE's copy into the DE's buffer: the PE's work
     tl.span("CNIC DE0", "h2d", 2.0, 2.5, "a0t0")
-    tl.span("SNIC node1 write", "persist", 2.25, 3.0, None)
+    tl.span("CNIC DE0 (2)", "d2h", 2.5, 2.75, "a0t0")  # a lane of the DE's CNIC track
+    tl.span("SNIC node1 write", "persist", 2.0, 5.0, None)  # the write bucket's wait: not a copy
+    tl.span("SNIC node1 read", "read", 3.0, 5.0, "a1t1")
+    tl.span("CNIC DE0", "transfer", 4.5, 4.75, "a1t1")
     for t0, reqs in ((2.0, ["a0t0"]), (3.0, ["a0t0", "a1t0"]), (4.0, ["a1t0"])):
         tl.span("DE0", "decode", t0, t0 + 1.0, None, {"batch": len(reqs), "ctx": 200, "model_s": 0.8, "requests": reqs})
     got = step_records(tl.to_chrome("runtime"))
     assert got["prefill"] == [[100, 5050.0, 0.9, 0.0, 1.0]]
-    assert [row[5:] for row in got["decode"]] == [[1, 1.0], [1, 0.0], [0, 0.0]]  # [2, 3): h2d then the write
+    # [2, 3): the H2D then the D2H; [3, 4): no copy of its own; [4, 5): a layer stream for a quarter
+    assert [row[5:] for row in got["decode"]] == [[1, 0.75], [1, 0.0], [0, 0.25]]
 
 
 def test_the_calibration_fits_one_speed_over_every_modes_runs():

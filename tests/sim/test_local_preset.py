@@ -146,8 +146,9 @@ def test_a_request_joins_a_running_batch_when_its_step_ends(waits):
 
 
 def test_steps_slow_while_the_node_moves_kv_and_a_join_costs_its_measured_time_once():
-    """Steps of 0.1 s; the node writes a block to storage over [0.35, 0.55) with a slowdown of 1.0
-    (steps take 0.2 s meanwhile: sim/cpu_share.py); each join costs 0.05 s once. A (10 steps) joins
+    """Steps of 0.1 s; the engine's CNIC carries a copy over [0.35, 0.55) with a slowdown of 1.0
+    (steps take 0.2 s meanwhile: sim/cpu_share.py), the node's SNIC a read over [0.6, 1.3) that
+    slows nothing; each join costs 0.05 s once. A (10 steps) joins
     at 0: 0.05 + 0.35 s of steps reaches progress 3.0; 0.2 s beside the write does 1 step; the last
     6 take 0.6 s: done at 1.15. B (2 steps) joining at 1.3, with no traffic: 1.3 + 0.05 + 0.2."""
     import dualpath.sim.decode as decode_mod
@@ -159,23 +160,29 @@ def test_steps_slow_while_the_node_moves_kv_and_a_join_costs_its_measured_time_o
     m = _machine(decode_fixed_s=0.1, decode_per_seq_s=0.0, decode_per_key_s=0.0, decode_per_ctx_s=0.0,
                  decode_io_slowdown=1.0, decode_join_s=0.05)
     loop, done = EventLoop(), {}
-    cpu = CpuShare(loop, 1.0)
+    cpu = CpuShare(1.0)
     ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=cpu, timeline=NULL_TIMELINE,
                           cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False), local=m))
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.name, loop.now_s))
-    link = SimpleNamespace(flows=({}, {}), watchers=[])
-    eng = SimpleNamespace(index=0, track="DE0", cnic_out=link)
-    group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(nid=1, engines=[eng], snic_in=link, snic_out=link))
+    cnic, snic = (SimpleNamespace(flows=({}, {}), watchers=[]) for _ in range(2))
+    eng = SimpleNamespace(index=0, track="DE0", cnic_out=cnic)
+    group = decode_mod.DecodeGroup(ctx, life, SimpleNamespace(nid=1, engines=[eng], snic_in=snic, snic_out=snic))
+
+    def flow(link, on: bool) -> None:  # a flow starts or ends on `link` (links.py: its watchers are told)
+        link.flows[1].clear() if not on else link.flows[1].update(f=1)
+        for w in link.watchers:
+            w()
     reqs = {name: SimpleNamespace(name=name, input_tokens=10, gen_tokens=gen, t_second=-1.0) for name, gen in (("A", 11), ("B", 3))}
     loop.call_at(0.0, lambda r: group.join(r, eng), reqs["A"])
-    cpu.io_span(1, 0.35, 0.55)
-    cpu.io_span(0, 0.6, 0.9)  # another node's write: not this group's
+    for link, t0, t1 in ((cnic, 0.35, 0.55), (snic, 0.6, 1.3)):
+        loop.call_at(t0, lambda li: flow(li, True), link)
+        loop.call_at(t1, lambda li: flow(li, False), link)
     loop.call_at(1.3, lambda r: group.join(r, eng), reqs["B"])
     loop.run()
     assert reqs["A"].t_second == pytest.approx(0.15)  # its first step, with the join's cost
     assert done["A"] == pytest.approx(1.15)
     assert done["B"] == pytest.approx(1.3 + 0.05 + 0.2)
-    assert not cpu.writing(1) and not cpu.writing(0)
+    assert not snic.watchers  # the SNIC is not watched
 
 
 def test_preset_carries_the_runtime_config():

@@ -17,13 +17,13 @@ step alone, in a process pinned to an engine's CPU set. A prediction corrects it
    measurements made beside each run, never of it.
 2. Contention: inside a running cluster the engines' forwards take longer than the profile timed
    them alone, by how much depending on the forward and on what runs beside it (speed.py: the
-   `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine moves
+   `SpeedModel`: a per-forward overhead for prefill; for decode, a slowdown while the engine copies
    KV and the cost of a join). It is fitted on the forwards of the calibration workloads' runs, which
    are never the scored workload, each at its run's drift, every mode's runs
    together: the engines compute alike whichever mode schedules them, and what a mode changes (how
-   much KV a decode engine moves during its steps, which requests join its batches) is measured per
+   much KV a decode engine copies during its steps, which requests join its batches) is measured per
    step and is in the model's terms. One fit over all the runs has twice the forwards of a fit per
-   mode; fitted per mode on a short calibration, the decode scale and its slowdown while moving KV
+   mode; fitted per mode on a short calibration, the decode scale and its slowdown while copying KV
    traded off against each other (0.96 and x1.33 for basic, 1.30 and x1.09 for dualpath, on one
    machine minutes apart: the per-mode fit's calibration of the agents workload scored on
    2026-12-05, whose scored runs' own fits agreed across modes, 0.97 / x1.23 and 0.92 / x1.23).
@@ -111,21 +111,23 @@ def smoothed(checks: Sequence[Any]) -> list[Drift]:
     return out
 
 
+# The spans of a decode engine's own KV copies (runtime/engine: decode.py, kv_stream.py), on its CNIC track
+KV_COPIES = ("h2d", "transfer", "d2h")
+
+
 def step_records(trace: dict[str, Any]) -> dict[str, list[list[float]]]:
     """A runtime run's forwards from its timeline (metrics/timeline.py; the engines' span args), in
     time order: prefill [tokens, keys, model seconds, start s, end s]; decode [batch, longest
     context, model seconds, start s, end s, joins (its requests that the engine's previous step
-    did not have), io (the fraction of the step its engine's KV traffic spanned: spans on the DE's
-    CNIC track and on its node's SNIC tracks)]. A local cluster numbers its prefill engines first,
-    so decode engine j is node (prefill engines + j) (metrics/timeline.py: snic_tracks)."""
+    did not have), io (the fraction of the step its engine spent copying KV: its CNIC track's H2D,
+    layer streams and D2H spans; sim/cpu_share.py says why its node's SNIC spans do not count)]."""
     from ..metrics.timeline import read_trace
 
     spans, _ = read_trace(trace)
-    num_pe = len({s.track for s in spans if s.name == "prefill"})
-    io: dict[str, list[tuple[float, float]]] = {}  # per decode track, its engine's KV traffic
+    io: dict[str, list[tuple[float, float]]] = {}  # per decode track, its engine's KV copies
     for s in spans:
-        track = _decode_track_of(s.track, num_pe)
-        if track is not None and s.name in ("read", "h2d", "transfer", "persist"):
+        track = _decode_track_of(s.track)
+        if track is not None and s.name in KV_COPIES:
             io.setdefault(track, []).append((s.start_s, s.end_s))
     out: dict[str, list[list[float]]] = {"prefill": [], "decode": []}
     previous: dict[str, set] = {}  # per decode engine, the last step's requests
@@ -141,16 +143,11 @@ def step_records(trace: dict[str, Any]) -> dict[str, list[list[float]]]:
     return out
 
 
-def _decode_track_of(track: str, num_pe: int) -> str | None:
-    """The decode engine whose KV traffic a link track carries (`CNIC DE<j>`, `SNIC node<n> ...`
-    with n = num_pe + j, either one's lanes `... (2)`), or None."""
+def _decode_track_of(track: str) -> str | None:
+    """The decode engine whose copies a CNIC track carries (`CNIC DE<j>`, or a lane of it
+    `CNIC DE<j> (2)`), or None."""
     name = track.split(" (")[0]
-    if name.startswith("CNIC DE"):
-        return name.removeprefix("CNIC ")
-    if name.startswith("SNIC node"):
-        node = int(name.split()[1].removeprefix("node"))
-        return f"DE{node - num_pe}" if node >= num_pe else None
-    return None
+    return name.removeprefix("CNIC ") if name.startswith("CNIC DE") else None
 
 
 def _covered(t0: float, t1: float, spans: list[tuple[float, float]]) -> float:

@@ -151,7 +151,7 @@ def causes(predicted: dict[str, Any], replayed: dict[str, Any], speeds: dict[str
 def describe_speed(s: dict[str, float]) -> str:
     """A SpeedModel's JSON in a few words (fidelity/speed.py)."""
     return (f"prefill x{s['prefill_scale']:.3f} + {1e3 * s['prefill_overhead_s']:.0f} ms, decode x{s['decode_scale']:.3f}"
-            f", x{1 + s['decode_io_slowdown']:.2f} moving KV, + {1e3 * s['decode_join_s']:.0f} ms a join")
+            f", x{1 + s['decode_io_slowdown']:.2f} copying KV, + {1e3 * s['decode_join_s']:.0f} ms a join")
 
 
 def _runtime_snic(run: dict) -> list[float | None]:

@@ -11,12 +11,13 @@ its run. Inside a cluster the runs showed (`dualpath fidelity` on the dev worklo
   - prefill: a forward takes its predicted time plus a roughly constant overhead (100-400 ms
     here: small forwards came out 1.3-1.6x the profile, forwards of seconds 1.0-1.1x), so
         model_s = prefill_scale * drift * curve + prefill_overhead_s        (least squares)
-  - decode: a step while its own engine moves KV (copies, reads, writes: its threads share the
-    engine's cores, sim/cpu_share.py) is slower (1.2-1.8x) than one without (about 1.0-1.2x); and
-    the step in which a request joins the batch takes 20-40 ms more (its first step), so
+  - decode: a step while its own engine copies KV (H2D, layer streams, D2H through its CNIC
+    arbiter: its threads share the engine's cores, sim/cpu_share.py) may be slower than one
+    without; and the step in which a request joins the batch takes 20-40 ms more (its first
+    step), so
         model_s = decode_scale * drift * curve * (1 + decode_io_slowdown * io)
                   + decode_join_s * drift * joins
-    with `io` the fraction of the step the engine's KV traffic spanned and `joins` the requests
+    with `io` the fraction of the step the engine's KV copies spanned and `joins` the requests
     the step has that the engine's previous step had not (least squares).
 
 The model reads forward times only, never a request's latency or a run's JCT. `dualpath fidelity`

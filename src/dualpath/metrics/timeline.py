@@ -25,6 +25,8 @@ metrics/decisions.py):
   decode    one step of a DE (its engine track; args `batch`: sequences in the step)
   persist   one block written to storage (SNIC write track; args `wait_s`: since its copy out of
             HBM handed it to the node's writer)
+  d2h       HBM -> host: a DE's full block copied out of its KV cache to persist (CNIC DE; the
+            runtime's and the `local` preset's only, COPY_OUT_SPANS)
 Instants (INSTANT_NAMES) on `router`: `placed` (args `hit_tokens`, `side`), `first_token`.
 
 Times are seconds on the world's clock and are written relative to the run's start (`t0_s`): the
@@ -49,7 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-SPAN_NAMES = ("read", "h2d", "prefill", "transfer", "decode", "persist")
+SPAN_NAMES = ("read", "h2d", "prefill", "transfer", "decode", "persist", "d2h")
+# the DE's copy of a full block out of its cache before a persist: the runtime's and the `local`
+# preset's (its copies cross the DE's arbiter, sim/persists.py); the paper presets do not time it
+COPY_OUT_SPANS = ("d2h",)
 INSTANT_NAMES = ("placed", "first_token")
 ROUTER = "router"
 SIDES = ("prefill", "decode")  # a `placed` instant's side, by ReadSide value (as metrics/decisions.py)

@@ -11,7 +11,7 @@ Numbered path of one request on the DE side (docs/paper.md §1.3 steps 8-9 / 6-7
   3. Progress is fluid between membership changes: with step time t fixed while the batch is
      unchanged, the group advances 1/t steps per second; each join or leave re-derives t from the
      batch (per GPU: attention compute- or memory-bound; shared: weights or linear FLOPs). The
-     `local` preset's measured steps also slow down while the node moves KV (cpu_share.py), and a
+     `local` preset's measured steps also slow down while the engines copy KV (cpu_share.py), and a
      join costs its measured extra time once (`decode_join_s`).
   4. `_on_finish`: the request leaves; the simulator persists its new full blocks and starts the
      agent's next turn.
@@ -56,11 +56,10 @@ class DecodeGroup:
         self.ep = ep_comm_for(ctx.cfg, ctx.net, node, prefill=False)  # None: no EP bytes on the CNICs
         if self.ep is not None:
             self.ep.watch(self._links_changed)
-        self._io_factor = 1.0  # 1 + the measured slowdown while the node moves KV (cpu_share.py)
+        self._io_factor = 1.0  # 1 + the measured slowdown while the engines copy KV (cpu_share.py)
         self._io_links: tuple = ()
-        if ctx.cpu.slows_decode():
-            self._io_links = (node.snic_in, node.snic_out, *{id(e.cnic_out): e.cnic_out for e in node.engines}.values())
-            ctx.cpu.watch(node.nid, self._io_changed)
+        if ctx.cpu.slows_decode():  # the engines' CNICs, each once
+            self._io_links = tuple({id(e.cnic_out): e.cnic_out for e in node.engines}.values())
             for link in self._io_links:
                 link.watchers.append(self._io_changed)
         # measured: the step in which a request joins takes this much longer (its first step's own work)
@@ -120,11 +119,10 @@ class DecodeGroup:
         self._reschedule()
 
     def _io_changed(self) -> None:
-        """A flow started or ended on the node's links, or a write on its SNIC: re-time the step
-        when the node's KV traffic started or stopped (cpu_share.py)."""
-        cpu = self.ctx.cpu
-        busy = cpu.writing(self.node.nid) or any(link.flows[0] or link.flows[1] for link in self._io_links)
-        factor = 1.0 + cpu.decode_io_slowdown if busy else 1.0
+        """A flow started or ended on an engine's CNIC: re-time the step when the engines' KV copies
+        started or stopped (cpu_share.py)."""
+        busy = any(link.flows[0] or link.flows[1] for link in self._io_links)
+        factor = 1.0 + self.ctx.cpu.decode_io_slowdown if busy else 1.0
         if factor == self._io_factor:
             return
         self._advance()

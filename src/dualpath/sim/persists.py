@@ -78,7 +78,7 @@ class PersistWrites:
         d2h = self._d2h_link(de)
         if self.timed and d2h is not None:  # one D2H copy per block, each block written after its own
             for k in keys:
-                self.persisted_bytes += ctx.io.persist(de.node.snic_out, self.block_bytes, d2h, self._copied, ([k], de.node))
+                self.persisted_bytes += ctx.io.persist(de.node.snic_out, self.block_bytes, d2h, self._copied, ([k], de))
             return
         self.persisted_bytes += ctx.io.persist(de.node.snic_out, len(keys) * self.block_bytes, d2h)
         if not self.timed:  # stored at once: each block's span takes no time
@@ -98,7 +98,8 @@ class PersistWrites:
         assert num_prompt >= 0, (len(keys), len(filled))
         self.submit(keys[:num_prompt], de)  # a one-token turn's prompt blocks (StoreHits)
         gen = keys[num_prompt:]
-        self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, self._d2h_link(de))
+        self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, self._d2h_link(de),
+                                                    self._copied_out, de)
         self._write(gen, de.node, filled)
 
     def _d2h_link(self, de: Engine) -> Link | None:
@@ -106,8 +107,14 @@ class PersistWrites:
         return de.cnic_out if self.copies_on_de_cnic else None
 
     def _copied(self, flow: Flow) -> None:
-        keys, node = flow.tag
-        self._write(keys, node, queued_s=flow.start_s)
+        keys, de = flow.tag
+        self._copied_out(flow, de)
+        self._write(keys, de.node, queued_s=flow.start_s)
+
+    def _copied_out(self, flow: Flow, de: Engine | None = None) -> None:
+        """A D2H copy out of the DE's HBM ended: its `d2h` span on the DE's CNIC track (as the runtime's)."""
+        de = flow.tag if de is None else de
+        self.ctx.timeline.span(de.cnic_track, "d2h", flow.start_s, self.ctx.loop.now_s)
 
     def _write(self, keys: list[int], node: Node, ready_s: list[float] | None = None, queued_s: float | None = None) -> None:
         """The writer takes `keys` when ready (now, or each at `ready_s`); `queued_s`: when they were
@@ -124,7 +131,6 @@ class PersistWrites:
             w.level_bytes, w.stamp_s = level, start
             w.free_at_s = start + (-level / rate if level < 0 else 0.0)
             loop.call_at(max(loop.now_s, w.free_at_s), self._written, k)
-            self.ctx.cpu.io_span(node.nid, start, w.free_at_s)  # the engine's cores write it (cpu_share.py)
             wait_s = start - (ready if queued_s is None else queued_s)
             self.ctx.timeline.span(node.write_track, "persist", start, w.free_at_s, None, {"wait_s": wait_s})
 

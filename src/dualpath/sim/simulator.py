@@ -70,7 +70,7 @@ class Simulator(TurnLifecycle):
         self._build_topology()
         self.io = kv_io_for(features.io_free, self.net, self.kv_bytes_per_token)  # the mode's network, once
         self.ctx = ctx = SimContext(self.loop, self.net, self.compute, features, cfg, self.kv_bytes_per_token,
-                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io, timeline, cpu_share_for(cfg, self.loop))
+                                    self.pe_kv_hbm_bytes, self.storage_egress, self.io, timeline, cpu_share_for(cfg))
         self.reads = StorageReads(ctx, self)
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}

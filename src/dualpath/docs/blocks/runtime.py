@@ -130,10 +130,10 @@ def _drifts(drift: list) -> str:
 
 
 def _speeds(mode: Node) -> str:
-    """The predicted SpeedModel (fidelity/speed.py): prefill scale + overhead; decode scale, moving KV, a join."""
+    """The predicted SpeedModel (fidelity/speed.py): prefill scale + overhead; decode scale, copying KV, a join."""
     s = mode["speed"]["predicted"]
     return (f"x{s['prefill_scale']:.2f} + {1e3 * s['prefill_overhead_s']:.0f} ms; x{s['decode_scale']:.2f}, "
-            f"x{1 + s['decode_io_slowdown']:.2f} moving KV, + {1e3 * s['decode_join_s']:.0f} ms a join")
+            f"x{1 + s['decode_io_slowdown']:.2f} copying KV, + {1e3 * s['decode_join_s']:.0f} ms a join")
 
 
 @block("fidelity", reads=tuple(FIDELITY_RUNS),

@@ -351,9 +351,11 @@ class DecodeEngine(EngineBase):
             (r.head or r).pending_copies += 1  # choice 0 holds the request's copies
 
             def done(_res, d=digest, s=staging, rid=rid, q=queued_s) -> None:
+                self.timeline.end(("d2h", d), self.cnic_track, "d2h", rid)  # the engine's copy (fidelity: io)
                 self.storage.persist(d, s, q)
                 self.mail.to_self(CopyDone(rid, CopyKind.D2H, None))
 
+            self.timeline.begin(("d2h", digest))
             self.copy(self.cache_bytes, [(table[b] * fbb, fbb)], staging, contiguous(0, fbb), done)
 
     def _finish(self, r: DecodeRequest) -> None:
