@@ -75,3 +75,22 @@ def remote_write(r: Results) -> str:
             for name, row in d["rows"].items()]
     return (f"{num(d['total_bytes'] / 2**30)} GiB in {num(d['chunk_bytes'] / 2**20)} MiB chunks, best of {d['repeat']}, "
             f"{d['cpus']} CPUs; the target in a child process.\n\n" + table(["way", "s", "GB/s", "vs memcpy"], rows))
+
+
+DEMO_TRANSFERS = {"remote-write": "transport/demo_remote_write.json", "mooncake": "transport/demo_mooncake.json"}
+
+
+@block("demo_transfers", reads=tuple(DEMO_TRANSFERS.values()),
+       command="dualpath demo --rounds 15 --snic-mb-s 24 [--transfer mooncake] --json docs/results/transport/demo_T.json "
+               "(T: remote_write, mooncake; one after the other)")
+def demo_transfers(r: Results) -> str:
+    """The demo's workload and rates fixed, once per transfer: JCT per mode, the ratio, the tokens."""
+    runs = {t: {m["mode"]: m for m in r.json(path)["runs"]} for t, path in DEMO_TRANSFERS.items()}
+    tokens = {m["tokens_sha256"] for by_mode in runs.values() for m in by_mode.values()}
+    rows = [[t, r.json(DEMO_TRANSFERS[t])["config"]["transport"]["kind"], num(by["basic"]["jct_s"], 1),
+             num(by["dualpath"]["jct_s"], 1), f"**{ratio(by['dualpath']['jct_s'] / by['basic']['jct_s'])}**",
+             by["basic"]["tokens_sha256"][:16]] for t, by in runs.items()]
+    ratios = [by["dualpath"]["jct_s"] / by["basic"]["jct_s"] for by in runs.values()]
+    return (table(["transfer", "engines talk over", "JCT basic s", "JCT dualpath s", "dualpath / basic", "tokens_sha256"], rows)
+            + f"\n\nOne tokens_sha256 across both transfers and both modes: {'yes' if len(tokens) == 1 else '**NO**'}; "
+            f"the ratios differ by {max(ratios) - min(ratios):.2f} (goal: within 0.05).")
