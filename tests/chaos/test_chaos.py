@@ -12,6 +12,7 @@ import pytest
 from cli_helpers import cli, cli_here
 
 from dualpath.chaos.matrix import SCENARIOS, STORE_VICTIM, parse_scenarios, run_chaos
+from dualpath.runtime.transport.mooncake import mooncake_loads
 
 
 def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -26,7 +27,8 @@ def test_the_matrix_and_bad_input():
     assert {s for s in SCENARIOS if s.startswith("store-")} == {
         f"store-{sig}-{m}" for sig in ("kill", "term", "stop") for m in ("read", "persist")}
     for args, needle in ((("--scenario", "de-kill-lunch"), "unknown scenario"), (("--policy", "pray"), "--policy"),
-                         (("--requests", "0"), "positive")):
+                         (("--requests", "0"), "positive"), (("--transfer", "pigeon"), "--transfer must be one of"),
+                         (("--transfer", "mooncake", "--testbed"), "on one host")):
         p = cli_here("chaos", *args)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
 
@@ -79,3 +81,17 @@ def test_frozen_service_and_the_new_engine_moments_lose_nothing():
     _assert_clean(results, names)
     frozen = results[0]
     assert frozen["store_faults"]["engine_skipped_calls"] >= 1  # the breaker answered after the first timeout
+
+
+@pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load here")
+def test_a_decode_engine_killed_mid_stream_with_the_kv_through_mooncake_loses_nothing():
+    """`chaos --transfer mooncake`: the DE dies while its Mooncake writes stream a layer to the PE;
+    the PE's wait ends (an error, never a hang) and the request recovers with the reference's tokens."""
+    import asyncio
+
+    from dualpath.cli.runtime import transfer_overrides
+
+    report = asyncio.run(run_chaos(["de-kill-stream"], num_requests=2, gen_tokens=16,
+                                   overrides=transfer_overrides("mooncake")))
+    assert report["config"]["transport"] == {"kind": "tcp", "transfer": "mooncake"}
+    _assert_clean(report["results"], ["de-kill-stream"], requests=2)

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..config import EngineConfig, FaultConfig, RuntimeConfig
-from ..config.overrides import set_fields
+from ..config.overrides import apply_overrides, set_fields
 from ..core.phase import Phase
 from ..core.snapshot import ReadSide
 from ..errors import InputError
@@ -287,9 +287,11 @@ async def _writes_ended(router: Router) -> int:
 
 
 async def run_chaos(scenarios: list[str], model: str = "tiny", policy: str = "recompute", num_requests: int = 4,
-                    gen_tokens: int = 48, on_result: Callable[[ChaosResult], None] | None = None) -> dict:
-    """The reference (no fault) once, then every scenario on a fresh cluster."""
-    cfg = chaos_config(model, policy)
+                    gen_tokens: int = 48, on_result: Callable[[ChaosResult], None] | None = None,
+                    overrides: list[str] | None = None) -> dict:
+    """The reference (no fault) once, then every scenario on a fresh cluster; `overrides`: `--set`
+    assignments on the chaos cluster (e.g. the transfer, cli/runtime.py: transfer_overrides)."""
+    cfg = apply_overrides(chaos_config(model, policy), overrides or [])
     async with LocalCluster(cfg) as cluster:
         reference = await reference_run(cluster, num_requests, gen_tokens)
     results = []
@@ -316,4 +318,5 @@ def report_config(cfg: RuntimeConfig, run: dict, pd: str) -> dict:
     return {**{k: run[k] for k in ("model", "policy", "num_requests", "gen_tokens")}, "pd": pd,
             "heartbeat_timeout_s": cfg.faults.heartbeat_timeout_s, "terminal_bound_s": TERMINAL_BOUND_S,
             "store_timeout_s": cfg.store.timeout_s, "store_bound_s": STORE_CALLS_ON_PATH * cfg.store.timeout_s,
-            "store_retry_after_s": STORE_RETRY_AFTER_S, "widened": {**WIDENED, "store": STORE_WIDENED}}
+            "store_retry_after_s": STORE_RETRY_AFTER_S, "widened": {**WIDENED, "store": STORE_WIDENED},
+            "transport": {"kind": str(cfg.transport.kind), "transfer": str(cfg.transport.transfer)}}

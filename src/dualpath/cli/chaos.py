@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from .io import console, out
+from .runtime import TransferOption, transfer_overrides
 
 
 def chaos(
@@ -35,6 +36,7 @@ def chaos(
         help="with --corruptions: probability per KV block piece sent that one bit flips (RuntimeConfig.faults.kv_corrupt_probability)")] = 0.05,
     testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts (root: network namespaces, tc): "
                                           "every process in a host of its own, every rate the kernel's")] = False,
+    transfer: TransferOption = "remote-write",
 ) -> None:
     """Kill, terminate or freeze an engine of a 2P2D cluster, or the storage service it runs against,
     while a request reads, streams layers, prefills, transfers its KV, decodes or persists; print per
@@ -44,6 +46,7 @@ def chaos(
         raise InputError("--corruptions and --torn-writes must be >= 0 and --flip-probability in (0, 1]")
     if (corruptions or torn_writes) and testbed:
         raise InputError("--testbed runs the engine and storage faults; --corruptions and --torn-writes run on one host")
+    overrides = _transfer(transfer, testbed or bool(corruptions or torn_writes))
     if corruptions or torn_writes:
         return integrity_acceptance(corruptions, torn_writes, model, flip_probability, json_path)
     from ..chaos.matrix import STORE_VICTIM, parse_scenarios, run_chaos
@@ -53,7 +56,7 @@ def chaos(
         raise InputError(f"--policy must be recompute or fail, got {policy!r}")
     if requests <= 0 or gen_tokens <= 0:
         raise InputError("--requests and --gen-tokens must be positive")
-    where = "across the testbed's hosts" if testbed else "on one host"
+    where = "across the testbed's hosts" if testbed else "on one host" + (f", KV through {transfer}" if overrides else "")
     console.print(f"chaos: {len(names)} scenario(s) on a 2P2D cluster {where} ({model}, policy {policy}), "
                   f"each against a fault-free reference run")
     progress = lambda r: console.print(f"  {r.scenario}: {r.finished}/{r.requests} finished, {r.errored} errored, "
@@ -64,7 +67,7 @@ def chaos(
         report = run_chaos_testbed(names, model, policy, requests, gen_tokens, on_result=progress,
                                    log=console.print)
     else:
-        report = asyncio.run(run_chaos(names, model, policy, requests, gen_tokens, on_result=progress))
+        report = asyncio.run(run_chaos(names, model, policy, requests, gen_tokens, on_result=progress, overrides=overrides))
     out.print(_table(report, f"chaos {where}, policy {policy}", STORE_VICTIM))
     if "reference_equals_single_host" in report:
         same = report["reference_equals_single_host"]
@@ -73,6 +76,19 @@ def chaos(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=lambda x: None))
         console.print(f"wrote {json_path}")
+
+
+def _transfer(transfer: str, elsewhere: bool) -> list[str]:
+    """`--transfer` as overrides of the chaos cluster, checked before anything starts (one line each)."""
+    overrides = transfer_overrides(transfer)
+    if overrides and elsewhere:
+        raise InputError("--transfer mooncake runs the engine faults on one host (not with --testbed, --corruptions "
+                         "or --torn-writes yet)")
+    if overrides:
+        from ..runtime.transport.mooncake import require_mooncake
+
+        require_mooncake()
+    return overrides
 
 
 def _table(report: dict, title: str, store_victim: int) -> Table:

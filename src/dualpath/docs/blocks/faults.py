@@ -45,6 +45,14 @@ def chaos(r: Results) -> str:
     return _matrix(r.json("chaos/chaos.json"))
 
 
+@block("chaos_mooncake", reads=("chaos/matrix_mooncake.json",),
+       command="dualpath chaos --scenario all --transfer mooncake --json docs/results/chaos/matrix_mooncake.json")
+def chaos_mooncake(r: Results) -> str:
+    d = r.json("chaos/matrix_mooncake.json")
+    t = d["config"]["transport"]
+    return f"KV between the engines through `{t['transfer']}`, the engines talking over `{t['kind']}`. " + _matrix(d)
+
+
 @block("chaos_testbed", reads=("chaos/chaos_testbed.json",),
        command="dualpath chaos --testbed --scenario all --json docs/results/chaos/chaos_testbed.json")
 def chaos_testbed(r: Results) -> str:
