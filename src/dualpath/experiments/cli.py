@@ -21,7 +21,7 @@ from ..errors import InputError, run_cli
 from ..pool.executor import open_executor
 from ..progress import PlainProgress
 from .common import Context
-from .registry import EXPERIMENTS
+from .registry import ALL, OPT_IN
 from .simrun import code_fingerprint
 from .suite import resolve_names, run_suite
 
@@ -107,7 +107,7 @@ WORKERS_HELP = "with --ray local: the local cluster's CPUs, one simulation each 
 def repro(
     out: Annotated[Path, typer.Option("--out", help="output directory: report.md, summary.json, <name>.json, PNGs")],
     quick: Annotated[bool, typer.Option("--quick", help="reduced scale: the whole suite in minutes")] = False,
-    only: Annotated[Optional[list[str]], typer.Option("--only", help=f"run only this experiment (repeat): {', '.join(EXPERIMENTS)}")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help=f"run only this experiment (repeat): {', '.join(ALL)}; {', '.join(OPT_IN)} only when named")] = None,
     seed: Annotated[int, typer.Option(help="workload seed")] = 1,
     cache: Annotated[bool, typer.Option(help="reuse simulation results cached under DIR/cache (same spec, seed and simulator code)")] = True,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
@@ -129,6 +129,9 @@ def repro(
         table.add_row(o.name, f"{o.wall_s:.0f}", str(o.num_sims), f"{o.sim_wall_s:.0f}",
                       f"{sum(h.met for h in counted)} / {len(counted)}")
     Console().print(table)
+    for o in outputs:  # an experiment without the paper's numbers says what it found in one line
+        if "verdict" in o.extra:
+            Console().print(f"{o.name}: {o.extra['verdict']}")
     console.print(f"{sink.num_sims} simulations run, {sink.num_cached} from cache; total {time.perf_counter() - t0:.0f} s; "
                   f"wrote {out / 'report.md'} and {out / 'summary.json'}")
 

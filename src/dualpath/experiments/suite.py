@@ -21,19 +21,20 @@ from ..sim.runner import write_json
 from .batch import prefetch
 from .common import EVIDENCE, Context, ExperimentOutput, Headline, headline_table, md_table
 from .knobs import all_knob_rows, calibration_sentence, knob_count_sentence, knob_counts, knobs_markdown
-from .registry import EXPERIMENTS
+from .registry import ALL, EXPERIMENTS
 from .simrun import code_fingerprint
 
 
 def resolve_names(only: Sequence[str] | None) -> list[str]:
-    """Registry order; `only` entries may be comma-separated; unknown names raise InputError."""
+    """Registry order; none: the default suite (registry.EXPERIMENTS), without the opt-in ones;
+    `only` entries may be comma-separated; unknown names raise InputError."""
     if not only:
         return list(EXPERIMENTS)
     wanted = [w.strip() for item in only for w in item.split(",") if w.strip()]
-    unknown = [w for w in wanted if w not in EXPERIMENTS]
+    unknown = [w for w in wanted if w not in ALL]
     if unknown or not wanted:
-        raise InputError(f"unknown experiment {', '.join(map(repr, unknown)) or '(empty)'}: choose from {', '.join(EXPERIMENTS)}")
-    return [n for n in EXPERIMENTS if n in wanted]
+        raise InputError(f"unknown experiment {', '.join(map(repr, unknown)) or '(empty)'}: choose from {', '.join(ALL)}")
+    return [n for n in ALL if n in wanted]
 
 
 def run_suite(ctx: Context, names: Sequence[str]) -> list[ExperimentOutput]:
@@ -42,10 +43,10 @@ def run_suite(ctx: Context, names: Sequence[str]) -> list[ExperimentOutput]:
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     # On a parallel executor, every run the experiments know up front goes out as one batch; the
     # experiments then read them from the memo (adaptive steps follow as batches of their own).
-    prefetch(ctx, [spec for name in names for spec in getattr(EXPERIMENTS[name], "planned", lambda _: [])(ctx)])
+    prefetch(ctx, [spec for name in names for spec in getattr(ALL[name], "planned", lambda _: [])(ctx)])
     outputs = []
     for name in names:
-        module = EXPERIMENTS[name]
+        module = ALL[name]
         ctx.progress.start_experiment(name)
         ctx.sim_wall_s = {}
         ctx.sim_build = {}
@@ -65,7 +66,7 @@ def run_suite(ctx: Context, names: Sequence[str]) -> list[ExperimentOutput]:
 
 def _load_sections(ctx: Context) -> list[dict[str, Any]]:
     sections = []
-    for name in EXPERIMENTS:
+    for name in ALL:
         path = ctx.out_dir / f"{name}.json"
         if not path.is_file():
             continue

@@ -1,0 +1,53 @@
+"""Beyond the paper: split reads (`dualpath+split`) against DualPath on the grid of
+experiments/beyond.py, from its JSON.
+
+Not registered yet: no run is committed. Once `BEYOND_COMMAND`'s JSON is under docs/results/, the
+block is registered by decorating `beyond` with
+`@block("beyond", reads=(BEYOND_JSON,), command=BEYOND_COMMAND)` (registry.block) and importing this
+module in blocks/__init__.py; docs/results.md then holds its slot
+(`<!-- generated: beyond -->` ... `<!-- end generated -->`)."""
+
+from __future__ import annotations
+
+from ..fmt import num, pct, ratio, sig, table
+from ..results import Node, Results
+
+BEYOND_JSON = "beyond/beyond.json"
+BEYOND_COMMAND = ("dualpath repro --only beyond --out DIR (then DIR/beyond.json and DIR/beyond.png copied to "
+                  "docs/results/beyond/)")
+MODES = ("basic", "dualpath", "dualpath+split", "oracle")
+
+
+def beyond(r: Results) -> str:
+    d = r.json(BEYOND_JSON)
+    g, t = d["goals"], d["thresholds"]
+    rows = [_row(p) for p in d["table"]]
+    text = (f"Scale `{d['scale']}`, seed {d['seed']}, simulator code `{d['simulator_code']}`, {num(d['num_sims'])} "
+            f"simulations ({num(d['sim_wall_s'])} s). The goals of split reads hold on **{g['num_hold']} of "
+            f"{g['num_points']} grid points**: JCT at most {pct(t['no_regression_jct_fraction'], 0, False)} over "
+            f"dualpath's on {g['num_no_regression']} of {g['num_points']}; on the unbalanced ones (PE SNICs at a "
+            f"fraction of the DE's), at least {pct(t['unbalanced_jct_gain_fraction'], 0, False)} lower JCT or "
+            f"{pct(t['unbalanced_ttft_p99_gain_fraction'], 0, False)} lower TTFT p99 on {g['num_unbalanced_gain']} of "
+            f"{g['num_unbalanced']}.")
+    header = ["point", "agents", *(f"JCT s {m}" for m in MODES), "split JCT / dualpath", "split TTFT p99 / dualpath",
+              "PE / DE path GB, dualpath", "PE / DE path GB, split", "binding, dualpath / split", "goal"]
+    return text + "\n\n" + table(header, rows)
+
+
+def _row(p: Node) -> list[str]:
+    modes, goal = p["modes"], p["goal"]
+    dual, split = modes["dualpath"], modes["dualpath+split"]
+    return [p["point"], num(p["agents"]), *(sig(modes[m]["jct_s"]) for m in MODES),
+            f"**{ratio(goal['split_jct_over_dualpath'], 3)}**", ratio(goal["split_ttft_p99_over_dualpath"], 3),
+            f"{_gb(dual['pe_path_bytes'])} / {_gb(dual['de_path_bytes'])}",
+            f"{_gb(split['pe_path_bytes'])} / {_gb(split['de_path_bytes'])}",
+            f"{_binding(dual)} / {_binding(split)}", "holds" if goal["holds"] else "**fails**"]
+
+
+def _gb(num_bytes: float) -> str:
+    return num(num_bytes / 1e9, 1)
+
+
+def _binding(mode: Node) -> str:
+    names = {"pe_snic_read": "PE SNIC", "de_snic_read": "DE SNIC", "pe_compute": "PE compute"}
+    return f"{names[mode['binding']]} {pct(mode['utilisation'][mode['binding']], 0, False)}"
