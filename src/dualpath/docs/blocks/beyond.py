@@ -1,15 +1,10 @@
 """Beyond the paper: split reads (`dualpath+split`) against DualPath on the grid of
-experiments/beyond.py, from its JSON.
-
-Not registered yet: no run is committed. Once `BEYOND_COMMAND`'s JSON is under docs/results/, the
-block is registered by decorating `beyond` with
-`@block("beyond", reads=(BEYOND_JSON,), command=BEYOND_COMMAND)` (registry.block) and importing this
-module in blocks/__init__.py; docs/results.md then holds its slot
-(`<!-- generated: beyond -->` ... `<!-- end generated -->`)."""
+experiments/beyond.py, from its JSON."""
 
 from __future__ import annotations
 
 from ..fmt import num, pct, ratio, sig, table
+from ..registry import block
 from ..results import Node, Results
 
 BEYOND_JSON = "beyond/beyond.json"
@@ -18,6 +13,7 @@ BEYOND_COMMAND = ("dualpath repro --only beyond --out DIR (then DIR/beyond.json 
 MODES = ("basic", "dualpath", "dualpath+split", "oracle")
 
 
+@block("beyond", reads=(BEYOND_JSON,), command=BEYOND_COMMAND)
 def beyond(r: Results) -> str:
     d = r.json(BEYOND_JSON)
     g, t = d["goals"], d["thresholds"]
