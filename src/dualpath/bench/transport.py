@@ -30,7 +30,7 @@ import tempfile
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -211,13 +211,18 @@ class _Puller:
 
     def each(self, block_bytes: int, num_blocks: int) -> list[float]:
         """One pull at a time: seconds from each pull to its KvReady."""
-        out = []
-        for k in range(num_blocks):
-            t0 = self.clock.now_s()
-            self._pull(k, block_bytes)
-            self._ready()
-            out.append(self.clock.now_s() - t0)
-        return out
+        return seconds_each(self.clock, lambda k: (self._pull(k, block_bytes), self._ready()), num_blocks)
+
+
+def seconds_each(clock: Any, move: Callable[[int], Any], num_blocks: int) -> list[float]:
+    """Blocks 0..num_blocks-1 moved one at a time by `move(k)` (returning once block k has landed):
+    each one's seconds (a Transfer's `each`)."""
+    out = []
+    for k in range(num_blocks):
+        t0 = clock.now_s()
+        move(k)
+        out.append(clock.now_s() - t0)
+    return out
 
 
 def receiver_process_main(endpoint: str, holder_endpoint: str, total_bytes: int, conn: Any) -> None:

@@ -33,7 +33,7 @@ from ..runtime.transport.arbiter import LinkArbiter
 from ..runtime.transport.mooncake import MooncakeAddress, MooncakeSpanWrite, MooncakeTransfer, address_of
 from ..runtime.transport.remote_write import RemoteSpanWrite, WriteInitiator, WriteTarget, submit_with_immediate
 from ..runtime.transport.shm import HostBuffer, SharedSegments, ShmRegion
-from .transport import ENGINE_WAIT_S, expect
+from .transport import ENGINE_WAIT_S, expect, seconds_each
 
 # The IMM after every remote write but the last of a stream: the target child reports only the others
 QUIET_IMM = b"-"
@@ -72,12 +72,7 @@ class MemcpyPath:
         return self.clock.now_s() - t0
 
     def each(self, block_bytes: int, num_blocks: int) -> list[float]:
-        out = []
-        for k in range(num_blocks):
-            t0 = self.clock.now_s()
-            self._copy(k, block_bytes)
-            out.append(self.clock.now_s() - t0)
-        return out
+        return seconds_each(self.clock, lambda k: self._copy(k, block_bytes), num_blocks)
 
     def clear(self) -> None:
         self.dst.fill(0)
@@ -247,12 +242,8 @@ class MooncakePath(_ArbiterPath):
         return self.clock.now_s() - t0
 
     def each(self, block_bytes: int, num_blocks: int) -> list[float]:
-        out = []
-        for k in range(num_blocks):
-            t0 = self.clock.now_s()
-            self._submit(k, block_bytes).wait(timeout_s=self.target.timeout_s)
-            out.append(self.clock.now_s() - t0)
-        return out
+        return seconds_each(self.clock, lambda k: self._submit(k, block_bytes).wait(timeout_s=self.target.timeout_s),
+                            num_blocks)
 
     def breakdown(self, block_bytes: int, num_blocks: int) -> dict[str, float]:
         """Seconds to move the same blocks by Mooncake's calls alone (no link): one synchronous
