@@ -48,7 +48,7 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     slow = load_or_measure("tiny", fp, "cpu", 1)
     assert slow.reused and slow.profile.prefill_s(64, 512) == pytest.approx(4 * p.prefill_s(64, 512))
     now = check_speed(slow, "tiny", cpu)
-    assert 0.1 < now.speed_now_over_cached < 0.6  # ~0.25: the machine did not really slow down
+    assert 0.03 < now.speed_now_over_cached < 0.6  # ~0.25: the machine did not really slow down (bound: below)
     assert now.profile.prefill_s(64, 512) == pytest.approx(now.speed_now_over_cached * slow.profile.prefill_s(64, 512))
     assert now.profile.decode_step_s(4, 1024) == pytest.approx(now.speed_now_over_cached * slow.profile.decode_step_s(4, 1024))
     assert read_cached(p.key) == slow.profile  # the check scales what it returns, not the cached file
@@ -57,7 +57,9 @@ def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corru
     # were cached 4x slow and its prefills as measured reads ~0.25 for decode and ~1 for prefill
     mixed = replace(p, decode=tuple(replace(s, seconds=4 * s.seconds) for s in p.decode))
     pre, dec = check_drift(replace(first, profile=mixed), "tiny", cpu)
-    assert 0.1 < dec < 0.6 and 0.4 < pre < 2.5 and dec < pre / 2
+    # the lower bound is loose: tiny's decode points take well under a millisecond, and the first
+    # (cold) measurement has read 2-3x slower than a check moments later (0.097 in a clean-clone run)
+    assert 0.03 < dec < 0.6 and 0.4 < pre < 2.5 and dec < pre / 2
 
     first.path.write_text('{"schema": "dualpath.profile/2", "prefill": [')  # torn write
     rebuilt = load_or_measure("tiny", fp, "cpu", 1)
