@@ -46,3 +46,8 @@ def parse_tokens(text: str | int) -> int:
     if value <= 0:
         raise InputError(f"token count must be positive, got {text!r}")
     return value
+
+
+def format_tokens(value: int) -> str:
+    """65536 -> '64k', 4000 -> '4000': what parse_tokens reads back as the same count."""
+    return f"{value // 1024}k" if value % 1024 == 0 else str(value)

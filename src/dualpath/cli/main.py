@@ -11,7 +11,7 @@ import typer
 
 from ..errors import run_cli
 from ..experiments.cli import repro
-from . import bench, bench_tp, chaos, demo, docs, fidelity, runtime, sim, store, sweep, testbed
+from . import bench, bench_tp, chaos, demo, docs, fidelity, plan, runtime, sim, store, sweep, testbed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DualPath: dual-path KV-cache loading (runtime + simulator).")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate and inspect workloads.")
@@ -30,6 +30,7 @@ app.add_typer(docs.docs_app, name="docs")
 
 app.command()(sim.sim)
 app.command()(sweep.sweep)
+app.command()(plan.plan)
 trace_app.command("gen")(sim.trace_gen)
 trace_app.command("stats")(sim.trace_stats)
 app.command("repro", help="Regenerate the paper's experiments (Table 1, Figs. 7-14, Table 3) in the simulator.")(repro)
@@ -42,6 +43,7 @@ app.command()(demo.calibrate)
 app.command()(fidelity.fidelity)
 app.command()(chaos.chaos)
 bench_app.command("sim-speed")(bench.bench_sim_speed)
+bench_app.command("plan")(plan.bench_plan)
 bench_app.command("lanes")(bench.bench_lanes)
 bench_app.command("tp-lanes")(bench_tp.bench_tp_lanes)
 bench_app.command("transport")(bench.bench_transport)

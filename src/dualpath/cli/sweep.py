@@ -20,8 +20,8 @@ from .io import console, out
 class SweepLines:
     """A status line per finished simulation (on stderr), whichever executor ran it."""
 
-    def __init__(self, num_total: int) -> None:
-        self.num_total, self.num_done, self.num_cached = num_total, 0, 0
+    def __init__(self, num_total: int, prefix: str = "sweep") -> None:
+        self.num_total, self.num_done, self.num_cached, self.prefix = num_total, 0, 0, prefix
 
     def start_experiment(self, name: str) -> None:
         pass
@@ -37,14 +37,14 @@ class SweepLines:
 
     def end_sim(self, task: Any) -> None:
         self.num_done += 1
-        console.print(f"sweep: {self.num_done + self.num_cached}/{self.num_total} {task}", markup=False, highlight=False)
+        console.print(f"{self.prefix}: {self.num_done + self.num_cached}/{self.num_total} {task}", markup=False, highlight=False)
 
     def cached(self, label: str) -> None:
         self.num_cached += 1
 
     def sim_finished(self, label: str, wall_s: float, num_done: int, num_total: int) -> None:
         self.num_done += 1
-        console.print(f"sweep: {self.num_done + self.num_cached}/{self.num_total} {label}: {wall_s:.1f} s",
+        console.print(f"{self.prefix}: {self.num_done + self.num_cached}/{self.num_total} {label}: {wall_s:.1f} s",
                       markup=False, highlight=False)
 
 

@@ -1,0 +1,172 @@
+"""`dualpath plan`: which P/D shape and which loading policy for a model, a GPU budget and an
+agent workload (plan/search.py). Prints the ranked table; `--json` and `--plot` write it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError
+from ..experiments.cli import RAY_HELP, WORKERS_HELP
+from .io import console, out
+from .sweep import SweepLines
+
+
+def plan(
+    model: Annotated[str, typer.Option(help="a model preset: ds-v3.2-660b, ds-27b, qwen2.5-32b, ...")] = "ds-v3.2-660b",
+    gpus: Annotated[int, typer.Option(help="the GPU budget, a multiple of the GPUs per node (8)")] = 128,
+    max_len: Annotated[str, typer.Option(help="trajectory MaxLen of the generated agents, e.g. 64k")] = "64k",
+    agents: Annotated[int, typer.Option(help="agents (offline: all at t = 0; with --aps: Poisson arrivals)")] = 1024,
+    aps: Annotated[Optional[float], typer.Option(help="online: agent arrivals per second (default: offline)")] = None,
+    trace: Annotated[Optional[Path], typer.Option(help="plan for a Mooncake trace replayed at its timestamps instead "
+                                                       "of generated agents")] = None,
+    time_scale: Annotated[float, typer.Option(help="with --trace: multiply its timestamps")] = 1.0,
+    limit: Annotated[Optional[int], typer.Option(help="with --trace: its first N requests that fit --max-len")] = None,
+    mode: Annotated[Optional[list[str]], typer.Option(
+        help="loading policies to consider (repeatable; default basic, dualpath, dualpath+split)")] = None,
+    objective: Annotated[str, typer.Option(help="jct: the shortest offline JCT; goodput: the most turns per "
+                                                "second among those meeting the SLOs")] = "jct",
+    slo_ttft_p99: Annotated[Optional[float], typer.Option(help="TTFT p99 SLO, seconds")] = None,
+    slo_tpot: Annotated[Optional[float], typer.Option(help="mean TPOT SLO, seconds")] = None,
+    confirm: Annotated[int, typer.Option(help="configurations simulated (the best estimates)")] = 4,
+    seed: Annotated[int, typer.Option(help="workload seed")] = 1,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the plan JSON here")] = None,
+    plot_path: Annotated[Optional[Path], typer.Option("--plot", help="write the frontier PNG here")] = None,
+    cache: Annotated[Optional[Path], typer.Option(help="reuse and keep simulations under DIR/cache")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
+    workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
+) -> None:
+    """Rank P/D shapes and loading policies for a GPU budget: the cost model prunes, the simulator
+    (at the smallest unit of each shape) confirms the best estimates."""
+    from ..config import parse_mode
+    from ..experiments.common import Context
+    from ..experiments.simrun import code_fingerprint
+    from ..parsing import parse_tokens
+    from ..plan.report import plot as draw, to_json
+    from ..plan.search import PlanRequest, make_plan
+    from ..plan.space import DEFAULT_MODES
+    from ..pool.executor import open_executor
+    from ..sim.runner import write_json
+
+    modes = tuple(mode or DEFAULT_MODES)
+    for m in modes:
+        parse_mode(m)
+    if "oracle" in modes:
+        raise InputError("--mode oracle is a bound, not a policy a cluster can run: plan among the others")
+    if agents <= 0:
+        raise InputError(f"--agents must be positive, got {agents}")
+    workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit)
+    req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm)
+    started = time.monotonic()
+    with open_executor(ray, workers, code_fingerprint) as executor:
+        ctx = Context(cache or Path("."), seed=seed, progress=SweepLines(confirm, "plan"), use_disk_cache=cache is not None,
+                      executor=executor)
+        result = make_plan(req, ctx)
+    wall_s = time.monotonic() - started
+    report = to_json(result, wall_s)
+    _print(report)
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        console.print(f"wrote {draw(result, plot_path)}")
+
+
+def _workload(max_len_tokens: int, agents: int, seed: int, aps: float | None, trace: Path | None, time_scale: float,
+              limit: int | None):
+    from ..plan.workload import Generated, Trace
+    from ..sim.runner import TraceReplay
+
+    if aps is not None and not aps > 0:
+        raise InputError(f"--aps must be positive, got {aps}")
+    if trace is None:
+        if time_scale != 1.0 or limit is not None:
+            raise InputError("--time-scale and --limit are for --trace")
+        return Generated(max_len_tokens, agents, seed, aps)
+    if aps is not None:
+        raise InputError("--aps is for generated agents: a trace's requests arrive at their timestamps")
+    if not trace.is_file():
+        raise InputError(f"--trace {trace}: no such file")
+    from ..workloads import WorkloadFormat, detect_format
+
+    if detect_format(trace) is not WorkloadFormat.MOONCAKE:
+        raise InputError(f"--trace {trace}: not a Mooncake trace (timestamp, input_length, output_length, hash_ids)")
+    TraceReplay(time_scale, limit)  # checks both
+    return Trace(str(trace), max_len_tokens, time_scale, limit)
+
+
+def _estimate_cell(e: dict) -> str:
+    """Offline: the estimated JCT; online: the load at which the binding resource saturates."""
+    sat = e["saturating_load"]
+    return f"JCT {e['jct_s']:.0f} s" if sat is None else f"saturates x{sat:.3g}"
+
+
+def _print(report: dict) -> None:
+    req = report["request"]
+    slo = [f"TTFT p99 <= {req['slo_ttft_p99_s']:g} s" if req["slo_ttft_p99_s"] else "",
+           f"TPOT <= {req['slo_tpot_s'] * 1e3:g} ms" if req["slo_tpot_s"] else ""]
+    table = Table(title=f"dualpath plan: {req['model']}, {req['gpus']} GPUs, {report['demand']['agents']} agents "
+                        f"({', '.join(s for s in slo if s) or 'no SLO'}); objective {req['objective']}")
+    for h in ("#", "P/D", "mode", "simulated as", "load", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "goodput turns/s",
+              "SLO", "binding", "estimate"):
+        table.add_column(h, justify="right")
+    for i, c in enumerate(report["ranked"], 1):
+        p = c["predicted"]
+        table.add_row(str(i), c["pd"], c["mode"], f"{c['unit_pd']} x{c['copies']}", f"x{c['load_factor']:.3g}",
+                      f"{p['jct_s']:.0f}",
+                      f"{p['ttft_p50_s']:.2f}", f"{p['ttft_p99_s']:.2f}", f"{p['tpot_s'] * 1e3:.1f}",
+                      f"{p['goodput_rps']:.1f}", "met" if c["meets_slo"] else "missed", c["binding"],
+                      _estimate_cell(c["estimate"]))
+    out.print(table)
+    if report["ranked"]:
+        best = report["ranked"][0]
+        if not report["any_meets_slo"] and (req["slo_ttft_p99_s"] or req["slo_tpot_s"]):
+            console.print("no simulated configuration meets the SLOs; ranked by the objective alone", markup=False)
+        console.print(f"first choice: {best['pd']} {best['mode']}\n  {best['commands']['sim']}\n  "
+                      f"{best['commands']['serve']}", markup=False, highlight=False)
+    console.print(f"{len(report['ranked'])} simulated, {len(report['unconfirmed'])} estimated only, "
+                  f"{len(report['pruned'])} outside the bottleneck-free range; {report['wall_s']:.1f} s",
+                  markup=False, highlight=False)
+
+
+def bench_plan(
+    case: Annotated[Optional[list[str]], typer.Option(help="a case to check (repeatable; default: every one)")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="cache of the full-scale simulations: DIR/cache")] = Path("out/plan"),
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the report JSON here")] = None,
+    plot_path: Annotated[Optional[Path], typer.Option("--plot", help="write the figure here")] = None,
+) -> None:
+    """Is the planner's first choice right? Per case: the planner (timed), every configuration
+    simulated whole, the regret and the unit-scale predictions' errors (bench/plan_check.py)."""
+    from ..bench.plan_check import cases, check, plot as draw
+    from ..experiments.simrun import code_fingerprint
+    from ..sim.runner import write_json
+
+    known = cases()
+    names = case or list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(f"unknown --case {', '.join(unknown)}; known: {', '.join(known)}")
+    lines = SweepLines(0, "bench plan")
+    report = {"cases": [check(known[n], out_dir, lines) for n in names], "simulator_code": code_fingerprint()}
+    table = Table(title="dualpath plan against every configuration simulated whole")
+    for h in ("case", "first choice", "exhaustive best", "regret", "JCT err", "TTFT p50 err", "TTFT p99 err",
+              "unit max |JCT err|", "plan s"):
+        table.add_column(h, justify="right")
+    for c in report["cases"]:
+        e = c["prediction_error"]
+        units = [abs(u["jct_s_error"]) for u in c["unit_vs_whole"] if u["jct_s_error"] is not None]
+        pct = lambda x: "-" if x is None else f"{x * 100:+.1f}%"  # noqa: E731
+        table.add_row(c["name"], f"{c['planner']['first']['pd']} {c['planner']['first']['mode']}",
+                      f"{c['best']['pd']} {c['best']['mode']}", f"{c['regret'] * 100:.1f}%", pct(e["jct_s"]),
+                      pct(e["ttft_p50_s"]), pct(e["ttft_p99_s"]), f"{max(units) * 100:.1f}%" if units else "-",
+                      f"{c['planner']['wall_s']:.1f}")
+    out.print(table)
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        console.print(f"wrote {draw(report, plot_path)}")
