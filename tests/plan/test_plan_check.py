@@ -21,7 +21,7 @@ def test_a_small_case_is_checked_against_every_configuration_whole(tmp_path):
     assert c["prediction_error"]["jct_s"] == pytest.approx(c["planner"]["predicted"]["jct_s"] / first["jct_s"] - 1)
     # 2P2D with 32 agents runs as 1P1D with 16: one unit-vs-whole row per mode
     assert [(u["pd"], u["unit_pd"], u["copies"]) for u in c["unit_vs_whole"]] == [("2P2D", "1P1D", 2)] * 3
-    assert c["planner"]["simulated"] == 2 and c["planner"]["wall_s"] > 0
+    assert c["planner"]["simulated"] >= 2 and c["planner"]["wall_s"] > 0
     assert (tmp_path / "cache").is_dir()  # the full-scale runs are kept for a rerun
 
 

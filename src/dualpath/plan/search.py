@@ -5,7 +5,9 @@
    through the decode engines outside the bottleneck-free range is pruned (its CNIC or DRAM binds
    first, docs/paper.md §1.6); the rest are ordered by their estimated JCT.
 3. The first `confirm` survivors are simulated, with the one scheduler, as `dualpath sim` would run
-   them (workload.py: a generated workload at its unit, a trace whole); on Ray with `--ray`.
+   them (workload.py: a generated workload at its unit, a trace whole); on Ray with `--ray`. Then
+   the best simulated one's neighbours (one prefill node more or less, the other modes) until the
+   best has none left unsimulated: the estimates order the start, the simulations climb from it.
 4. Ranked by the objective: `jct` (shortest JCT first) or `goodput` (online traffic: the most
    turns per second at the highest load that meets the SLOs, goodput.py; one that misses them at
    every load gets 0). Either way a configuration that meets the SLOs ranks before one that
@@ -38,7 +40,7 @@ class PlanRequest:
     objective: str = "jct"
     slo_ttft_p99_s: float | None = None
     slo_tpot_s: float | None = None
-    confirm: int = 4  # survivors simulated
+    confirm: int = 4  # survivors simulated first (then the best one's neighbours)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -93,16 +95,38 @@ def make_plan(req: PlanRequest, ctx: Context) -> Plan:
     if not survivors:
         raise InputError(f"every configuration of {req.gpus} GPUs is outside the bottleneck-free range for "
                          f"{', '.join(req.modes)}; add basic to --mode or change --gpus")
-    chosen = survivors[: req.confirm]
+    choices: list[Choice] = []
+    batch = survivors[: req.confirm]
+    while batch:
+        choices += _simulate(req, ctx, demand.num_turns, batch)
+        batch = _neighbours(rank(choices, req.objective)[0], survivors, choices)
+    done = {(c.estimate.shape.pd, c.estimate.mode) for c in choices}
+    rest = [e for e in survivors if (e.shape.pd, e.mode) not in done]
+    return Plan(req, rank(choices, req.objective), rest, pruned, demand)
+
+
+def _simulate(req: PlanRequest, ctx: Context, num_turns: int, batch: list[analytic.Estimate]) -> list[Choice]:
+    """One batch of configurations: simulated at the given load (`jct`) or searched for their
+    highest load within the SLOs (`goodput`)."""
+    wl = req.workload
     if req.objective == "goodput":
         searches = goodput.search(
-            chosen, lambda batch: wl.simulate(ctx, req.model, [(e.shape, e.mode, f) for e, f in batch]),
+            batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, e.mode, f) for e, f in b]),
             lambda run: _meets(req, _latencies(run)))
-        choices = [_choice(req, demand.num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches]
-    else:
-        results = wl.simulate(ctx, req.model, [(e.shape, e.mode, 1.0) for e in chosen])
-        choices = [_choice(req, demand.num_turns, e, r) for e, r in zip(chosen, results)]
-    return Plan(req, rank(choices, req.objective), survivors[req.confirm:], pruned, demand)
+        return [_choice(req, num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches]
+    results = wl.simulate(ctx, req.model, [(e.shape, e.mode, 1.0) for e in batch])
+    return [_choice(req, num_turns, e, r) for e, r in zip(batch, results)]
+
+
+def _neighbours(best: Choice, survivors: Sequence[analytic.Estimate], done: Sequence[Choice]) -> list[analytic.Estimate]:
+    """What the best simulated configuration's neighbours are and no simulation has seen yet: its
+    shape one prefill node more or less in the same mode, and its shape in the other modes. The
+    search climbs until the best has none left (the simulated JCT or goodput moves smoothly with
+    P/D, so a better configuration next to the best estimates is found this way)."""
+    seen = {(c.estimate.shape.pd, c.estimate.mode) for c in done}
+    b = best.estimate
+    return [e for e in survivors if (e.shape.pd, e.mode) not in seen and (
+        (e.mode == b.mode and abs(e.shape.num_prefill_nodes - b.shape.num_prefill_nodes) == 1) or e.shape.pd == b.shape.pd)]
 
 
 def _by_estimate(e: analytic.Estimate) -> tuple:
