@@ -59,3 +59,19 @@ def test_a_worker_with_other_code_is_refused(executor):
     with pytest.raises(InputError, match="other code"):  # os.getpid: every worker answers other than this process
         RayExecutor(ray, os.getpid).map(abs, [(-1,), (-2,)], lambda i, r: seen.append(r))
     assert seen == []  # no result from a mismatched worker is used
+
+
+def test_plan_on_ray_equals_serial(tmp_path, executor):
+    """`dualpath plan --ray`: the same ranking and numbers, generated (unit simulations through the
+    cache keys) and a trace searched for goodput (whole simulations through `run_mode`)."""
+    from dualpath.bench.plan_check import TRACE_SLICE
+    from dualpath.plan.report import to_json
+    from dualpath.plan.search import PlanRequest, make_plan
+    from dualpath.plan.workload import Generated, Trace
+
+    for req in (PlanRequest("ds-27b", 32, Generated(32768, 16, 1), confirm=2),
+                PlanRequest("ds-27b", 32, Trace(str(TRACE_SLICE), 32768, limit=300), confirm=2, objective="goodput",
+                            slo_ttft_p99_s=2.0)):
+        serial = to_json(make_plan(req, Context(tmp_path / "s", use_disk_cache=False)), 0.0)
+        on_ray = to_json(make_plan(req, Context(tmp_path / "r", use_disk_cache=False, executor=executor)), 0.0)
+        assert serial == on_ray and len(serial["ranked"]) >= 2

@@ -36,3 +36,9 @@ def test_a_budget_spends_every_node_and_each_shape_reduces_to_its_smallest_unit_
 def test_a_budget_that_cannot_hold_the_model_is_refused_by_name(gpus, words):
     with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")):
         shapes("ds-v3.2-660b", gpus, 64)
+
+
+def test_a_reduced_shape_is_deployed_as_units_each_with_its_own_ep_groups():
+    got = {s.pd: s for s in shapes("ds-v3.2-660b", 128, 4096)}
+    assert got["4P12D"].ep_knobs() == ("cluster.ep_group_prefill_nodes=2", "cluster.ep_group_decode_nodes=6")
+    assert got["3P13D"].ep_knobs() == ()  # its own unit: one group per role, as a plain `dualpath sim`

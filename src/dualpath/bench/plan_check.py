@@ -4,8 +4,9 @@ Per case (a model, a GPU budget, a workload, an objective):
 
 1. the planner as a user runs it (`dualpath plan`, default `--confirm`), timed, no cache;
 2. the exhaustive answer: every shape and mode the budget allows simulated whole (an offline
-   workload: each at full scale, as `dualpath sweep` runs it; an online one: the goodput search
-   on every configuration, which simulates them whole);
+   workload: each deployment at full scale, its k units' EP groups as planned, `dualpath sim` with
+   the plan's `--set`s; an online one: the goodput search on every configuration, which simulates
+   them whole);
 3. regret: how much better the exhaustive best is than the first choice, both at full scale, on
    the objective (JCT, or goodput);
 4. the first choice's predicted metrics (its unit's simulation) against its full-scale
@@ -24,7 +25,6 @@ from typing import Any
 
 from ..experiments.batch import simulate_many
 from ..experiments.common import Context
-from ..experiments.simrun import SimSpec
 from ..plan.search import Choice, Plan, PlanRequest, make_plan
 from ..plan.space import shapes
 from ..plan.workload import Generated, Trace
@@ -71,7 +71,7 @@ def check(case: Case, out_dir: Path, progress: Any) -> dict[str, Any]:
     else:
         assert isinstance(req.workload, Generated)
         configs = [(s, m) for s in shapes(req.model, req.gpus, req.workload.num_agents) for m in req.modes]
-        specs = [SimSpec(req.model, s.pd, req.workload.max_len_tokens, req.workload.num_agents, m) for s, m in configs]
+        specs = [req.workload.whole_spec(req.model, s, m) for s, m in configs]
         results = simulate_many(ctx, specs)
         full = {(s.pd, m): _from_run(r, plan.demand.num_turns) for (s, m), r in zip(configs, results)}
         order = sorted(full, key=lambda k: (full[k]["jct_s"], k))

@@ -63,7 +63,7 @@ def plan(
     req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm)
     started = time.monotonic()
     with open_executor(ray, workers, code_fingerprint) as executor:
-        ctx = Context(cache or Path("."), seed=seed, progress=SweepLines(confirm, "plan"), use_disk_cache=cache is not None,
+        ctx = Context(cache or Path("."), seed=seed, progress=SweepLines(0, "plan"), use_disk_cache=cache is not None,
                       executor=executor)
         result = make_plan(req, ctx)
     wall_s = time.monotonic() - started

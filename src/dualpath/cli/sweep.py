@@ -37,15 +37,19 @@ class SweepLines:
 
     def end_sim(self, task: Any) -> None:
         self.num_done += 1
-        console.print(f"{self.prefix}: {self.num_done + self.num_cached}/{self.num_total} {task}", markup=False, highlight=False)
+        console.print(f"{self.prefix}: {self._count()} {task}", markup=False, highlight=False)
 
     def cached(self, label: str) -> None:
         self.num_cached += 1
 
     def sim_finished(self, label: str, wall_s: float, num_done: int, num_total: int) -> None:
         self.num_done += 1
-        console.print(f"{self.prefix}: {self.num_done + self.num_cached}/{self.num_total} {label}: {wall_s:.1f} s",
-                      markup=False, highlight=False)
+        console.print(f"{self.prefix}: {self._count()} {label}: {wall_s:.1f} s", markup=False, highlight=False)
+
+    def _count(self) -> str:
+        """'3/16', or '3' when the total is not known up front (the planner's climb)."""
+        done = self.num_done + self.num_cached
+        return f"{done}/{self.num_total}" if self.num_total else str(done)
 
 
 def sweep(

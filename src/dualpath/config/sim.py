@@ -107,12 +107,22 @@ class ClusterConfig:
     # choice: the PE nodes' SNIC read rate as a fraction of NodeSpec's, an unbalanced cluster (split
     # reads' test bed, core/policy/split.py); 1 = the paper's cluster, every node's SNIC alike (§1.2).
     prefill_snic_scale: float = 1.0
+    # choice: nodes per expert-parallel group of each role; None = one group spanning the role (the
+    # paper's 2P4D, docs/paper.md §5 [I]). A group shards the weights (HBM left for KV, the weight read
+    # of a step) and sets which share of a token's EP traffic leaves the node over the CNIC
+    # (costmodel/ep_traffic.py). `dualpath plan` deploys kP x kD as k units, each its own EP groups.
+    ep_group_prefill_nodes: int | None = None
+    ep_group_decode_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.storage_read_latency_s < 0:
             raise InputError(f"storage_read_latency_s must be >= 0, got {self.storage_read_latency_s}")
         if not 0 < self.prefill_snic_scale <= 1:
             raise InputError(f"prefill_snic_scale must be in (0, 1], got {self.prefill_snic_scale}")
+        for name in ("ep_group_prefill_nodes", "ep_group_decode_nodes"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"{name} must be a positive number of nodes or None, got {v!r}")
         try:
             get_model(self.model)
         except KeyError as e:
@@ -137,6 +147,15 @@ class ClusterConfig:
     @property
     def pd(self) -> str:
         return f"{self.num_prefill_nodes}P{self.num_decode_nodes}D"
+
+    @property
+    def prefill_ep_nodes(self) -> int:
+        """Nodes in one prefill EP group: the group size, at most the role's nodes."""
+        return min(self.num_prefill_nodes, self.ep_group_prefill_nodes or self.num_prefill_nodes)
+
+    @property
+    def decode_ep_nodes(self) -> int:
+        return min(self.num_decode_nodes, self.ep_group_decode_nodes or self.num_decode_nodes)
 
     def weight_shards(self, num_nodes: int) -> int:
         return num_nodes * self.node.gpus_per_node if self.expert_parallel else 1

@@ -98,7 +98,7 @@ def estimate(d: Demand, model: str, shape: Shape, mode: str) -> Estimate:
     cluster = paper_cluster(model, shape.pd)
     spec, node = cluster.model_spec, cluster.node
     g, p, dn = node.gpus_per_node, shape.num_prefill_nodes, shape.num_decode_nodes
-    compute = _compute(model, p, dn)
+    compute = _compute(model, shape.unit_prefill_nodes, shape.unit_decode_nodes)  # weights over a unit's EP groups
     quota_s = SchedulerConfig().compute_quota_s
     busy: dict[str, float] = {}
 
@@ -112,7 +112,7 @@ def estimate(d: Demand, model: str, shape: Shape, mode: str) -> Estimate:
     linear_per_node = compute.prefill_forward_s(0.0, d.miss_tokens) - compute.prefill_overhead_s
     busy["compute (PE)"] = attn_per_gpu + linear_per_node / p + max(1.0, attn_per_gpu / quota_s) * compute.prefill_overhead_s
 
-    kv_room = cluster.kv_hbm_bytes_per_gpu(dn) * g / (spec.kv_bytes_per_token * max(1.0, d.mean_decode_context_tokens))
+    kv_room = cluster.kv_hbm_bytes_per_gpu(shape.unit_decode_nodes) * g / (spec.kv_bytes_per_token * max(1.0, d.mean_decode_context_tokens))
     agents_per_node = d.num_agents / dn
     batch = max(1.0, min(kv_room, agents_per_node))
     steps = d.gen_tokens / dn / batch

@@ -6,9 +6,12 @@ each role on at least as many nodes as its weights need (`ClusterConfig.kv_hbm_b
 
 Unit scale: the paper runs 48P96D with 24x the agents of 2P4D and gets the same JCT (docs/paper.md
 §6.7, Table 3): what a node sees depends on the P:D ratio and the agents per node, not on the
-cluster's size. So kP x kD with kN agents is simulated as P x D with N agents, for the largest k
-that divides P, D and the agents and leaves each role room for its weights. `tests/plan/` checks
-the claim on the configurations it uses and states the tolerance.
+cluster's size, as long as its expert-parallel groups stay the same size (a group's span sets how
+much of each token's EP traffic crosses the CNICs and how many shards its weights take). So kP x kD
+with kN agents is deployed as k units, each role of each unit one EP group (`Shape.ep_knobs`), and
+simulated as one unit, P x D with N agents, for the largest k that divides P, D and the agents and
+leaves each role room for its weights. `dualpath bench plan` measures the error against the whole
+deployment simulated (docs/results.md).
 
 The bottleneck-free range of docs/paper.md §1.6 bounds P/D for the modes that read through the
 decode engines: outside it a CNIC or the DE's DRAM binds before the storage NICs do.
@@ -54,6 +57,14 @@ class Shape:
     @property
     def ratio(self) -> float:
         return self.num_prefill_nodes / self.num_decode_nodes
+
+    def ep_knobs(self) -> tuple[str, ...]:
+        """`--set` assignments that deploy the shape as `copies` units, each role of each unit one
+        expert-parallel group (ClusterConfig.ep_group_*_nodes); () for a shape that is its own unit."""
+        if self.copies == 1:
+            return ()
+        return (f"cluster.ep_group_prefill_nodes={self.unit_prefill_nodes}",
+                f"cluster.ep_group_decode_nodes={self.unit_decode_nodes}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,12 +61,19 @@ class Generated:
     def unit_spec(self, model: str, shape: Shape, mode: str) -> SimSpec:
         k = shape.copies
         aps = None if self.aps is None else self.aps / k
-        return SimSpec(model, shape.unit_pd, self.max_len_tokens, self.num_agents // k, mode, aps=aps)
+        return SimSpec(model, shape.unit_pd, self.max_len_tokens, self.num_agents // k, mode, aps=aps,
+                       knobs=shape.ep_knobs())
+
+    def whole_spec(self, model: str, shape: Shape, mode: str) -> SimSpec:
+        """The whole deployment (k units, each its own EP groups), as `dualpath bench plan` checks it."""
+        return SimSpec(model, shape.pd, self.max_len_tokens, self.num_agents, mode, aps=self.aps, knobs=shape.ep_knobs())
 
     def sim_flags(self, shape: Shape, unit: bool) -> str:
         k = shape.copies if unit else 1
         aps = "" if self.aps is None else f" --aps {self.aps / k:g}"
-        return f"--agents {self.num_agents // k} --max-len {format_tokens(self.max_len_tokens)} --seed {self.seed}{aps}"
+        knobs = "".join(f" --set {a}" for a in shape.ep_knobs())
+        return (f"--agents {self.num_agents // k} --max-len {format_tokens(self.max_len_tokens)} --seed {self.seed}"
+                f"{aps}{knobs}")
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "generated", "max_len_tokens": self.max_len_tokens, "agents": self.num_agents,

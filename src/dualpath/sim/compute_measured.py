@@ -54,11 +54,11 @@ class MeasuredCompute(StepTimes):
 def compute_for(cfg: SimConfig) -> tuple[StepTimes, float, float]:
     """The run's compute model and (PE, DE) HBM bytes for KV per GPU, chosen once: measured step
     times, a landing zone and a KV cache in tokens for the `local` preset; the paper cluster's
-    FLOPs model and the GPU's HBM less its weight shard otherwise."""
+    FLOPs model and the GPU's HBM less its weight shard (over its role's EP group) otherwise."""
     cl = cfg.cluster
     if cfg.local is not None:
         kvbpt = cl.model_spec.kv_bytes_per_token
         return MeasuredCompute(cfg.local), cfg.local.pe_landing_bytes, float(cfg.local.de_kv_tokens * kvbpt)
     compute = ComputeModel(cl.model_spec, cl.gpu_spec, cfg.compute, cl.node.gpus_per_node,
-                           cl.weight_shards(cl.num_prefill_nodes), cl.weight_shards(cl.num_decode_nodes))
-    return compute, cl.kv_hbm_bytes_per_gpu(cl.num_prefill_nodes), cl.kv_hbm_bytes_per_gpu(cl.num_decode_nodes)
+                           cl.weight_shards(cl.prefill_ep_nodes), cl.weight_shards(cl.decode_ep_nodes))
+    return compute, cl.kv_hbm_bytes_per_gpu(cl.prefill_ep_nodes), cl.kv_hbm_bytes_per_gpu(cl.decode_ep_nodes)

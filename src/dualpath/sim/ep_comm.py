@@ -110,7 +110,7 @@ def ep_comm_for(cfg, net: Network, node: Node, prefill: bool) -> Optional[EpComm
     shape = MOE_SHAPES.get(cl.model)
     if shape is None:
         return None
-    nodes = cl.num_prefill_nodes if prefill else cl.num_decode_nodes
+    nodes = cl.prefill_ep_nodes if prefill else cl.decode_ep_nodes  # the EP group's, ClusterConfig
     if not (cl.ep_over_cnic and cl.expert_parallel) or cfg.local is not None or nodes < 2:
         return None
     per_token = prefill_bytes_per_token(shape, nodes) if prefill else decode_bytes_per_token(shape, nodes)
