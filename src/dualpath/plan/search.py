@@ -3,7 +3,8 @@
 1. `space.shapes`: every P x D the budget allows, each with the unit it reduces to.
 2. `analytic.estimate` for every shape and mode: busy seconds per resource. A mode that reads
    through the decode engines outside the bottleneck-free range is pruned (its CNIC or DRAM binds
-   first, docs/paper.md §1.6); the rest are ordered by their estimated JCT.
+   first, docs/paper.md §1.6); the rest are ordered by their estimates (offline: the JCT; online:
+   the resources' work, so the shape that saturates last comes first).
 3. The first `confirm` survivors are simulated, with the one scheduler, as `dualpath sim` would run
    them (workload.py: a generated workload at its unit, a trace whole); on Ray with `--ray`. Then
    the best simulated one's neighbours (one prefill node more or less, the other modes) until the
@@ -18,7 +19,7 @@ Deterministic for a seed: the workload, the estimates and every simulation are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import InputError
@@ -79,7 +80,6 @@ class Plan:
     unconfirmed: list[analytic.Estimate]  # in range, not simulated (ordered by estimate)
     pruned: list[analytic.Estimate]  # outside the bottleneck-free range
     demand: analytic.Demand
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def make_plan(req: PlanRequest, ctx: Context) -> Plan:
