@@ -65,5 +65,8 @@ class RequestSpec:
 
 def usable_hit_tokens(stored_prefix_tokens: int, input_tokens: int, block_tokens: int) -> int:
     """Largest block-aligned hit that leaves at least one prompt token to compute."""
-    limit = min(stored_prefix_tokens, input_tokens - 1)
-    return max(0, limit // block_tokens * block_tokens)
+    limit = input_tokens - 1  # min(stored, input - 1) and max(0, ...) written out: a per-turn hot path
+    if not limit < stored_prefix_tokens:
+        limit = stored_prefix_tokens
+    usable = limit // block_tokens * block_tokens
+    return usable if usable > 0 else 0

@@ -274,9 +274,8 @@ class GlobalScheduler:
                 entry.pe_node = group
                 self._de_queue.append(entry)
                 out.append(PrefillAssignment(req, entry.ref, a.engine))
-            if added:
-                least = min(e.num_tokens + added[e.engine] if e.engine in added else e.num_tokens for e in loads)
-                self._set_open(group, least)
+            if added:  # (a list, not a generator: this runs at every fetch)
+                self._set_open(group, min([e.num_tokens + added.get(e.engine, 0) for e in loads]))
         return out
 
     def _set_open(self, group: int, least_tokens: int) -> None:
@@ -288,12 +287,13 @@ class GlobalScheduler:
 
     # 2. DE selection
     def _fetch_decode_dualpath(self, view: ClusterView, out: list[DecodeAssignment]) -> None:
-        if self._de_queue:
-            for ga in distribute_to_groups(self._de_totals, (w.req for w in self._de_queue)):
-                item = self._de_queue.popleft()
+        de_queue, private, dirty = self._de_queue, self._private, self._dirty
+        if de_queue:
+            for ga in distribute_to_groups(self._de_totals, [w.req for w in de_queue]):
+                item = de_queue.popleft()
                 assert item.req.rid is ga.rid
-                self._private[ga.group].append(item)
-                self._dirty.add(ga.group)
+                private[ga.group].append(item)
+                dirty.add(ga.group)
         groups = self._de_groups
         n = len(groups)
         start = self._de_turn
@@ -307,7 +307,7 @@ class GlobalScheduler:
             if not q:
                 continue
             loads = view.de_loads(group)
-            if max(e.free_hbm_bytes for e in loads) < q[0].req.hbm_bytes:
+            if max([e.free_hbm_bytes for e in loads]) < q[0].req.hbm_bytes:
                 continue  # no DE fits the head: phase 2 would assign nothing
             snap = GroupLoad(group, tuple(loads))
             for a in select_decode(snap, _fitting_prefix(q, snap), self.rules.z_factor):
@@ -386,7 +386,7 @@ def _fitting_prefix(q: Iterable[_Entry], group: GroupLoad) -> list[QueuedRequest
     fits the group's total free HBM (step 1's R), plus the first that does not. Nothing past it
     can be assigned in this fetch, and R over this prefix equals R over the whole queue, so
     passing only this prefix is exact and keeps a pass O(assignable) instead of O(queue)."""
-    free = sum(e.free_hbm_bytes for e in group.engines)
+    free = sum([e.free_hbm_bytes for e in group.engines])
     out = []
     for w in q:
         req = w.req

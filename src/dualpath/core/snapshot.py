@@ -33,7 +33,7 @@ class GroupLoad:
 
     @property
     def num_tokens(self) -> int:
-        return sum(e.num_tokens for e in self.engines)
+        return sum([e.num_tokens for e in self.engines])
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,11 @@ def chunk_attention_flops(model: ModelSpec, cached_tokens: int, compute_tokens: 
     k = model.attn_topk
     if k is not None:
         # tokens with c0 + i <= k attend c0 + i keys; the rest attend k
-        m = max(0, min(n, k - c0 + 1))
+        m = k - c0 + 1  # max(0, min(n, k - c0 + 1)), written out (a hot path)
+        if n < m:
+            m = n
+        if m < 0:
+            m = 0
         attended_sum = m * c0 + m * (m - 1) / 2 + (n - m) * k
     return (
         model.attn_flops_per_key * attended_sum

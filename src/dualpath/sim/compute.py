@@ -103,7 +103,8 @@ class ComputeModel(StepTimes):
 
     def prefill_forward_s(self, max_gpu_attention_s: float, total_compute_tokens: int) -> float:
         linear = self.model.linear_flops_per_token * total_compute_tokens / self.gpus_per_group / self._linear_rate
-        return self.prefill_overhead_s + max_gpu_attention_s + max(linear, self.prefill_weight_read_s)
+        weights = self.prefill_weight_read_s
+        return self.prefill_overhead_s + max_gpu_attention_s + (weights if weights > linear else linear)  # max(linear, weights)
 
     # --- decode --------------------------------------------------------------------------
     def decode_request_cost(self, context_tokens: float) -> tuple[float, float]:
@@ -113,17 +114,29 @@ class ComputeModel(StepTimes):
 
     def decode_step_s(self, max_gpu_attention_s: float, total_requests: int) -> float:
         linear = self.model.linear_flops_per_token * total_requests / self.gpus_per_group / self._decode_linear_rate
-        return self.decode_overhead_s + max_gpu_attention_s + max(linear, self.decode_weight_read_s)
+        weights = self.decode_weight_read_s
+        return self.decode_overhead_s + max_gpu_attention_s + (weights if weights > linear else linear)  # max(linear, weights)
 
     def gpu_attention_s(self, attn_compute_s: float, kv_read_bytes: float) -> float:
         """A GPU's decode attention time: compute- or memory-bound, whichever is slower."""
         return max(attn_compute_s, kv_read_bytes / self._hbm_rate)
 
     def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
-        """The slowest GPU of a group: `gpu_attention_s` per GPU, maximised (builtins only: this
-        runs at every decode join and finish)."""
+        """The slowest GPU of a group: `gpu_attention_s` per GPU, maximised (the first of equals, as
+        max(); written out: this runs at every decode join and finish, and a two-argument max()
+        costs more than the comparison)."""
         rate = self._hbm_rate
-        return max(map(max, attn_compute_s, [b / rate for b in kv_read_bytes]))
+        worst = 0.0
+        first = True
+        for attn, kv in zip(attn_compute_s, kv_read_bytes):
+            memory = kv / rate
+            gpu = memory if memory > attn else attn
+            if first or gpu > worst:
+                worst = gpu
+                first = False
+        if first:
+            raise ValueError("max_gpu_attention_s() of no GPU")
+        return worst
 
     def prefill_tokens_per_s_per_gpu(self, context_tokens: int, miss_tokens: int, batch_requests: int) -> float:
         """Prompt tokens one GPU processes per second on a steady stream of such requests, every

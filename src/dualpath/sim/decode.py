@@ -66,16 +66,19 @@ class DecodeGroup:
         self._join_s = ctx.cfg.local.decode_join_s if ctx.cfg.local is not None else 0.0
         self._steps = ctx.timeline.steps([e.track for e in node.engines], "decode")  # a span per step, per GPU
         self._step_args = self._batch_args  # bound once: `_advance` hands it over without a new object
+        self._on_event_cb: Callable[[int], None] = self._on_event  # bound once: `_reschedule` runs per event
 
     def _advance(self) -> None:
         now = self.ctx.loop.now_s
-        if self.num_running and self.step_s > 0:
+        step_s = self.step_s
+        if self.num_running and step_s > 0:
             dt = now - self.updated_s
+            steps = dt / step_s
             p0 = self.progress_steps
-            self.progress_steps += dt / self.step_s
-            self._steps.advance(self.updated_s, now, p0, self.progress_steps, self.step_s, self._step_args)
-            self.num_steps += dt / self.step_s
-            self.seq_steps += dt / self.step_s * self.num_running
+            self.progress_steps = p0 + steps
+            self._steps.advance(self.updated_s, now, p0, self.progress_steps, step_s, self._step_args)
+            self.num_steps += steps
+            self.seq_steps += steps * self.num_running
             self.busy_s += dt
         self.updated_s = now
 
@@ -97,12 +100,17 @@ class DecodeGroup:
             self.step_s = self._padded_step_s() * self._io_factor
             return
         worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
-        self.step_s = cm.decode_step_s(worst, self.num_running)
-        if self.ep is not None:  # the EP bursts' time under the KV now on the GPUs' CNICs
-            self._compute_step_s = self.step_s
-            self._ep_extra_s = self.ep.extra_s(self.running_per_gpu)
-            self.step_s += self._ep_extra_s
-            self.ep.reserve(self.running_per_gpu, self.step_s)
+        step_s = cm.decode_step_s(worst, self.num_running)
+        ep = self.ep
+        if ep is not None:  # the EP bursts' time under the KV now on the GPUs' CNICs
+            self._compute_step_s = step_s
+            extra = ep.extra_s(self.running_per_gpu)
+            self._ep_extra_s = extra
+            step_s += extra
+            self.step_s = step_s
+            ep.reserve(self.running_per_gpu, step_s)
+        else:
+            self.step_s = step_s
 
     def _links_changed(self, gpu: int) -> None:
         """A flow started or ended on one of the GPU's CNIC directions: re-time the step (ep_comm.py)."""
@@ -146,11 +154,16 @@ class DecodeGroup:
         return max(cm.padded_decode_step_s(n, c) for n, c in zip(count, longest) if n)
 
     def _reschedule(self) -> None:
-        self.version += 1
-        if not self._heap:
+        version = self.version + 1
+        self.version = version
+        heap = self._heap
+        if not heap:
             return
-        wait = max(0.0, (self._heap[0][0] - self.progress_steps) * self.step_s)
-        self.ctx.loop.call_at(self.ctx.loop.now_s + wait, self._on_event, self.version, PRIO_COMPLETE)
+        wait = (heap[0][0] - self.progress_steps) * self.step_s
+        if not wait > 0.0:  # max(0.0, wait)
+            wait = 0.0
+        loop = self.ctx.loop
+        loop.call_at(loop.now_s + wait, self._on_event_cb, version, PRIO_COMPLETE)
 
     def after_step(self, fn: Callable[[Any], None], arg: Any) -> None:
         """`fn(arg)` when the running step ends; at once when no step runs or the group does not
@@ -194,13 +207,15 @@ class DecodeGroup:
         self._advance()
         done: list[SimRequest] = []
         heap = self._heap
-        while heap and heap[0][0] <= self.progress_steps + _EPS_STEPS:
+        reached = self.progress_steps + _EPS_STEPS
+        attn_s, kv_bytes, running = self.attn_s, self.kv_bytes, self.running_per_gpu
+        while heap and heap[0][0] <= reached:
             _, _, req, i, attn, kvb = heapq.heappop(heap)
-            self.attn_s[i] -= attn
-            self.kv_bytes[i] -= kvb
-            self.num_running -= 1
-            self.running_per_gpu[i] -= 1
+            attn_s[i] -= attn
+            kv_bytes[i] -= kvb
+            running[i] -= 1
             done.append(req)
+        self.num_running -= len(done)
         if not self.num_running:  # drop float residue
             self.attn_s = [0.0] * len(self.attn_s)
             self.kv_bytes = [0.0] * len(self.kv_bytes)

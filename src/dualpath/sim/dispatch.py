@@ -42,10 +42,10 @@ class SimView(ClusterView):
         self._io = io
 
     def pe_loads(self, group: int) -> list[EngineLoad]:
-        return [e.load() for e in self._nodes[group].engines]
+        return self._nodes[group].loads()
 
     def de_loads(self, group: int) -> list[EngineLoad]:
-        return [e.load() for e in self._nodes[group].engines]
+        return self._nodes[group].loads()
 
     def read_queue_tokens(self, node: int) -> int:
         return self._nodes[node].read_queue_tokens
@@ -91,10 +91,18 @@ class Dispatch:
         self.kick()
 
     def pe_released(self, node: Node) -> None:
-        self.scheduler.pe_released(node.nid, min(e.num_tokens for e in node.engines))
+        engines = node.engines
+        least = engines[0].num_tokens
+        for e in engines:
+            if e.num_tokens < least:
+                least = e.num_tokens
+        self.scheduler.pe_released(node.nid, least)
 
     def de_released(self, node: Node) -> None:
-        self.scheduler.de_released(node.nid, sum(e.num_tokens for e in node.engines))
+        total = 0
+        for e in node.engines:
+            total += e.num_tokens
+        self.scheduler.de_released(node.nid, total)
         self.kick()
 
     def kick(self) -> None:

@@ -28,6 +28,8 @@ from ..core.lanes import Lane
 from .links import Network
 from .state import Node
 
+_LC = Lane.LATENCY_CRITICAL
+
 
 class EpComm:
     def __init__(self, net: Network, node: Node, bytes_per_token: float, ignores_kv: bool) -> None:
@@ -37,14 +39,18 @@ class EpComm:
         self.ignores_kv = ignores_kv
         self.booked_bytes = 0.0  # per direction, all GPUs
         self.gpu_extra_s = [0.0] * len(self.links)
+        self._max_extra_s = 0.0  # max(gpu_extra_s), kept with it
+        self._no_tokens: list[float] = [0] * len(self.links)  # `reserve(None, ...)`: every GPU released
 
     def watch(self, on_change: Callable[[int], None]) -> None:
-        """Call `on_change(gpu)` whenever the flows on one of that GPU's CNIC directions change."""
+        """Call `on_change(gpu)` whenever the flows on one of that GPU's CNIC directions change (one
+        watcher per GPU on both directions: a flow across both tells it once, links.py `_notify`)."""
         if self.ignores_kv:
             return
         for k, (out, inn) in enumerate(self.links):
-            out.watchers.append(partial(on_change, k))
-            inn.watchers.append(partial(on_change, k))
+            watcher = partial(on_change, k)
+            out.watchers.append(watcher)
+            inn.watchers.append(watcher)
 
     def extra_s(self, tokens_per_gpu: Sequence[float]) -> float:
         """Seconds the slowest GPU's bursts take now beyond their unloaded time (each GPU's kept
@@ -52,21 +58,38 @@ class EpComm:
         if self.ignores_kv:
             return 0.0
         gpu_extra = self.gpu_extra_s
-        for k, n in enumerate(tokens_per_gpu):
-            gpu_extra[k] = self._gpu_extra_s(k, n) if n else 0.0
-        return max(gpu_extra)
+        links = self.links
+        k = 0
+        for n in tokens_per_gpu:
+            extra = 0.0
+            if n:  # `_gpu_extra_s`'s test of idle links inlined: most GPUs' CNICs are idle at a step
+                out, inn = links[k]
+                out_flows, in_flows = out.flows, inn.flows
+                if out_flows[1] or in_flows[1] or out.kv_flood or out_flows[0] or in_flows[0]:
+                    extra = self._gpu_extra_s(k, n)
+            gpu_extra[k] = extra
+            k += 1
+        self._max_extra_s = worst = max(gpu_extra)
+        return worst
 
     def gpu_changed(self, gpu: int, tokens: float) -> float:
         """`extra_s` after the flows of one GPU's CNIC changed (the others' kept)."""
-        self.gpu_extra_s[gpu] = self._gpu_extra_s(gpu, tokens) if tokens else 0.0
-        return max(self.gpu_extra_s)
+        extra = self._gpu_extra_s(gpu, tokens) if tokens else 0.0
+        gpu_extra = self.gpu_extra_s
+        if extra == gpu_extra[gpu]:  # unchanged (the common case: another flow on a loaded link): so is the max
+            return self._max_extra_s
+        gpu_extra[gpu] = extra
+        self._max_extra_s = worst = max(gpu_extra)
+        return worst
 
     def _gpu_extra_s(self, gpu: int, tokens: float) -> float:
         out, inn = self.links[gpu]
-        if not (out.flows[1] or inn.flows[1] or out.kv_flood or out.flows[0] or inn.flows[0]):
+        out_flows, in_flows = out.flows, inn.flows
+        if not (out_flows[1] or in_flows[1] or out.kv_flood or out_flows[0] or in_flows[0]):
             return 0.0  # a link with no flow gives a burst its whole capacity
         b = tokens * self.bytes_per_token
-        return b / min(out.lc_burst_rate(), inn.lc_burst_rate()) - b / out.capacity_bytes_per_s
+        r_out, r_in = out.lc_burst_rate(), inn.lc_burst_rate()
+        return b / (r_in if r_in < r_out else r_out) - b / out.capacity_bytes_per_s  # min(r_out, r_in)
 
     def book(self, tokens_per_gpu: Sequence[float], repeats: float) -> None:
         """The bursts of `repeats` steps (or one forward) in every GPU's CNIC ledger."""
@@ -84,8 +107,9 @@ class EpComm:
         if tokens > 0:
             out, inn = self.links[gpu]
             b = tokens * self.bytes_per_token
-            self.net.book(out, Lane.LATENCY_CRITICAL, b)
-            self.net.book(inn, Lane.LATENCY_CRITICAL, b)
+            book = self.net.book
+            book(out, _LC, b)
+            book(inn, _LC, b)
             self.booked_bytes += b
 
     def reserve(self, tokens_per_gpu: Optional[Sequence[float]], duration_s: float) -> None:
@@ -93,14 +117,22 @@ class EpComm:
         if self.ignores_kv:
             return
         reserve = self.net.reserve_lc
-        for k, (out, inn) in enumerate(self.links):
-            n = tokens_per_gpu[k] if tokens_per_gpu is not None else 0
-            rate = n * self.bytes_per_token / duration_s if n and duration_s > 0 else 0.0
-            for link in (out, inn):
-                if link.flows[1]:
-                    reserve(link, rate)
-                else:  # nothing to re-rate (Network.reserve_lc's own shortcut, inlined: a hot loop)
-                    link.lc_reserved_bytes_per_s = rate
+        bpt = self.bytes_per_token
+        timed = duration_s > 0
+        tokens = self._no_tokens if tokens_per_gpu is None else tokens_per_gpu
+        for (out, inn), n in zip(self.links, tokens):
+            rate = n * bpt / duration_s if n and timed else 0.0
+            # Network.reserve_lc's own shortcuts, inlined (a hot loop): an unchanged rate, no KV flow to re-rate
+            if rate != out.lc_reserved_bytes_per_s:
+                if out.flows[1]:
+                    reserve(out, rate)
+                else:
+                    out.lc_reserved_bytes_per_s = rate
+            if rate != inn.lc_reserved_bytes_per_s:
+                if inn.flows[1]:
+                    reserve(inn, rate)
+                else:
+                    inn.lc_reserved_bytes_per_s = rate
 
 
 def ep_comm_for(cfg, net: Network, node: Node, prefill: bool) -> Optional[EpComm]:

@@ -113,11 +113,35 @@ class TrajectoryHits(HitModel):
         self._written: dict[int, set[int]] = {}  # agent -> written block indices past its prefix
         self._written_prefix: dict[int, int] = {}  # agent -> blocks 0.. all written
 
+    def written(self, key: int) -> None:
+        """`HitModel.written` with `_stored` inlined (a call per persisted block)."""
+        if key == UNNAMED_BLOCK:
+            return
+        persisting = self.persisting
+        left = persisting.pop(key) - 1
+        if left:
+            persisting[key] = left
+        aid, index = divmod(key, _AGENT_KEY_STRIDE)
+        if index == self._written_prefix.get(aid, -1) and not self._written.get(aid):
+            self._written_prefix[aid] = index + 1  # the block after the prefix, nothing written past it
+            return
+        self._stored(key)
+
     def _stored(self, key: int) -> None:
         aid, index = divmod(key, _AGENT_KEY_STRIDE)
-        done = self._written.setdefault(aid, set())
-        done.add(index)
         n = self._written_prefix.get(aid, 0)
+        done = self._written.get(aid)
+        if index == n:  # the block after the prefix (blocks are mostly written in order): no set entry
+            n += 1
+            if done:
+                while n in done:
+                    done.discard(n)
+                    n += 1
+            self._written_prefix[aid] = n
+            return
+        if done is None:
+            done = self._written[aid] = set()
+        done.add(index)
         while n in done:
             done.discard(n)
             n += 1
@@ -131,7 +155,9 @@ class TrajectoryHits(HitModel):
 
     def _persist(self, req: SimRequest, first: int, last: int) -> list[int]:
         agent = req.agent
-        agent.persisted_tokens = max(agent.persisted_tokens, last * self.block_tokens)
+        last_tokens = last * self.block_tokens
+        if last_tokens > agent.persisted_tokens:
+            agent.persisted_tokens = last_tokens
         return self._queue([agent.aid * _AGENT_KEY_STRIDE + i for i in range(first, last)])
 
     def prompt_in_cache(self, req: SimRequest) -> list[int]:

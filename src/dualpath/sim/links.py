@@ -38,7 +38,8 @@ _INF = float("inf")
 
 class Link:
     __slots__ = ("name", "capacity_bytes_per_s", "weights", "flows", "served_bytes", "_flow_rate",
-                 "kv_flood", "lc_reserved_bytes_per_s", "watchers", "fifo", "_head")
+                 "kv_flood", "lc_reserved_bytes_per_s", "watchers", "fifo", "_head", "_one_class", "_lc_part", "_kv_part",
+                 "_n_flood")
 
     def __init__(self, name: str, capacity_bytes_per_s: float, weights: LaneWeights, kv_flood: bool = False,
                  fifo: bool = False) -> None:
@@ -61,6 +62,13 @@ class Link:
         # lane cannot use it, since every burst byte crosses the link too
         self.lc_reserved_bytes_per_s = 0.0
         self.watchers: list[Callable[[], None]] = []  # called after its set of flows changed
+        # constants of the share rule, derived once (the same operations, in the same order, as
+        # written out in `lc_burst_rate` and `_refresh_lane_shares`' docstring)
+        w_lc, w_kv = weights.latency_critical, weights.kv
+        self._one_class = weights.one_class
+        self._lc_part = capacity_bytes_per_s * w_lc / (w_lc + w_kv)  # the LC lane's share under contention
+        self._kv_part = capacity_bytes_per_s * w_kv / (w_lc + w_kv)  # the KV lane's (and its floor)
+        self._n_flood = 1 if kv_flood else 0
         self._refresh_lane_shares()
 
     def share(self, lane: int) -> float:
@@ -70,30 +78,49 @@ class Link:
     def lc_burst_rate(self) -> float:
         """Rate a latency-critical burst starting now would get: with two classes its lane's share
         (all of it when KV is idle, 99% under contention, docs/paper.md §2.3); with one FIFO class, one
-        flow's share among every flow on the link (processor sharing)."""
-        n_lc, n_kv = len(self.flows[0]) + 1, len(self.flows[1]) + self.kv_flood
-        cap = self.capacity_bytes_per_s
-        if self.weights.one_class:
-            return cap / (n_lc + n_kv)
+        flow's share among every flow on the link (processor sharing): with n_lc = LC flows + 1
+        (the burst) and n_kv = KV flows (+ 1 for a flood), cap / (n_lc + n_kv) with one class,
+        cap / n_lc when KV is idle, else cap * w_lc / (w_lc + w_kv) / n_lc."""
+        flows = self.flows
+        n_lc = len(flows[0]) + 1
+        n_kv = len(flows[1]) + self._n_flood
+        if self._one_class:
+            return self.capacity_bytes_per_s / (n_lc + n_kv)
         if not n_kv:
-            return cap / n_lc
-        w_lc, w_kv = self.weights.latency_critical, self.weights.kv
-        return cap * w_lc / (w_lc + w_kv) / n_lc
+            return self.capacity_bytes_per_s / n_lc
+        return self._lc_part / n_lc
 
     def _refresh_lane_shares(self) -> None:
-        n_lc, n_kv = len(self.flows[0]), len(self.flows[1]) + self.kv_flood
+        """What one flow of each lane gets now, with cap the capacity, (w_lc, w_kv) the lane weights
+        and n_lc, n_kv the lanes' flows (a flood counts as one KV flow): with one class
+        cap / (n_lc + n_kv) each (cap when idle); with both lanes busy cap * w_lc / (w_lc + w_kv) / n_lc
+        and cap * w_kv / (w_lc + w_kv) / n_kv; else cap / n of the busy lane. With LC bursts
+        reserved (sim/ep_comm.py) a KV flow gets at most max(cap - reserved, cap * w_kv / (w_lc + w_kv)) / n_kv:
+        the KV class is never starved (weighted round robin)."""
+        flows = self.flows
+        n_lc = len(flows[0])
+        n_kv = len(flows[1]) + self._n_flood
         cap = self.capacity_bytes_per_s
-        w_lc, w_kv = self.weights.latency_critical, self.weights.kv
-        if self.weights.one_class:
+        if self._one_class:
             lc = kv = cap / (n_lc + n_kv) if n_lc + n_kv else cap  # per flow
         elif n_lc and n_kv:
-            lc, kv = cap * w_lc / (w_lc + w_kv) / n_lc, cap * w_kv / (w_lc + w_kv) / n_kv
+            lc = self._lc_part / n_lc
+            kv = self._kv_part / n_kv
         else:
-            lc, kv = cap / max(1, n_lc), cap / max(1, n_kv)
-        if self.lc_reserved_bytes_per_s and n_kv:
-            floor = cap * w_kv / (w_lc + w_kv)  # the KV class is never starved (weighted round robin)
-            kv = min(kv, max(cap - self.lc_reserved_bytes_per_s, floor) / n_kv)
-        self._flow_rate[0], self._flow_rate[1] = lc, kv
+            lc = cap / n_lc if n_lc else cap
+            kv = cap / n_kv if n_kv else cap
+        reserved = self.lc_reserved_bytes_per_s
+        if reserved and n_kv:
+            left = cap - reserved
+            floor = self._kv_part
+            if floor > left:
+                left = floor
+            left = left / n_kv
+            if left < kv:
+                kv = left
+        rates = self._flow_rate
+        rates[0] = lc
+        rates[1] = kv
         if self.fifo:
             self._refresh_heads(n_lc, n_kv)
 
@@ -134,10 +161,54 @@ class Flow:
 
 
 def _notify(links: tuple[Link, ...]) -> None:
-    """Tell who watches a link (an EP group's step time, sim/ep_comm.py) that its flows changed."""
-    for link in links:
+    """Tell who watches a link (an EP group's step time, sim/ep_comm.py) that its flows changed. A
+    watcher of the first link that also watches a later one (a GPU's watcher on both CNIC
+    directions) is told once: watchers re-derive what they keep from the links' flows, which no
+    watcher changes, so a second call would find nothing changed and do nothing."""
+    first = links[0].watchers
+    for watcher in first:
+        watcher()
+    for link in links[1:]:
         for watcher in link.watchers:
-            watcher()
+            if watcher not in first:
+                watcher()
+
+
+def _advance_link(link: Link, now: float) -> None:
+    """Move the bytes of every flow of `link` at its current rate up to `now` (the network's hot
+    loop, with `Network._rerate_link`)."""
+    for lane_flows in link.flows:
+        if lane_flows:  # most links carry one lane at a time: no loop for the idle one
+            for f in lane_flows.values():  # `_advance_flow`, inlined
+                dt = now - f.updated_s
+                if dt > 0.0:
+                    rate = f.rate
+                    if rate > 0.0:
+                        moved = rate * dt
+                        left = f.left_bytes
+                        if not moved < left:  # min(left, moved)
+                            moved = left
+                        f.left_bytes = left - moved
+                        lane = f.lane
+                        for other in f.links:
+                            other.served_bytes[lane] += moved
+                f.updated_s = now
+
+
+def _advance_flow(f: Flow, now: float) -> None:
+    dt = now - f.updated_s
+    if dt > 0.0:
+        rate = f.rate
+        if rate > 0.0:
+            moved = rate * dt
+            left = f.left_bytes
+            if not moved < left:  # min(left, moved)
+                moved = left
+            f.left_bytes = left - moved
+            lane = f.lane
+            for link in f.links:
+                link.served_bytes[lane] += moved
+    f.updated_s = now
 
 
 class Network:
@@ -150,51 +221,59 @@ class Network:
         self.completed_bytes = [0.0, 0.0]
         self.started_bytes = [0.0, 0.0]
         self.booked_bytes = [0.0, 0.0]
+        self._on_finish: Callable[[tuple[Flow, int]], None] = self._finish  # bound once: one object per run
 
     def start(self, size_bytes: float, lane: Lane, links: tuple[Link, ...], on_done: Callable[[Flow], None], tag: Any = None) -> Flow:
         if not links:
             raise ValueError("a flow needs at least one link")
         if size_bytes < 0:
             raise ValueError("negative flow size")
-        if len(links) == 2 and links[0] is links[1]:  # one arbiter for both directions (FIFO links)
-            links = links[:1]
-        if len(links) > 1 and sum(link.fifo for link in links) > 1:
-            raise ValueError("a flow may cross at most one FIFO link")
-        self._next_fid += 1
-        flow = Flow(self._next_fid, float(size_bytes), lane, links, on_done, tag)
-        flow.updated_s = flow.start_s = self.loop.now_s
-        self.started_bytes[flow.lane] += flow.size_bytes
+        if len(links) > 1:
+            if len(links) == 2 and links[0] is links[1]:  # one arbiter for both directions (FIFO links)
+                links = links[:1]
+            else:
+                n_fifo = 0
+                for link in links:
+                    if link.fifo:
+                        n_fifo += 1
+                if n_fifo > 1:
+                    raise ValueError("a flow may cross at most one FIFO link")
+        fid = self._next_fid + 1
+        self._next_fid = fid
+        flow = Flow(fid, float(size_bytes), lane, links, on_done, tag)
+        now = self.loop.now_s
+        flow.updated_s = flow.start_s = now
+        lane_i = flow.lane
+        self.started_bytes[lane_i] += flow.size_bytes
         self.num_active += 1
         for link in links:
-            self._advance_link(link)
-            link.flows[flow.lane][flow.fid] = flow
+            _advance_link(link, now)
+            link.flows[lane_i][fid] = flow
             link._refresh_lane_shares()
         for link in links:
             self._rerate_link(link)
-        _notify(links)
+        if len(links) == 1:
+            for watcher in links[0].watchers:
+                watcher()
+        else:
+            _notify(links)
         return flow
 
     def _advance(self, flow: Flow) -> None:
-        self._advance_flows((flow,))
+        _advance_flow(flow, self.loop.now_s)
 
     def _advance_flows(self, flows: Iterable[Flow]) -> None:
-        """Move each flow's bytes at its current rate up to now (the loop runs here, not per
-        flow: this and `_rerate_link` are the network's hot loops)."""
+        """Move each flow's bytes at its current rate up to now."""
         now = self.loop.now_s
         for f in flows:
-            dt = now - f.updated_s
-            if dt > 0.0 and f.rate > 0.0:
-                moved = min(f.left_bytes, f.rate * dt)
-                f.left_bytes -= moved
-                for link in f.links:
-                    link.served_bytes[f.lane] += moved
-            f.updated_s = now
+            _advance_flow(f, now)
 
     def book(self, link: Link, lane: Lane, nbytes: float) -> None:
         """Account bytes on a link whose timing is modelled elsewhere (or not at all): they count in
         the link's ledger and utilisation but do not take a share of its capacity."""
-        link.served_bytes[int(lane)] += nbytes
-        self.booked_bytes[int(lane)] += nbytes
+        i = int(lane)
+        link.served_bytes[i] += nbytes
+        self.booked_bytes[i] += nbytes
 
     def reserve_lc(self, link: Link, bytes_per_s: float) -> None:
         """Set the mean rate of the latency-critical bursts on `link` (its KV flows are re-rated)."""
@@ -203,19 +282,17 @@ class Network:
         if not link.flows[1]:  # no KV flow to re-rate: `start` refreshes the shares when one comes
             link.lc_reserved_bytes_per_s = bytes_per_s
             return
-        self._advance_link(link)
+        _advance_link(link, self.loop.now_s)
         link.lc_reserved_bytes_per_s = bytes_per_s
         link._refresh_lane_shares()
         self._rerate_link(link)
 
     def settle(self, link: Link) -> None:
         """Bring `served_bytes` of `link` up to now (for sampling)."""
-        self._advance_link(link)
+        _advance_link(link, self.loop.now_s)
 
     def _advance_link(self, link: Link) -> None:
-        for lane_flows in link.flows:
-            if lane_flows:  # most links carry one lane at a time: no call for the idle one
-                self._advance_flows(lane_flows.values())
+        _advance_link(link, self.loop.now_s)
 
     def _rerate_link(self, link: Link) -> None:
         """Re-derive the rate of every flow of the link: the smallest `Link.share` over the flow's
@@ -227,53 +304,71 @@ class Network:
         every flow start slows its neighbours down and every finish speeds them up."""
         loop = self.loop
         now = loop.now_s
-        for lane, lane_flows in enumerate(link.flows):
-            for f in lane_flows.values():  # only events are scheduled here; the dict is not mutated
-                rate = _INF
-                for other in f.links:
-                    r = 0.0 if other.fifo and other._head[lane] != f.fid else other._flow_rate[lane]
-                    if r < rate:
-                        rate = r
-                if rate == f.rate:
-                    continue
-                f.rate = rate
-                if rate == 0.0:  # queued behind a FIFO head: no event until it is served
-                    f.version += 1
-                    f.eta_s = _INF
-                    continue
-                eta = now + f.left_bytes / rate
-                if eta < f.eta_s:
-                    f.version += 1
-                    f.eta_s = eta
-                    loop.call_at(eta, self._finish, (f, f.version))
+        on_finish = self._on_finish
+        alone = not link.fifo  # a flow on this link alone gets its share here
+        lane = 0
+        for lane_flows in link.flows:
+            if lane_flows:
+                share = link._flow_rate[lane]
+                for f in lane_flows.values():  # only events are scheduled here; the dict is not mutated
+                    if alone and len(f.links) == 1:
+                        rate = share
+                    else:
+                        rate = _INF
+                        for other in f.links:
+                            r = 0.0 if other.fifo and other._head[lane] != f.fid else other._flow_rate[lane]
+                            if r < rate:
+                                rate = r
+                    if rate == f.rate:
+                        continue
+                    f.rate = rate
+                    if rate == 0.0:  # queued behind a FIFO head: no event until it is served
+                        f.version += 1
+                        f.eta_s = _INF
+                        continue
+                    eta = now + f.left_bytes / rate
+                    if eta < f.eta_s:
+                        f.version += 1
+                        f.eta_s = eta
+                        loop.call_at(eta, on_finish, (f, f.version))
+            lane += 1
 
     def _finish(self, arg: tuple[Flow, int]) -> None:
         flow, version = arg
         if version != flow.version:
             return
-        self._advance(flow)
-        if flow.left_bytes > _DONE_FRACTION * flow.size_bytes + _EPS_BYTES:
-            eta = self.loop.now_s + flow.left_bytes / flow.rate
-            if eta > self.loop.now_s:  # else the rest is below the clock's resolution: done
+        now = self.loop.now_s
+        _advance_flow(flow, now)
+        left = flow.left_bytes
+        if left > _DONE_FRACTION * flow.size_bytes + _EPS_BYTES:
+            eta = now + left / flow.rate
+            if eta > now:  # else the rest is below the clock's resolution: done
                 # the flow slowed down after this event was armed: re-arm at the true finish
                 flow.eta_s = eta
-                self.loop.call_at(eta, self._finish, (flow, flow.version))
+                self.loop.call_at(eta, self._on_finish, (flow, flow.version))
                 return
+        lane = flow.lane
+        links = flow.links
         # Floating error: whatever is left (a few bytes at most) is moved now.
-        if flow.left_bytes > 0.0:
-            for link in flow.links:
-                link.served_bytes[flow.lane] += flow.left_bytes
+        if left > 0.0:
+            for link in links:
+                link.served_bytes[lane] += left
             flow.left_bytes = 0.0
         flow.version += 1
         self.num_active -= 1
-        self.completed_bytes[flow.lane] += flow.size_bytes
-        for link in flow.links:
-            self._advance_link(link)
-            del link.flows[flow.lane][flow.fid]
+        self.completed_bytes[lane] += flow.size_bytes
+        fid = flow.fid
+        for link in links:
+            _advance_link(link, now)
+            del link.flows[lane][fid]
             link._refresh_lane_shares()
-        for link in flow.links:
+        for link in links:
             self._rerate_link(link)
-        _notify(flow.links)
+        if len(links) == 1:
+            for watcher in links[0].watchers:
+                watcher()
+        else:
+            _notify(links)
         flow.on_done(flow)
 
     def check_invariants(self, links: list[Link]) -> None:

@@ -82,17 +82,21 @@ class PersistWrites:
             return
         self.persisted_bytes += ctx.io.persist(de.node.snic_out, len(keys) * self.block_bytes, d2h)
         if not self.timed:  # stored at once: each block's span takes no time
+            written, span, track, now = self.hits.written, ctx.timeline.span, de.node.write_track, ctx.loop.now_s
             for k in keys:
-                self.hits.written(k)
-                ctx.timeline.span(de.node.write_track, "persist", ctx.loop.now_s, ctx.loop.now_s)
+                written(k)
+                span(track, "persist", now, now)
         else:
             self._write(keys, de.node)
 
     def submit_generated(self, keys: list[int], de: Engine, req: SimRequest) -> None:
         """The turn's blocks at its end: the generated ones (the last `len(filled)`) as they filled."""
+        if not self.timed:
+            self.submit(keys, de)
+            return
         filled = filled_at_s(req, self.ctx.cfg.cluster.block_tokens)
         num_prompt = len(keys) - len(filled)
-        if not self.timed or not filled:
+        if not filled:
             self.submit(keys, de)
             return
         assert num_prompt >= 0, (len(keys), len(filled))

@@ -147,7 +147,7 @@ class PrefillGroup:
                 entries.append((eng, req, be.compute_tokens))
                 attn_s += ctx.compute.attention_time_s(be.cached_tokens, be.compute_tokens)
                 total_tokens += be.compute_tokens
-            max_attn_s = max(max_attn_s, attn_s)
+            max_attn_s = attn_s if attn_s > max_attn_s else max_attn_s  # max(), written out
             sum_attn_s += attn_s
         if not entries:
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..core.phase import Phase, check_transition
+from ..core.phase import LEGAL_TRANSITIONS, Phase, check_transition
 from ..core.request import RequestId
 from ..core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..metrics.timeline import engine_tracks, snic_tracks
@@ -70,7 +70,9 @@ class SimRequest:
         self.remaining_tokens = self.input_tokens - tokens
 
     def to(self, phase: Phase) -> None:
-        self.phase = check_transition(self.phase, phase)
+        if phase not in LEGAL_TRANSITIONS[self.phase]:  # `check_transition`'s test, inlined (a per-phase hot path)
+            check_transition(self.phase, phase)  # raises
+        self.phase = phase
 
     @property
     def de_len_tokens(self) -> int:
@@ -128,12 +130,14 @@ class Engine:
         self.num_tokens += tokens
         self.hbm_free_bytes -= hbm_bytes
         self._load = None
+        self.node._loads = None
 
     def release(self, tokens: int, hbm_bytes: int = 0) -> None:
         self.num_seqs -= 1
         self.num_tokens -= tokens
         self.hbm_free_bytes += hbm_bytes
         self._load = None
+        self.node._loads = None
 
     def load(self) -> EngineLoad:
         if self._load is None:
@@ -146,7 +150,7 @@ class Node:
 
     __slots__ = (
         "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
-        "read_queue", "read_queue_tokens", "reads_active", "waiters", "read_track", "write_track",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters", "read_track", "write_track", "_loads",
     )
 
     def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
@@ -163,6 +167,14 @@ class Node:
         self.reads_active = 0
         # things blocked on this node's buffer, by id: a Node (its reader) or a PrefillGroup
         self.waiters: dict[int, Any] = {}
+        self._loads: list[EngineLoad] | None = None  # its engines' `load()`, until one of them changes
+
+    def loads(self) -> list[EngineLoad]:
+        """`Engine.load()` of each engine (a new list; the snapshots are rebuilt only after a change)."""
+        loads = self._loads
+        if loads is None:
+            loads = self._loads = [e.load() for e in self.engines]
+        return loads.copy()
 
     def reserve(self, nbytes: float) -> bool:
         if nbytes > self.buffer_free_bytes:

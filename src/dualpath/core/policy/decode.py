@@ -43,7 +43,7 @@ def distribute_to_groups(group_tokens: Mapping[int, int], queue: Iterable[Queued
 
 
 def _fit_prefix_tokens(group: GroupLoad, private_queue: Sequence[QueuedRequest]) -> int:
-    free = sum(e.free_hbm_bytes for e in group.engines)
+    free = sum([e.free_hbm_bytes for e in group.engines])
     tokens = 0
     for req in private_queue:
         if req.hbm_bytes > free:
@@ -63,21 +63,40 @@ def select_decode(
     if not engines:
         return ()
     z = z_factor * (_fit_prefix_tokens(group, private_queue) + group.num_tokens) / len(engines)
-    tok = {e.engine: e.num_tokens for e in engines}
-    seq = {e.engine: e.num_seqs for e in engines}
-    free = {e.engine: e.free_hbm_bytes for e in engines}
+    tok: dict[int, int] = {}
+    seq: dict[int, int] = {}
+    free: dict[int, int] = {}
+    for e in engines:
+        tok[e.engine] = e.num_tokens
+        seq[e.engine] = e.num_seqs
+        free[e.engine] = e.free_hbm_bytes
     out: list[Assignment] = []
     for req in private_queue:
-        fits = [e for e in tok if free[e] >= req.hbm_bytes]
-        if not fits:
+        de = _choose_de(tok, seq, free, req.hbm_bytes, req.num_tokens, z)
+        if de is None:
             break
-        low = [e for e in fits if tok[e] + req.num_tokens <= z]
-        if low:
-            de = min(low, key=lambda e: (seq[e], tok[e], e))
-        else:
-            de = min(fits, key=lambda e: (tok[e], e))
         tok[de] += req.num_tokens
         seq[de] += 1
         free[de] -= req.hbm_bytes
         out.append(Assignment(req.rid, de))
     return tuple(out)
+
+
+def _choose_de(tok: dict[int, int], seq: dict[int, int], free: dict[int, int], hbm_bytes: int, num_tokens: int,
+               z: float) -> int | None:
+    """Step 3 for one request, in one pass over the DEs: among those whose free HBM fits it, the
+    least (seq_e, tok_e, id) of those with tok_e + len(r) <= Z, else the least (tok_e, id); None if
+    none fits. (The keys hold the id, so the least is unique whatever the walk's order.)"""
+    low: int | None = None
+    fit: int | None = None
+    low_seq = low_tok = fit_tok = 0
+    for e, t in tok.items():
+        if free[e] < hbm_bytes:
+            continue
+        if fit is None or t < fit_tok or (t == fit_tok and e < fit):
+            fit, fit_tok = e, t
+        if t + num_tokens <= z:
+            s = seq[e]
+            if low is None or s < low_seq or (s == low_seq and (t < low_tok or (t == low_tok and e < low))):
+                low, low_seq, low_tok = e, s, t
+    return fit if low is None else low

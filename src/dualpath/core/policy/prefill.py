@@ -34,10 +34,6 @@ class PrefillThresholds:
             raise ValueError(f"need alpha_tokens >= 0 and beta_tokens > 0: {self}")
 
 
-def _pick(tok: dict[int, int], candidates: list[int]) -> int:
-    return min(candidates, key=lambda e: (tok[e], e))
-
-
 def select_prefill(
     group: Sequence[EngineLoad],
     read_queue_tokens: Mapping[int, int],
@@ -45,17 +41,31 @@ def select_prefill(
     thresholds: PrefillThresholds,
 ) -> tuple[Assignment, ...]:
     """Assign a FIFO prefix of `queue` to engines of `group`; see the module docstring."""
-    tok = {e.engine: e.num_tokens for e in group}
-    short = {e.engine: read_queue_tokens[e.node] <= thresholds.alpha_tokens for e in group}
+    tok: dict[int, int] = {}
+    short: dict[int, bool] = {}
+    alpha = thresholds.alpha_tokens
+    for e in group:
+        tok[e.engine] = e.num_tokens
+        short[e.engine] = read_queue_tokens[e.node] <= alpha
     beta = thresholds.beta_tokens
     out: list[Assignment] = []
     for req in queue:
-        open_engines = [e for e in tok if tok[e] <= beta]
-        c2 = [e for e in open_engines if short[e]]
-        if c2:
-            pe = _pick(tok, c2)
-        elif open_engines:
-            pe = _pick(tok, open_engines)
+        # the least (tok_e, id) among the open C2 engines, else among the open ones (one pass)
+        c2: int | None = None
+        other: int | None = None
+        c2_tok = other_tok = 0
+        for eid, t in tok.items():
+            if t > beta:
+                continue
+            if short[eid]:
+                if c2 is None or t < c2_tok or (t == c2_tok and eid < c2):
+                    c2, c2_tok = eid, t
+            elif other is None or t < other_tok or (t == other_tok and eid < other):
+                other, other_tok = eid, t
+        if c2 is not None:
+            pe = c2
+        elif other is not None:
+            pe = other
         else:
             break
         tok[pe] += req.num_tokens
