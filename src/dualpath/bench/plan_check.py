@@ -25,7 +25,7 @@ from typing import Any
 
 from ..experiments.batch import simulate_many
 from ..experiments.common import Context
-from ..plan.search import Choice, Plan, PlanRequest, make_plan
+from ..plan.search import Choice, Plan, PlanRequest, latencies, make_plan
 from ..plan.space import shapes
 from ..plan.workload import Generated, Trace
 
@@ -114,8 +114,7 @@ def _metrics(c: Choice) -> dict[str, float]:
 
 
 def _from_run(r: dict[str, Any], num_turns: int) -> dict[str, float]:
-    return {"jct_s": r["jct_s"], "ttft_p50_s": r["ttft_s"]["p50"], "ttft_p99_s": r["ttft_s"]["p99"],
-            "tpot_s": r["tpot_s"]["mean"], "goodput_rps": num_turns / r["jct_s"]}
+    return {**latencies(r), "goodput_rps": num_turns / r["jct_s"]}
 
 
 def _err(predicted: float, actual: float) -> float | None:

@@ -50,7 +50,6 @@ class Demand:
     mean_decode_context_tokens: float  # context of a generated token, averaged over tokens
     agent_gen_tokens: np.ndarray
     agent_prefill_attention_s: np.ndarray
-    agent_miss_tokens: np.ndarray
     agent_turns: np.ndarray
     last_arrival_s: float = 0.0  # the workload's last arrival (0 offline): no run ends before it
 
@@ -72,9 +71,8 @@ def demand(rows: Sequence[tuple[int, int, int, int]], model: str, last_arrival_s
     num_agents = 1 + max(r[0] for r in rows)
     gen = np.zeros(num_agents)
     attn = np.zeros(num_agents)
-    miss_per_agent = np.zeros(num_agents)
     turns = np.zeros(num_agents)
-    hit_total = decode_attn = weighted_ctx = 0.0
+    hit_total = miss_total = decode_attn = weighted_ctx = 0.0
     for agent, prompt, hit, gen_tokens in rows:
         ctx = prompt + gen_tokens / 2
         attn[agent] += compute.attention_time_s(hit, prompt - hit)
@@ -82,14 +80,14 @@ def demand(rows: Sequence[tuple[int, int, int, int]], model: str, last_arrival_s
         decode_attn += gen_tokens * compute.gpu_attention_s(seconds, kv_bytes)
         weighted_ctx += gen_tokens * ctx
         hit_total += hit
-        miss_per_agent[agent] += prompt - hit
+        miss_total += prompt - hit
         gen[agent] += gen_tokens
         turns[agent] += 1
     return Demand(
         num_agents=int((turns > 0).sum()), num_turns=len(rows), hit_tokens=int(hit_total),
-        miss_tokens=int(miss_per_agent.sum()), gen_tokens=int(gen.sum()), prefill_attention_gpu_s=float(attn.sum()),
+        miss_tokens=int(miss_total), gen_tokens=int(gen.sum()), prefill_attention_gpu_s=float(attn.sum()),
         decode_attention_gpu_s=decode_attn, mean_decode_context_tokens=weighted_ctx / max(1.0, gen.sum()),
-        agent_gen_tokens=gen, agent_prefill_attention_s=attn, agent_miss_tokens=miss_per_agent, agent_turns=turns,
+        agent_gen_tokens=gen, agent_prefill_attention_s=attn, agent_turns=turns,
         last_arrival_s=last_arrival_s,
     )
 

@@ -112,7 +112,7 @@ def _simulate(req: PlanRequest, ctx: Context, num_turns: int, batch: list[analyt
     if req.objective == "goodput":
         searches = goodput.search(
             batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, e.mode, f) for e, f in b]),
-            lambda run: _meets(req, _latencies(run)))
+            lambda run: _meets(req, latencies(run)))
         return [_choice(req, num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches]
     results = wl.simulate(ctx, req.model, [(e.shape, e.mode, 1.0) for e in batch])
     return [_choice(req, num_turns, e, r) for e, r in zip(batch, results)]
@@ -142,7 +142,8 @@ def _by_work(e: analytic.Estimate) -> tuple:
     return (*sorted(work, reverse=True), e.shape.pd, e.mode)
 
 
-def _latencies(r: dict[str, Any]) -> dict[str, float]:
+def latencies(r: dict[str, Any]) -> dict[str, float]:
+    """A run's (sim/results.py) metrics as the plan predicts them; goodput 0 until the SLOs are checked."""
     return {"jct_s": r["jct_s"], "ttft_p50_s": r["ttft_s"]["p50"], "ttft_p99_s": r["ttft_s"]["p99"],
             "tpot_s": r["tpot_s"]["mean"], "goodput_rps": 0.0}
 
@@ -152,7 +153,7 @@ def _choice(req: PlanRequest, num_turns: int, e: analytic.Estimate, r: dict[str,
     """The unit's simulation read as the whole configuration's: its latencies and JCT as they are
     (what a node sees is what the unit's nodes see); goodput, when the SLOs hold, as the workload's
     turns over that JCT (at the load simulated)."""
-    predicted = _latencies(r)
+    predicted = latencies(r)
     meets = _meets(req, predicted)
     if meets and predicted["jct_s"]:
         predicted["goodput_rps"] = num_turns / predicted["jct_s"]

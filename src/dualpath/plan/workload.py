@@ -11,7 +11,6 @@ and the last arrival, and the planner the same results (sim/results.py keys) and
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -101,6 +100,7 @@ class Trace:
         store keeps everything: an estimate of reuse, as `trace stats` counts it); its agent: the
         conversation it continues."""
         from ..workloads.mooncake import Rechunker, infer_parents
+        from ..workloads.stats import seen_prefix_blocks
 
         recs = sorted(self.records(), key=lambda r: r.timestamp_s)
         parents = infer_parents(recs)
@@ -111,7 +111,7 @@ class Trace:
         for i, (rec, p) in enumerate(zip(recs, parents)):
             root[i] = i if p is None else root[p]
             ids = rechunker.rechunk(rec)
-            num_hit = bisect.bisect_left(range(len(ids)), True, key=lambda j: ids[j] not in seen)
+            num_hit = seen_prefix_blocks(ids, seen)
             seen.update(ids)
             hit = usable_hit_tokens(num_hit * block_tokens, rec.input_tokens, block_tokens)
             rows.append((root[i], rec.input_tokens, hit, max(1, rec.output_tokens)))

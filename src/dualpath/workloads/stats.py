@@ -147,12 +147,17 @@ def _mooncake_hits(recs: Sequence[MooncakeRecord], rechunker: Rechunker) -> tupl
     hits = blocks = 0
     for rec in recs:
         ids = rechunker.rechunk(rec)
-        # `seen` holds whole prefix chains and ids are chained, so "ids[j] seen" is true for a
-        # prefix of j and false after it: binary search instead of a per-block loop.
-        hits += bisect.bisect_left(range(len(ids)), True, key=lambda j: ids[j] not in seen)
+        hits += seen_prefix_blocks(ids, seen)
         blocks += len(ids)
         seen.update(ids)
     return hits, blocks
+
+
+def seen_prefix_blocks(ids: Sequence[int], seen: set[int]) -> int:
+    """How many leading blocks of `ids` are in `seen`. `seen` holds whole prefix chains and ids are
+    chained, so "ids[j] seen" is true for a prefix of j and false after it: a binary search instead
+    of a per-block loop."""
+    return bisect.bisect_left(range(len(ids)), True, key=lambda j: ids[j] not in seen)
 
 
 def _ratio(num: int, den: int) -> float:
