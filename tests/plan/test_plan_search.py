@@ -90,6 +90,9 @@ def test_the_first_choices_unit_command_reproduces_its_prediction(small_plan, tm
     (["--trace", "nowhere.jsonl"], "no such file"),
     (["--aps", "1", "--limit", "3"], "--time-scale and --limit are for --trace"),
     (["--model", "gpt-9"], "gpt-9"),
+    (["--local", "gpt-9"], "the local preset knows smollm2-135m and tiny"),
+    (["--local", "tiny", "--engines", "1"], "--engines must be 2 to 8"),
+    (["--local", "tiny", "--plot", "x.png"], "with --local write --json"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(args, words):
     r = cli_here("plan", "--model", "ds-27b", "--gpus", "16", "--agents", "4", *args)

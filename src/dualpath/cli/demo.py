@@ -95,7 +95,7 @@ def rates_line(rates) -> str:
 
 def _title(result: dict, model: str, device: str) -> str:
     r = result["config"]["rates"]
-    return (f"local 1P1D, {model} on {device}, SNIC {r['snic_bytes_per_s'] / 1e6:.1f} MB/s per node "
+    return (f"local {result['config']['pd']}, {model} on {device}, SNIC {r['snic_bytes_per_s'] / 1e6:.1f} MB/s per node "
             f"({r['source']}, load {r['load_over_compute']:.1f}x compute)")
 
 
@@ -114,11 +114,15 @@ def demo(
     timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json")] = None,
     transfer: TransferOption = "remote-write",
     modes: Annotated[str, typer.Option(help="comma-separated modes, run in this order on one cluster: basic | dualpath | oracle | dualpath+split (beyond the paper) | basic+layerwise[+de_read][+scheduler]")] = DEFAULT_DEMO_MODES,
+    pd: Annotated[str, typer.Option(help="engines, e.g. 1P2D: each its own emulated node with the SNIC and CNIC rates (`dualpath plan --local` ranks them)")] = "1P1D",
 ) -> None:
-    """Start a local 1P1D cluster, replay an agentic workload in basic then dualpath mode (or --modes), compare."""
-    from ..config import TransportConfig
+    """Start a local 1P1D cluster (or --pd), replay an agentic workload in basic then dualpath mode (or --modes), compare."""
+    from ..config import TransportConfig, parse_pd
     from ..runtime.apps.demo import run_demo
 
+    shape = parse_pd(pd)
+    if testbed and shape != (1, 1):
+        raise InputError("--pd is not wired on the testbed yet (it runs 1P1D): run without --testbed")
     tp_cfg = tp_config(tp)
     mode_list = demo_modes(modes)
     if testbed and mode_list != demo_modes(DEFAULT_DEMO_MODES):
@@ -137,10 +141,10 @@ def demo(
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:
-        progress.log(f"starting a local 1P1D cluster ({model} on {device})")
+        progress.log(f"starting a local {shape[0]}P{shape[1]}D cluster ({model} on {device})")
         transport = TransportConfig(kind="tcp", transfer=transfer) if remote else None
         result = asyncio.run(run_demo(mode_list, model=model, seed=seed, on_turn=progress.update, device=device, plan=plan,
-                                   tp=tp_cfg, record_timeline=timeline is not None, transport=transport))
+                                   tp=tp_cfg, record_timeline=timeline is not None, transport=transport, pd=shape))
     if timeline is not None:
         _write_timelines(result, timeline)
     console.print(f"demo: {result['config']['cpus']}")

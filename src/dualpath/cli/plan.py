@@ -39,10 +39,14 @@ def plan(
     cache: Annotated[Optional[Path], typer.Option(help="reuse and keep simulations under DIR/cache")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
     workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
+    local: Annotated[Optional[str], typer.Option(
+        "--local", metavar="MODEL", help="plan this machine's local runtime cluster for MODEL (smollm2-135m or tiny) "
+                                         "instead: every shape of at most --engines engines, the demo's workload and "
+                                         "rates, simulated with the `local` preset (plan/local.py)")] = None,
+    engines: Annotated[int, typer.Option(help="with --local: the engine budget (one engine per emulated node)")] = 3,
 ) -> None:
     """Rank P/D shapes and loading policies for a GPU budget: the cost model prunes, the simulator
     (at the smallest unit of each shape) confirms the best estimates."""
-    from ..config import parse_mode
     from ..experiments.common import Context
     from ..experiments.simrun import code_fingerprint
     from ..parsing import parse_tokens
@@ -52,11 +56,9 @@ def plan(
     from ..pool.executor import open_executor
     from ..sim.runner import write_json
 
-    modes = tuple(mode or DEFAULT_MODES)
-    for m in modes:
-        parse_mode(m)
-    if "oracle" in modes:
-        raise InputError("--mode oracle is a bound, not a policy a cluster can run: plan among the others")
+    modes = _modes(mode, DEFAULT_MODES if local is None else LOCAL_MODES)
+    if local is not None:
+        return _plan_local(local, engines, modes, json_path, plot_path)
     if agents <= 0:
         raise InputError(f"--agents must be positive, got {agents}")
     workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit)
@@ -74,6 +76,56 @@ def plan(
         console.print(f"wrote {json_path}")
     if plot_path:
         console.print(f"wrote {draw(result, plot_path)}")
+
+
+LOCAL_MODES = ("basic", "dualpath")  # the local preset refuses dualpath+split (docs/guide/simulator.md)
+
+
+def _modes(given: Optional[list[str]], default: tuple[str, ...]) -> tuple[str, ...]:
+    from ..config import parse_mode
+
+    modes = tuple(given or default)
+    for m in modes:
+        parse_mode(m)
+    if "oracle" in modes:
+        raise InputError("--mode oracle is a bound, not a policy a cluster can run: plan among the others")
+    return modes
+
+
+def _plan_local(model: str, engines: int, modes: tuple[str, ...], json_path: Optional[Path],
+                plot_path: Optional[Path]) -> None:
+    from ..config import DEMO_AGENTS
+    from ..plan.local import LocalWorkload, available_cpus, local_shapes, plan_local
+    from ..runtime.apps.demo import calibrate_for, plan_demo
+    from ..sim.runner import write_json
+
+    if plot_path is not None:
+        raise InputError("--plot draws the GPU planner's frontier; with --local write --json (bench plan-local plots "
+                         "the local ranking beside the runtime's)")
+    if model not in ("smollm2-135m", "tiny"):
+        raise InputError(f"--local {model!r}: the local preset knows smollm2-135m and tiny")
+    local_shapes(engines)  # checks the budget before anything is timed
+    started = time.monotonic()
+    cal, kvbpt, block = calibrate_for(model, "cpu")
+    work = LocalWorkload(plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None), kvbpt, model)
+    cpus = available_cpus()
+    ranked = plan_local(work, engines, modes, cpus)
+    report = {"model": model, "engines": engines, "cpus": cpus, "rates": work.rates.to_json(), "ranked": ranked,
+              "wall_s": time.monotonic() - started}
+    table = Table(title=f"dualpath plan --local: {model} on {cpus} CPUs, at most {engines} engines, "
+                        f"SNIC {work.rates.snic_bytes_per_s / 1e6:.1f} MB/s per node (the demo's rates)")
+    for h in ("#", "P/D", "mode", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "CPU slowdown", "binding"):
+        table.add_column(h, justify="right")
+    for i, c in enumerate(ranked, 1):
+        p = c["predicted"]
+        table.add_row(str(i), c["pd"], c["mode"], f"{p['jct_s']:.1f}", f"{p['ttft_p50_s']:.2f}", f"{p['ttft_p99_s']:.2f}",
+                      f"{p['tpot_s'] * 1e3:.1f}", f"{c['cpu_slowdown']:.2f}x", c["binding"])
+    out.print(table)
+    console.print(f"first choice: {ranked[0]['pd']} {ranked[0]['mode']}\n  {ranked[0]['command']}\n"
+                  f"{len(ranked)} simulated; {report['wall_s']:.1f} s", markup=False, highlight=False)
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
 
 
 def _workload(max_len_tokens: int, agents: int, seed: int, aps: float | None, trace: Path | None, time_scale: float,
@@ -165,6 +217,47 @@ def bench_plan(
                       pct(e["ttft_p50_s"]), pct(e["ttft_p99_s"]), f"{max(units) * 100:.1f}%" if units else "-",
                       f"{c['planner']['wall_s']:.1f}")
     out.print(table)
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        console.print(f"wrote {draw(report, plot_path)}")
+
+
+def bench_plan_local(
+    model: Annotated[str, typer.Option(help="smollm2-135m or tiny")] = "smollm2-135m",
+    engines: Annotated[int, typer.Option(help="the engine budget (every shape of at most this many engines)")] = 3,
+    mode: Annotated[Optional[list[str]], typer.Option(help="modes (repeatable; default basic, dualpath)")] = None,
+    repeat: Annotated[int, typer.Option(help="runtime runs per configuration (their range is reported)")] = 2,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the report JSON here")] = None,
+    plot_path: Annotated[Optional[Path], typer.Option("--plot", help="write the figure here")] = None,
+) -> None:
+    """Does `plan --local` rank the local cluster's shapes as the runtime's measured JCT does? The
+    planner, then every configuration run `--repeat` times on the runtime (bench/plan_local.py)."""
+    from ..bench.plan_local import check, plot as draw
+    from ..plan.local import local_shapes
+    from ..sim.runner import write_json
+
+    modes = _modes(mode, LOCAL_MODES)
+    if repeat < 1:
+        raise InputError(f"--repeat must be at least 1, got {repeat}")
+    if model not in ("smollm2-135m", "tiny"):
+        raise InputError(f"--model {model!r}: the local preset knows smollm2-135m and tiny")
+    local_shapes(engines)
+    report = check(model, engines, modes, repeat, progress=lambda s: console.print(s, markup=False, highlight=False))
+    table = Table(title=f"plan --local against the runtime ({report['model']}, {report['cpus']} CPUs, "
+                        f"{report['repeat']} runs each)")
+    for h in ("P/D", "mode", "predicted JCT s", "runtime JCT s (runs)", "error"):
+        table.add_column(h, justify="right")
+    for r in report["rows"]:
+        table.add_row(r["pd"], r["mode"], f"{r['predicted_jct_s']:.1f}",
+                      f"{r['runtime_mean_s']:.1f} ({', '.join(f'{x:.1f}' for x in r['runtime_jct_s'])})",
+                      f"{r['error'] * 100:+.1f}%")
+    out.print(table)
+    out.print(f"1P1D against each other shape, same mode: {report['one_p_one_d_agree']} of "
+              f"{report['one_p_one_d_pairs']} verdicts agree; all pairs: {report['agree']} of {len(report['pairs'])} "
+              f"agree, {report['contradictions']} ordered against the runtime (ties within "
+              f"{report['tie_fraction'] * 100:.0f}%)")
     if json_path:
         write_json(report, json_path)
         console.print(f"wrote {json_path}")

@@ -74,3 +74,31 @@ def plan_example(r: Results) -> str:
             f"SLOs. First choice: `{best['commands']['sim']}`.")
     header = ["#", "P/D", "mode", "simulated as", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "SLO", "binding"]
     return text + "\n\n" + table(header, rows)
+
+
+LOCAL_JSON = "plan/local_ranking.json"
+LOCAL_COMMAND = ("dualpath bench plan-local --repeat 2 --json docs/results/plan/local_ranking.json "
+                 "--plot docs/results/plan/local_ranking.png")
+
+
+@block("plan_local", reads=(LOCAL_JSON,), command=LOCAL_COMMAND)
+def plan_local(r: Results) -> str:
+    d = r.json(LOCAL_JSON)
+    planner_rank = {f"{c['pd']} {c['mode']}": i for i, c in enumerate(d["ranked"], 1)}
+    rows = sorted(d["rows"], key=lambda x: x["runtime_mean_s"])
+    table_rows = [[str(i), str(planner_rank[f"{x['pd']} {x['mode']}"]), x["pd"], x["mode"], sig(x["predicted_jct_s"]),
+                   f"{sig(x['runtime_mean_s'])} ({', '.join(sig(v) for v in x['runtime_jct_s'])})", pct(x["error"])]
+                  for i, x in enumerate(rows, 1)]
+    digests = [v for _, v in d["tokens_sha256"].items()]  # per configuration, one per round (each round its own prompts)
+    same_tokens = all(len({v[i] for v in digests}) == 1 for i in range(d["repeat"]))
+    text = (f"{d['model']} on {d['cpus']} CPUs, every shape of at most {d['engines']} engines, "
+            f"{d['workload']['agents']} agents x {d['workload']['rounds']} rounds at SNIC "
+            f"{num(d['rates']['snic_bytes_per_s'] / 1e6, 1)} MB/s per node; the planner's {len(d['ranked'])} simulations took {sig(d['plan_wall_s'])} s, "
+            f"the runtime {sig(d['runtime_wall_s'])} s ({d['repeat']} runs per configuration). 1P1D against each other "
+            f"shape in the same mode: **{d['one_p_one_d_agree']} of {d['one_p_one_d_pairs']}** verdicts agree. Every "
+            f"pair: {d['agree']} of {len(d['pairs'])} agree, **{d['contradictions']}** ordered against the runtime "
+            f"(a tie: within {pct(d['tie_fraction'], 0, False)}, or runs' ranges that overlap). |JCT error| at most "
+            f"{pct(d['max_abs_error'], 1, False)}. Generated tokens identical across shapes and modes, round by round: "
+            f"{'yes' if same_tokens else '**no**'}.")
+    header = ["runtime rank", "planner rank", "P/D", "mode", "predicted JCT s", "runtime JCT s (runs)", "error"]
+    return text + "\n\n" + table(header, table_rows)

@@ -198,14 +198,16 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
                    num_agents: int = DEMO_AGENTS, rounds: int | None = None, device: str = "cpu",
                    plan: DemoPlan | None = None, cold_rounds: int = 0, record_decisions: bool = False,
                    tp: TensorParallelConfig | None = None, record_timeline: bool = False,
-                   between_modes: Callable[[], None] | None = None, transport: TransportConfig | None = None) -> dict:
+                   between_modes: Callable[[], None] | None = None, transport: TransportConfig | None = None,
+                   pd: tuple[int, int] = (1, 1)) -> dict:
     """One cluster runs every mode in turn, each on a fresh, empty store (no restart between); each
     run's `jct_over_basic` is its JCT over basic's (None without a basic run).
     `snic_bytes_per_s` / `rounds` None: derived from this machine's profile (`plan_demo`).
     `cold_rounds` > 0: instead of the demo's agents, `cold_workload` at the same rates.
     `record_timeline`: each run's "timeline" is its Chrome trace (`runtime_trace`).
     `between_modes`: called after each mode's run but the last, the cluster idle (fidelity's drift check).
-    `transport`: between the engines (default: one host's shared memory)."""
+    `transport`: between the engines (default: one host's shared memory).
+    `pd`: (prefill engines, decode engines), each with the plan's emulated SNIC and CNIC (default 1P1D)."""
     if plan is None:
         cal, kv_bytes, bt = calibrate_for(model, device)
         plan = plan_demo(cal, kv_bytes, bt, num_agents, rounds, snic_bytes_per_s)
@@ -216,7 +218,8 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
     runs = []
     t0 = time.perf_counter()
     cluster_cfg = replace(demo_config(modes[0], rates, model), seed=seed, device=device, tp=tp or TensorParallelConfig(),
-                          record_timeline=record_timeline, transport=transport or TransportConfig())
+                          record_timeline=record_timeline, transport=transport or TransportConfig(),
+                          num_prefill=pd[0], num_decode=pd[1])
     async with LocalCluster(cluster_cfg) as cluster:
         startup_s = time.perf_counter() - t0
         cpu_note = cluster.cpu_plan.note
@@ -233,7 +236,7 @@ async def run_demo(modes: tuple[str, ...] = ("basic", "dualpath"), snic_bytes_pe
         r["jct_over_basic"] = None if basic is None else r["jct_s"] / basic["jct_s"]
     cal = plan.calibration
     return {
-        "config": {"model": model, "pd": "1P1D", "snic_bytes_per_s": rates.snic_bytes_per_s,
+        "config": {"model": model, "pd": f"{pd[0]}P{pd[1]}D", "snic_bytes_per_s": rates.snic_bytes_per_s,
                    "transport": {"kind": str(cluster_cfg.transport.kind), "transfer": str(cluster_cfg.transport.transfer)},
                    "cnic_bytes_per_s": rates.cnic_bytes_per_s, "rates": rates.to_json(),
                    "kv_dtype": "float32", "seed": seed, "device": device, "cpus": cpu_note},
