@@ -198,7 +198,7 @@ def _plain(p: SchedulePass, rename=lambda r: r) -> tuple:
             tuple((q(d.req), d.engine, d.side, d.read_tokens) for d in p.decode))
 
 
-@pytest.mark.parametrize("mode", ["dualpath", "basic", "basic+layerwise+de_read"])
+@pytest.mark.parametrize("mode", ["dualpath", "basic", "basic+layerwise+de_read", "dualpath+tail"])
 def test_router_and_simulator_drive_the_scheduler_into_the_same_passes(mode, tmp_path):
     sim, log = _simulate(mode, seed=7)
     assert sim.driver.scheduler.closed_passes > 10

@@ -39,7 +39,8 @@ Engines pull periodically in the paper; an event-driven pass is the limit of a s
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Any, Final, Iterable, Sequence, final
 
 from mypy_extensions import mypyc_attr
@@ -60,6 +61,7 @@ from .policy import (
     split_read,
 )
 from .policy.decode import Z_FACTOR_DEFAULT
+from .policy.tail import share_cap
 from .request import RequestId
 from .snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
 
@@ -112,6 +114,7 @@ class SchedulerRules:
     forced_side: ReadSide | None = None  # every read on this side (runtime knob for tests, benches)
     recompute: RecomputeRule | None = None  # read or recompute a hit (policy/recompute.py); None: always read
     split: SplitRule | None = None  # split a hit between the sides (policy/split.py; with dualpath only); None: never
+    tail_share: bool = False  # +tail: a burst spread over the open PE groups (policy/tail.py); False: Algorithm 1
 
 
 @final
@@ -252,31 +255,55 @@ class GlobalScheduler:
         n = len(groups)
         start = self._pe_turn
         self._pe_turn = (start + 1) % n
-        rules = self.rules
         out: list[PrefillAssignment] = []
         # Only the group being fetched changes during the walk, so the order is fixed up front.
-        for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open):
+        order = [groups[(start + k) % n] for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open)]
+        cap = share_cap(len(self._pe_queue), len(order)) if self.rules.tail_share else None
+        if cap is None:
+            for group in order:
+                if not self._pe_queue:
+                    break
+                self._fetch_group(view, group, view.pe_loads(group), None, out)
+            return out
+        # +tail (policy/tail.py): a capped sweep, then the groups still open take what is left
+        added: dict[int, dict[int, int]] = {}
+        for group in order:
             if not self._pe_queue:
                 break
-            group = groups[(start + k) % n]
-            loads = view.pe_loads(group)
-            queue = (w.req for w in self._pe_queue)
-            if rules.dualpath:
-                got = select_prefill(loads, {group: view.read_queue_tokens(group)}, queue, rules.thresholds)
-            else:
-                got, self._rr_pe = round_robin_prefill(loads, queue, rules.thresholds.beta_tokens, self._rr_pe)
-            added: dict[int, int] = {}
-            for a in got:
-                entry = self._pe_queue.popleft()
-                req = entry.req
-                assert req.rid is a.rid, "PE assignment must follow FIFO order"
-                added[a.engine] = added.get(a.engine, 0) + req.num_tokens
-                entry.pe_node = group
-                self._de_queue.append(entry)
-                out.append(PrefillAssignment(req, entry.ref, a.engine))
-            if added:  # (a list, not a generator: this runs at every fetch)
-                self._set_open(group, min([e.num_tokens + added.get(e.engine, 0) for e in loads]))
+            added[group] = self._fetch_group(view, group, view.pe_loads(group), cap, out)
+        for group in order:
+            if not self._pe_queue:
+                break
+            if group in self._pe_open:
+                more = added.get(group, {})
+                loads = [replace(e, num_tokens=e.num_tokens + more.get(e.engine, 0)) for e in view.pe_loads(group)]
+                self._fetch_group(view, group, loads, None, out)
         return out
+
+    def _fetch_group(self, view: ClusterView, group: int, loads: Sequence[EngineLoad], cap: int | None,
+                     out: list[PrefillAssignment]) -> dict[int, int]:
+        """One group's selection over the queue's head (at most `cap` requests): its assignments
+        into `out`, its tokens added per engine returned."""
+        rules = self.rules
+        queue: Iterable[QueuedRequest] = (w.req for w in self._pe_queue)
+        if cap is not None:
+            queue = islice(queue, cap)
+        if rules.dualpath:
+            got = select_prefill(loads, {group: view.read_queue_tokens(group)}, queue, rules.thresholds)
+        else:
+            got, self._rr_pe = round_robin_prefill(loads, queue, rules.thresholds.beta_tokens, self._rr_pe)
+        added: dict[int, int] = {}
+        for a in got:
+            entry = self._pe_queue.popleft()
+            req = entry.req
+            assert req.rid is a.rid, "PE assignment must follow FIFO order"
+            added[a.engine] = added.get(a.engine, 0) + req.num_tokens
+            entry.pe_node = group
+            self._de_queue.append(entry)
+            out.append(PrefillAssignment(req, entry.ref, a.engine))
+        if added:  # (a list, not a generator: this runs at every fetch)
+            self._set_open(group, min([e.num_tokens + added.get(e.engine, 0) for e in loads]))
+        return added
 
     def _set_open(self, group: int, least_tokens: int) -> None:
         """A PE group is open while one of its engines is at or under beta."""

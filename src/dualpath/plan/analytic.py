@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import ComputeKnobs, SchedulerConfig, paper_cluster
 from ..sim.compute import ComputeModel
-from .space import DE_READ_MODES, Shape, pd_range
+from .space import Shape, pd_range, reads_on_de
 
 
 NOT_CAPACITY = ("arrivals", "agent chain")  # busy entries that are not a resource's work
@@ -101,7 +101,7 @@ def estimate(d: Demand, model: str, shape: Shape, mode: str) -> Estimate:
     busy: dict[str, float] = {}
 
     hit_bytes = d.hit_tokens * spec.kv_bytes_per_token
-    if mode in DE_READ_MODES:
+    if reads_on_de(mode):
         busy["PE+DE SNIC"] = hit_bytes / ((p + dn) * node.snic_read_bytes_per_s)
     else:
         busy["PE SNIC"] = hit_bytes / (p * node.snic_read_bytes_per_s)
@@ -129,7 +129,7 @@ def estimate(d: Demand, model: str, shape: Shape, mode: str) -> Estimate:
     # that saturates first as the load grows. Offline, whatever takes longest.
     work = {k: v for k, v in busy.items() if k not in NOT_CAPACITY} if d.last_arrival_s > 0 else busy
     binding = max(work, key=work.__getitem__)
-    out = pd_range(node).violated(shape.ratio) if mode in DE_READ_MODES else None
+    out = pd_range(node).violated(shape.ratio) if reads_on_de(mode) else None
     return Estimate(shape, mode, busy, max(busy.values()), out or binding, out)
 
 

@@ -30,7 +30,13 @@ from ..errors import InputError
 NODE_DRAM_BYTES_PER_S = 500 * GB
 # The loading policies a deployment can run (oracle is a bound, not a policy).
 DEFAULT_MODES = ("basic", "dualpath", "dualpath+split")
-DE_READ_MODES = ("dualpath", "dualpath+split")
+
+
+def reads_on_de(mode: str) -> bool:
+    """Whether a mode reads hits through the decode engines too (its features' DE read path)."""
+    from ..config import parse_mode
+
+    return parse_mode(mode).de_read_path
 
 
 @dataclass(frozen=True, slots=True)

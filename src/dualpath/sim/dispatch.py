@@ -75,7 +75,8 @@ class Dispatch:
             raise InputError("dualpath+split is modelled on the paper presets only: the `local` preset's placement "
                              "(persists that wait, host buffers taken at placement) holds one read side")
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
-                               recompute=recompute, split=_split_rule(ctx) if f.split_reads else None)
+                               recompute=recompute, split=_split_rule(ctx) if f.split_reads else None,
+                               tail_share=f.tail_share)
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)

@@ -156,9 +156,10 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
 
 
 def _features(features: Features) -> dict[str, bool]:
-    """The mode's switches; `split_reads` (beyond the paper) only when on, so that the paper's modes
-    write the results they wrote before it existed."""
+    """The mode's switches; `split_reads` and `tail_share` (beyond the paper) only when on, so that
+    the paper's modes write the results they wrote before they existed."""
     out = asdict(features)
-    if not out["split_reads"]:
-        del out["split_reads"]
+    for beyond in ("split_reads", "tail_share"):
+        if not out[beyond]:
+            del out[beyond]
     return out

@@ -47,3 +47,30 @@ def _gb(num_bytes: float) -> str:
 def _binding(mode: Node) -> str:
     names = {"pe_snic_read": "PE SNIC", "de_snic_read": "DE SNIC", "pe_compute": "PE compute"}
     return f"{names[mode['binding']]} {pct(mode['utilisation'][mode['binding']], 0, False)}"
+
+
+TAIL_JSON = "beyond/tail_sweep.json"
+TAIL_COMMAND = ("dualpath sweep docs/results/beyond/tail.yaml --out out/tail (then out/tail/sweep.json and sweep.png "
+                "copied to docs/results/beyond/tail_sweep.json / .png)")
+
+
+@block("tail", reads=(TAIL_JSON,), command=TAIL_COMMAND)
+def tail(r: Results) -> str:
+    """Each mode beside itself with `+tail`, per cluster: JCT and TTFT p50 / p99 with their ratios."""
+    rows = r.json(TAIL_JSON)["rows"]
+    by = {(x["model"], x["pd"], x["max_len_tokens"], x["agents"], x["mode"]): x for x in rows}
+    out, jct, p99 = [], [], []
+    for key, x in by.items():
+        if x["mode"].endswith("+tail"):
+            continue
+        t = by[(*key[:4], x["mode"] + "+tail")]
+        jct.append(t["jct_s"] / x["jct_s"])
+        p99.append(t["ttft_p99_s"] / x["ttft_p99_s"])
+        out.append([x["model"], x["pd"], f"{key[2] // 1024}K", num(key[3]), x["mode"], sig(x["jct_s"]), sig(t["jct_s"]),
+                    ratio(jct[-1]), f"{sig(x['ttft_p50_s'])} / {sig(t['ttft_p50_s'])}",
+                    f"{sig(x['ttft_p99_s'])} / {sig(t['ttft_p99_s'])}", ratio(p99[-1])])
+    text = (f"{len(out)} clusters and modes, each beside itself with `+tail`, offline: JCT with `+tail` over JCT "
+            f"without from {ratio(min(jct))} to {ratio(max(jct))}; TTFT p99 from {ratio(min(p99))} to {ratio(max(p99))}.")
+    header = ["model", "P/D", "MaxLen", "agents", "mode", "JCT s", "JCT s +tail", "JCT ratio", "TTFT p50 s (+tail)",
+              "TTFT p99 s (+tail)", "TTFT p99 ratio"]
+    return text + "\n\n" + table(header, out)

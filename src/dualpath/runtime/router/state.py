@@ -291,7 +291,7 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
         recompute = RecomputeRule(kv_bytes_per_token, cfg.links.snic_bytes_per_s or float("inf"), rate)
     split = split_rule(cfg, kv_bytes_per_token) if features.split_reads else None
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
-                           recompute, split)
+                           recompute, split, features.tail_share)
     scheduler = GlobalScheduler(pes, des, rules)
     for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
         if by_id[g].num_tokens:
