@@ -92,3 +92,14 @@ def test_local_planning_bad_input_is_one_error_line(args, words):
     r = cli_here(*args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
+
+
+def test_the_runtime_table_averages_snic_utilisation_per_role():
+    from dualpath.cli.results import RUNTIME_COLUMNS
+
+    cells = dict(RUNTIME_COLUMNS)
+    snic = {"0": {"utilisation": 0.9}, "1": {"utilisation": 0.7}, "2": {"utilisation": 0.2}}
+    two_pe = {"snic": snic, "engine_roles": {"0": "prefill", "1": "prefill", "2": "decode"}}
+    assert (cells["SNIC util PE"](two_pe), cells["SNIC util DE"](two_pe)) == ("0.80", "0.20")
+    one_p_one_d = {"snic": {k: snic[k] for k in ("0", "1")}}  # a run written before roles were recorded
+    assert (cells["SNIC util PE"](one_p_one_d), cells["SNIC util DE"](one_p_one_d)) == ("0.90", "0.70")

@@ -54,7 +54,7 @@ def test_unreachable_address_exits_2_quickly_with_nothing_running(tmp_path, spec
 @pytest.mark.parametrize("args, words", [
     (["--ray", "nonsense"], ["'nonsense'", "HOST:PORT"]),
     (["--ray", "host:99999"], ["HOST:PORT"]),
-    (["--workers", "2"], ["--workers", "--ray local"]),
+    (["--workers", "0"], ["--workers must be at least 1"]),
 ])
 def test_malformed_ray_options(tmp_path, spec, args, words):
     pytest.importorskip("ray", reason="Ray is the optional `cluster` extra: pip install 'dualpath[cluster]'")

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..experiments.batch import simulate_many
 from ..experiments.common import Context
+from ..pool.executor import Executor, SerialExecutor
 from ..plan.search import Choice, Plan, PlanRequest, latencies, make_plan
 from ..plan.space import shapes
 from ..plan.workload import Generated, Trace
@@ -56,13 +57,14 @@ def cases() -> dict[str, Case]:
     return {c.name: c for c in out}
 
 
-def check(case: Case, out_dir: Path, progress: Any) -> dict[str, Any]:
+def check(case: Case, out_dir: Path, progress: Any, executor: Executor = SerialExecutor()) -> dict[str, Any]:
+    """One case: the planner as `dualpath plan` runs it (on `executor`), then every configuration whole."""
     req = case.request
     started = time.monotonic()
-    plan = make_plan(req, Context(out_dir, seed=_seed(req), progress=progress, use_disk_cache=False))
+    plan = make_plan(req, Context(out_dir, seed=_seed(req), progress=progress, use_disk_cache=False, executor=executor))
     plan_wall_s = time.monotonic() - started
     first = plan.ranked[0]
-    ctx = Context(out_dir, seed=_seed(req), progress=progress, use_disk_cache=True)
+    ctx = Context(out_dir, seed=_seed(req), progress=progress, use_disk_cache=True, executor=executor)
     if case.online:
         every = make_plan(replace(req, confirm=10_000), ctx)
         full = {(c.estimate.shape.pd, c.estimate.mode): _metrics(c) for c in every.ranked}

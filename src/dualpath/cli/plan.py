@@ -3,6 +3,7 @@ agent workload (plan/search.py). Prints the ranked table; `--json` and `--plot` 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,7 +12,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from ..experiments.cli import RAY_HELP, WORKERS_HELP
+from ..experiments.cli import RAY_HELP
 from .io import console, out
 from .sweep import SweepLines
 
@@ -27,7 +28,7 @@ def plan(
     time_scale: Annotated[float, typer.Option(help="with --trace: multiply its timestamps")] = 1.0,
     limit: Annotated[Optional[int], typer.Option(help="with --trace: its first N requests that fit --max-len")] = None,
     mode: Annotated[Optional[list[str]], typer.Option(
-        help="loading policies to consider (repeatable; default basic, dualpath, dualpath+split)")] = None,
+        help="loading policies to consider (repeatable; default basic, dualpath, dualpath+split, dualpath+tail)")] = None,
     objective: Annotated[str, typer.Option(help="jct: the shortest offline JCT; goodput: the most turns per "
                                                 "second among those meeting the SLOs")] = "jct",
     slo_ttft_p99: Annotated[Optional[float], typer.Option(help="TTFT p99 SLO, seconds")] = None,
@@ -38,7 +39,9 @@ def plan(
     plot_path: Annotated[Optional[Path], typer.Option("--plot", help="write the frontier PNG here")] = None,
     cache: Annotated[Optional[Path], typer.Option(help="reuse and keep simulations under DIR/cache")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
-    workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
+    workers: Annotated[Optional[int], typer.Option(help="simulations at once: with --ray local, the local cluster's "
+                                                       "CPUs; without --ray, processes of this host (default: every "
+                                                       "core)")] = None,
     local: Annotated[Optional[str], typer.Option(
         "--local", metavar="MODEL", help="plan this machine's local runtime cluster for MODEL (smollm2-135m or tiny) "
                                          "instead: every shape of at most --engines engines, the demo's workload and "
@@ -64,6 +67,8 @@ def plan(
     workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit)
     req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm)
     started = time.monotonic()
+    if ray is None and workers is None:
+        workers = len(os.sched_getaffinity(0))
     with open_executor(ray, workers, code_fingerprint) as executor:
         ctx = Context(cache or Path("."), seed=seed, progress=SweepLines(0, "plan"), use_disk_cache=cache is not None,
                       executor=executor)
@@ -197,13 +202,18 @@ def bench_plan(
     from ..experiments.simrun import code_fingerprint
     from ..sim.runner import write_json
 
+    from ..pool.executor import open_executor
+
     known = cases()
     names = case or list(known)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise InputError(f"unknown --case {', '.join(unknown)}; known: {', '.join(known)}")
     lines = SweepLines(0, "bench plan")
-    report = {"cases": [check(known[n], out_dir, lines) for n in names], "simulator_code": code_fingerprint()}
+    workers = len(os.sched_getaffinity(0))  # the planner as `dualpath plan` runs it: every core
+    with open_executor(None, workers) as executor:
+        report = {"cases": [check(known[n], out_dir, lines, executor) for n in names], "simulator_code": code_fingerprint(),
+                  "workers": workers}
     table = Table(title="dualpath plan against every configuration simulated whole")
     for h in ("case", "first choice", "exhaustive best", "regret", "JCT err", "TTFT p50 err", "TTFT p99 err",
               "unit max |JCT err|", "plan s"):

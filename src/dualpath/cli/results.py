@@ -24,10 +24,14 @@ def _hit_percent(run: dict) -> str:
     return f"{100 * run.get('cached_tokens', 0) / prompt:.1f}" if prompt else "-"
 
 
-def _snic_util(i: int) -> Callable[[dict], str]:
+def _snic_util(role: str) -> Callable[[dict], str]:
+    """The mean SNIC utilisation of a role's engines (each its own node); runs without roles: the
+    first engine is the PE, the second the DE (1P1D)."""
     def cell(run: dict) -> str:
-        util = [v.get("utilisation") for v in run.get("snic", {}).values()]
-        return _ratio(util[i]) if i < len(util) else "-"
+        snic = run.get("snic", {})
+        roles = run.get("engine_roles") or {e: r for e, r in zip(snic, ("prefill", "decode"))}
+        util = [v.get("utilisation") for e, v in snic.items() if roles.get(e) == role]
+        return _ratio(sum(util) / len(util)) if util and None not in util else "-"
     return cell
 
 
@@ -38,8 +42,8 @@ SIM_COLUMNS: Sequence[Column] = (
 )
 RUNTIME_COLUMNS: Sequence[Column] = (
     ("hit %", _hit_percent),
-    ("SNIC util PE", _snic_util(0)),
-    ("SNIC util DE", _snic_util(1)),
+    ("SNIC util PE", _snic_util("prefill")),
+    ("SNIC util DE", _snic_util("decode")),
 )
 
 

@@ -83,10 +83,8 @@ def sim(
     cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale), set_ or [])
     if turns is not None:
         turns.parent.mkdir(parents=True, exist_ok=True)
-    if ray is not None:
-        result = _sim_on_ray(cfg, modes, replay, ray, workers, not quiet, turns, decisions, timeline)
-    elif workers is not None:
-        raise InputError("--workers is for a local Ray cluster: give it with --ray local")
+    if ray is not None or workers is not None:
+        result = _sim_apart(cfg, modes, replay, ray, workers, not quiet, turns, decisions, timeline)
     elif quiet:
         result = run_modes(cfg, modes, turns_csv=turns, replay=replay, decisions=decisions, timeline=timeline)
     else:
@@ -108,16 +106,16 @@ def sim(
         console.print(f"wrote {plot}")
 
 
-def _sim_on_ray(cfg: SimConfig, modes: list[str], replay, address: str, workers: Optional[int], with_progress: bool,
-                turns: Optional[Path], decisions: Optional[Path], timeline: Optional[Path] = None) -> dict:
-    """`run_modes`'s result with each mode a Ray task (sim/runner.run_mode): the same numbers, a
-    line per finished mode."""
+def _sim_apart(cfg: SimConfig, modes: list[str], replay, address: Optional[str], workers: Optional[int],
+               with_progress: bool, turns: Optional[Path], decisions: Optional[Path], timeline: Optional[Path] = None) -> dict:
+    """`run_modes`'s result with each mode a Ray task or, with --workers alone, a process of this
+    host (sim/runner.run_mode): the same numbers, a line per finished mode."""
     from ..experiments.simrun import code_fingerprint
     from ..pool.executor import open_executor
     from ..sim.runner import load_workload, run_mode
 
     if turns is not None or decisions is not None or timeline is not None:
-        raise InputError("--turns, --decisions and --timeline need the simulations in this process: drop --ray")
+        raise InputError("--turns, --decisions and --timeline need the simulations in this process: drop --ray and --workers")
     stats = load_workload(cfg, replay).stats  # also checks the workload before Ray starts
     runs: dict[int, dict] = {}
 

@@ -101,7 +101,8 @@ class PlainLinesProgress:
 
 RAY_HELP = ("run the simulations as Ray tasks: `local` (a Ray cluster on this machine for this command), `auto` "
             "(the one `ray start` runs here) or HOST:PORT of a head; needs pip install 'dualpath[cluster]'")
-WORKERS_HELP = "with --ray local: the local cluster's CPUs, one simulation each (default: every core)"
+WORKERS_HELP = ("simulations at once: with --ray local, the local cluster's CPUs (default: every core); without "
+                "--ray, processes of this host (default: 1, in this process)")
 
 
 def repro(

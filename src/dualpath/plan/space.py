@@ -29,7 +29,7 @@ from ..errors import InputError
 # docs/paper.md §1.6: a node's memory bandwidth M ≈ 500 GB/s in the paper's bottleneck-free analysis.
 NODE_DRAM_BYTES_PER_S = 500 * GB
 # The loading policies a deployment can run (oracle is a bound, not a policy).
-DEFAULT_MODES = ("basic", "dualpath", "dualpath+split")
+DEFAULT_MODES = ("basic", "dualpath", "dualpath+split", "dualpath+tail")
 
 
 def reads_on_de(mode: str) -> bool:

@@ -59,18 +59,20 @@ def tail(r: Results) -> str:
     """Each mode beside itself with `+tail`, per cluster: JCT and TTFT p50 / p99 with their ratios."""
     rows = r.json(TAIL_JSON)["rows"]
     by = {(x["model"], x["pd"], x["max_len_tokens"], x["agents"], x["mode"]): x for x in rows}
-    out, jct, p99 = [], [], []
+    out, jct, p50, p99 = [], [], [], []
     for key, x in by.items():
         if x["mode"].endswith("+tail"):
             continue
         t = by[(*key[:4], x["mode"] + "+tail")]
         jct.append(t["jct_s"] / x["jct_s"])
+        p50.append(t["ttft_p50_s"] / x["ttft_p50_s"])
         p99.append(t["ttft_p99_s"] / x["ttft_p99_s"])
         out.append([x["model"], x["pd"], f"{key[2] // 1024}K", num(key[3]), x["mode"], sig(x["jct_s"]), sig(t["jct_s"]),
                     ratio(jct[-1]), f"{sig(x['ttft_p50_s'])} / {sig(t['ttft_p50_s'])}",
                     f"{sig(x['ttft_p99_s'])} / {sig(t['ttft_p99_s'])}", ratio(p99[-1])])
     text = (f"{len(out)} clusters and modes, each beside itself with `+tail`, offline: JCT with `+tail` over JCT "
-            f"without from {ratio(min(jct))} to {ratio(max(jct))}; TTFT p99 from {ratio(min(p99))} to {ratio(max(p99))}.")
+            f"without from {ratio(min(jct))} to {ratio(max(jct))}; TTFT p99 from {ratio(min(p99))} to {ratio(max(p99))}; "
+            f"TTFT p50 from {ratio(min(p50))} to {ratio(max(p50))}.")
     header = ["model", "P/D", "MaxLen", "agents", "mode", "JCT s", "JCT s +tail", "JCT ratio", "TTFT p50 s (+tail)",
               "TTFT p99 s (+tail)", "TTFT p99 ratio"]
     return text + "\n\n" + table(header, out)

@@ -161,6 +161,7 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
         for e, c in sorted(counters.items())
     }
     result["engine_busy_s"] = {str(e): c.busy_s for e, c in sorted(counters.items())}
+    result["engine_roles"] = {str(e): router.engines[e].role.name.lower() for e in sorted(counters) if e in router.engines}
     # the decode engines' model time per decode step (their loop's own work excluded): `fidelity`
     # sets it beside the simulator's step time to split a TPOT error into model and loop
     de = [c for e, c in counters.items() if e in router.engines and router.engines[e].role == EngineRole.DECODE]
