@@ -10,6 +10,7 @@ from dualpath.experiments.common import Context
 from dualpath.plan.search import PlanRequest, make_plan, rank
 from dualpath.plan.report import to_json
 from dualpath.plan.workload import Generated
+from dualpath.plan.space import DEFAULT_MODES
 
 SMALL = dict(model="ds-27b", gpus=32, workload=Generated(32768, 32, 2))
 
@@ -22,7 +23,7 @@ def small_plan(tmp_path_factory):
 
 def test_the_plan_simulates_the_best_estimates_then_climbs_until_the_best_has_no_unseen_neighbour(small_plan):
     ranked, rest = small_plan.ranked, small_plan.unconfirmed
-    assert len(ranked) >= 4 and len(ranked) + len(rest) + len(small_plan.pruned) == 3 * 3
+    assert len(ranked) >= 4 and len(ranked) + len(rest) + len(small_plan.pruned) == 3 * len(DEFAULT_MODES)
     jcts = [c.predicted["jct_s"] for c in ranked]
     assert jcts == sorted(jcts) and all(c.meets_slo for c in ranked)  # no SLO: every one meets
     best = ranked[0].estimate
@@ -99,3 +100,17 @@ def test_bad_input_is_one_error_line_and_exit_2(args, words):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert words in lines[0], lines[0]
+
+
+def test_tail_on_a_one_group_unit_shares_its_simulation_and_ranks_first_at_a_tie(tmp_path):
+    req = PlanRequest("ds-27b", 32, Generated(16384, 16, 1), modes=("dualpath", "dualpath+tail"), confirm=10)
+    plan = make_plan(req, Context(tmp_path, seed=1))
+    by = {(c.estimate.shape.pd, c.estimate.mode): (i, c) for i, c in enumerate(plan.ranked)}
+    twins = [pd for pd, mode in by if mode == "dualpath" and (pd, "dualpath+tail") in by]
+    assert "2P2D" in twins  # 2 x 1P1D
+    for pd in twins:
+        (i, plain), (j, tail) = by[(pd, "dualpath")], by[(pd, "dualpath+tail")]
+        if tail.estimate.shape.unit_prefill_nodes == 1:
+            assert plain.predicted == tail.predicted  # one simulation
+            if tail.estimate.shape.copies > 1:
+                assert j < i  # the deployment the start burst reaches ranks after

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from ..errors import InputError
 from ..config import paper_cluster
+from ..config.features import TAIL_SUFFIX
 from ..experiments.common import Context
 from . import analytic, goodput
 from .space import DEFAULT_MODES, shapes
@@ -111,11 +112,26 @@ def _simulate(req: PlanRequest, ctx: Context, num_turns: int, batch: list[analyt
     wl = req.workload
     if req.objective == "goodput":
         searches = goodput.search(
-            batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, e.mode, f) for e, f in b]),
+            batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, _unit_mode(e), f) for e, f in b]),
             lambda run: _meets(req, latencies(run)))
         return [_choice(req, num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches]
-    results = wl.simulate(ctx, req.model, [(e.shape, e.mode, 1.0) for e in batch])
+    results = wl.simulate(ctx, req.model, [(e.shape, _unit_mode(e), 1.0) for e in batch])
     return [_choice(req, num_turns, e, r) for e, r in zip(batch, results)]
+
+
+def _unit_mode(e: analytic.Estimate) -> str:
+    """The mode the unit simulation runs: `X+tail` on a unit of one PE group is `X` (core/policy/
+    tail.py changes nothing with one group open), so the two share one simulation."""
+    if e.mode.endswith(TAIL_SUFFIX) and e.shape.unit_prefill_nodes == 1:
+        return e.mode.removesuffix(TAIL_SUFFIX)
+    return e.mode
+
+
+def _burst_exposed(c: Choice) -> bool:
+    """A deployment of several units under one scheduler without `+tail`: at an offline start its
+    first PE group to fetch takes the whole burst, which the unit, one group, cannot show
+    (tests/sim/test_start_burst.py); at an equal prediction it ranks after its `+tail` twin."""
+    return c.estimate.shape.copies > 1 and not c.estimate.mode.endswith(TAIL_SUFFIX)
 
 
 def _neighbours(best: Choice, survivors: Sequence[analytic.Estimate], done: Sequence[Choice]) -> list[analytic.Estimate]:
@@ -176,8 +192,9 @@ def _meets(req: PlanRequest, predicted: dict[str, float]) -> bool:
 
 def rank(choices: Sequence[Choice], objective: str) -> list[Choice]:
     """Best first: those meeting the SLOs first; then shortest JCT (`jct`) or most goodput (`goodput`,
-    JCT breaking ties); then P/D and mode, so equal numbers keep one order."""
+    JCT breaking ties); then a deployment the start burst reaches after one it does not
+    (`_burst_exposed`); then P/D and mode, so equal numbers keep one order."""
     def key(c: Choice) -> tuple:
         primary = c.predicted["jct_s"] if objective == "jct" else -c.predicted["goodput_rps"]
-        return (not c.meets_slo, primary, c.predicted["jct_s"], c.estimate.shape.pd, c.estimate.mode)
+        return (not c.meets_slo, primary, c.predicted["jct_s"], _burst_exposed(c), c.estimate.shape.pd, c.estimate.mode)
     return sorted(choices, key=key)
