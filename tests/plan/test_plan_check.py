@@ -14,14 +14,15 @@ def test_a_small_case_is_checked_against_every_configuration_whole(tmp_path):
     case = Case("small", PlanRequest("ds-27b", 32, Generated(16384, 16, 2), confirm=2))
     c = check(case, tmp_path, NullProgress())
     rows = c["exhaustive"]
-    assert {(r["pd"], r["mode"]) for r in rows} == {(pd, m) for pd in ("1P3D", "2P2D", "3P1D")
-                                                    for m in DEFAULT_MODES}
+    # as deployed: 2P2D, two units, runs each mode with +tail
+    assert {(r["pd"], r["mode"]) for r in rows} == {(pd, m) for pd in ("1P3D", "3P1D") for m in DEFAULT_MODES} | {
+        ("2P2D", m) for m in ("basic+tail", "dualpath+tail", "dualpath+split+tail")}
     assert [r["jct_s"] for r in rows] == sorted(r["jct_s"] for r in rows)
     first = next(r for r in rows if (r["pd"], r["mode"]) == (c["planner"]["first"]["pd"], c["planner"]["first"]["mode"]))
     assert c["regret"] == pytest.approx(max(0.0, first["jct_s"] / rows[0]["jct_s"] - 1))
     assert c["prediction_error"]["jct_s"] == pytest.approx(c["planner"]["predicted"]["jct_s"] / first["jct_s"] - 1)
     # 2P2D with 16 agents runs as 1P1D with 8: one unit-vs-whole row per mode
-    assert [(u["pd"], u["unit_pd"], u["copies"]) for u in c["unit_vs_whole"]] == [("2P2D", "1P1D", 2)] * len(DEFAULT_MODES)
+    assert [(u["pd"], u["unit_pd"], u["copies"]) for u in c["unit_vs_whole"]] == [("2P2D", "1P1D", 2)] * 3
     assert c["planner"]["simulated"] >= 2 and c["planner"]["wall_s"] > 0
     assert (tmp_path / "cache").is_dir()  # the full-scale runs are kept for a rerun
 

@@ -10,7 +10,7 @@ from dualpath.experiments.common import Context
 from dualpath.plan.search import PlanRequest, make_plan, rank
 from dualpath.plan.report import to_json
 from dualpath.plan.workload import Generated
-from dualpath.plan.space import DEFAULT_MODES
+from dualpath.plan.space import DEFAULT_MODES, configurations, shapes
 
 SMALL = dict(model="ds-27b", gpus=32, workload=Generated(32768, 32, 2))
 
@@ -23,7 +23,7 @@ def small_plan(tmp_path_factory):
 
 def test_the_plan_simulates_the_best_estimates_then_climbs_until_the_best_has_no_unseen_neighbour(small_plan):
     ranked, rest = small_plan.ranked, small_plan.unconfirmed
-    assert len(ranked) >= 4 and len(ranked) + len(rest) + len(small_plan.pruned) == 3 * len(DEFAULT_MODES)
+    assert len(ranked) >= 4 and len(ranked) + len(rest) + len(small_plan.pruned) == len(configurations(shapes("ds-27b", 32, 32), DEFAULT_MODES))
     jcts = [c.predicted["jct_s"] for c in ranked]
     assert jcts == sorted(jcts) and all(c.meets_slo for c in ranked)  # no SLO: every one meets
     best = ranked[0].estimate
@@ -102,15 +102,16 @@ def test_bad_input_is_one_error_line_and_exit_2(args, words):
     assert words in lines[0], lines[0]
 
 
-def test_tail_on_a_one_group_unit_shares_its_simulation_and_ranks_first_at_a_tie(tmp_path):
-    req = PlanRequest("ds-27b", 32, Generated(16384, 16, 1), modes=("dualpath", "dualpath+tail"), confirm=10)
-    plan = make_plan(req, Context(tmp_path, seed=1))
-    by = {(c.estimate.shape.pd, c.estimate.mode): (i, c) for i, c in enumerate(plan.ranked)}
-    twins = [pd for pd, mode in by if mode == "dualpath" and (pd, "dualpath+tail") in by]
-    assert "2P2D" in twins  # 2 x 1P1D
-    for pd in twins:
-        (i, plain), (j, tail) = by[(pd, "dualpath")], by[(pd, "dualpath+tail")]
-        if tail.estimate.shape.unit_prefill_nodes == 1:
-            assert plain.predicted == tail.predicted  # one simulation
-            if tail.estimate.shape.copies > 1:
-                assert j < i  # the deployment the start burst reaches ranks after
+def test_a_deployment_of_several_units_runs_its_mode_with_tail_and_its_unit_without(tmp_path):
+    from dualpath.experiments.simrun import simulate
+    from dualpath.plan.report import commands
+
+    wl = Generated(16384, 16, 1)
+    ctx = Context(tmp_path, seed=1)
+    plan = make_plan(PlanRequest("ds-27b", 32, wl, modes=("dualpath",), confirm=10), ctx)
+    by = {c.estimate.shape.pd: c for c in plan.ranked}
+    assert by["2P2D"].estimate.mode == "dualpath+tail" and by["1P3D"].estimate.mode == "dualpath"
+    # the unit, one PE group, is where +tail changes nothing: one simulation, the plain mode's
+    unit = simulate(ctx, wl.unit_spec("ds-27b", by["2P2D"].estimate.shape, "dualpath"))
+    assert by["2P2D"].predicted["jct_s"] == unit["jct_s"]
+    assert "--mode dualpath+tail" in commands(plan, by["2P2D"])["sim"]

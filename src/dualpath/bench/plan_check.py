@@ -27,7 +27,7 @@ from ..experiments.batch import simulate_many
 from ..experiments.common import Context
 from ..pool.executor import Executor, SerialExecutor
 from ..plan.search import Choice, Plan, PlanRequest, latencies, make_plan
-from ..plan.space import shapes
+from ..plan.space import configurations, shapes
 from ..plan.workload import Generated, Trace
 
 TRACE_SLICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "mooncake_conversation_slice.jsonl"
@@ -72,7 +72,7 @@ def check(case: Case, out_dir: Path, progress: Any, executor: Executor = SerialE
         key = "goodput_rps"
     else:
         assert isinstance(req.workload, Generated)
-        configs = [(s, m) for s in shapes(req.model, req.gpus, req.workload.num_agents) for m in req.modes]
+        configs = configurations(shapes(req.model, req.gpus, req.workload.num_agents), req.modes)  # as deployed
         specs = [req.workload.whole_spec(req.model, s, m) for s, m in configs]
         results = simulate_many(ctx, specs)
         full = {(s.pd, m): _from_run(r, plan.demand.num_turns) for (s, m), r in zip(configs, results)}
@@ -100,7 +100,8 @@ def check(case: Case, out_dir: Path, progress: Any, executor: Executor = SerialE
 def _unit_errors(req: PlanRequest, plan: Plan, full: dict, ctx: Context) -> list[dict[str, Any]]:
     """Every shape simulated at a smaller unit against itself whole (same mode)."""
     assert isinstance(req.workload, Generated)
-    reduced = [(s, m) for s in shapes(req.model, req.gpus, req.workload.num_agents) if s.copies > 1 for m in req.modes]
+    reduced = [(s, m) for s, m in configurations(shapes(req.model, req.gpus, req.workload.num_agents), req.modes)
+               if s.copies > 1]
     results = simulate_many(ctx, [req.workload.unit_spec(req.model, s, m) for s, m in reduced])
     out = []
     for (s, m), r in zip(reduced, results):

@@ -27,7 +27,7 @@ from ..config import paper_cluster
 from ..config.features import TAIL_SUFFIX
 from ..experiments.common import Context
 from . import analytic, goodput
-from .space import DEFAULT_MODES, shapes
+from .space import DEFAULT_MODES, configurations, shapes
 from .workload import Generated, Trace
 
 OBJECTIVES = ("jct", "goodput")
@@ -89,7 +89,7 @@ def make_plan(req: PlanRequest, ctx: Context) -> Plan:
     rows, last_arrival_s = wl.rows(cluster.block_tokens)
     demand = analytic.demand(rows, req.model, last_arrival_s)
     everything = [wl.shape_for(s) for s in shapes(req.model, req.gpus, demand.num_agents)]
-    estimates = [analytic.estimate(demand, req.model, s, m) for s in everything for m in req.modes]
+    estimates = [analytic.estimate(demand, req.model, s, m) for s, m in configurations(everything, req.modes)]
     pruned = [e for e in estimates if e.out_of_range]
     order = _by_work if wl.online else _by_estimate
     survivors = sorted((e for e in estimates if not e.out_of_range), key=order)
@@ -125,13 +125,6 @@ def _unit_mode(e: analytic.Estimate) -> str:
     if e.mode.endswith(TAIL_SUFFIX) and e.shape.unit_prefill_nodes == 1:
         return e.mode.removesuffix(TAIL_SUFFIX)
     return e.mode
-
-
-def _burst_exposed(c: Choice) -> bool:
-    """A deployment of several units under one scheduler without `+tail`: at an offline start its
-    first PE group to fetch takes the whole burst, which the unit, one group, cannot show
-    (tests/sim/test_start_burst.py); at an equal prediction it ranks after its `+tail` twin."""
-    return c.estimate.shape.copies > 1 and not c.estimate.mode.endswith(TAIL_SUFFIX)
 
 
 def _neighbours(best: Choice, survivors: Sequence[analytic.Estimate], done: Sequence[Choice]) -> list[analytic.Estimate]:
@@ -192,9 +185,8 @@ def _meets(req: PlanRequest, predicted: dict[str, float]) -> bool:
 
 def rank(choices: Sequence[Choice], objective: str) -> list[Choice]:
     """Best first: those meeting the SLOs first; then shortest JCT (`jct`) or most goodput (`goodput`,
-    JCT breaking ties); then a deployment the start burst reaches after one it does not
-    (`_burst_exposed`); then P/D and mode, so equal numbers keep one order."""
+    JCT breaking ties); then P/D and mode, so equal numbers keep one order."""
     def key(c: Choice) -> tuple:
         primary = c.predicted["jct_s"] if objective == "jct" else -c.predicted["goodput_rps"]
-        return (not c.meets_slo, primary, c.predicted["jct_s"], _burst_exposed(c), c.estimate.shape.pd, c.estimate.mode)
+        return (not c.meets_slo, primary, c.predicted["jct_s"], c.estimate.shape.pd, c.estimate.mode)
     return sorted(choices, key=key)

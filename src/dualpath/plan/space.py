@@ -20,6 +20,7 @@ decode engines: outside it a CNIC or the DE's DRAM binds before the storage NICs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 from math import gcd
 
 from ..config import paper_cluster
@@ -30,6 +31,22 @@ from ..errors import InputError
 NODE_DRAM_BYTES_PER_S = 500 * GB
 # The loading policies a deployment can run (oracle is a bound, not a policy).
 DEFAULT_MODES = ("basic", "dualpath", "dualpath+split", "dualpath+tail")
+
+
+def configurations(shape_list: Sequence["Shape"], modes: Sequence[str]) -> list[tuple["Shape", str]]:
+    """Every (shape, mode) the planner weighs, each mode as the shape deploys it: a shape of several
+    units runs its mode with `+tail` (core/policy/tail.py), so that the one scheduler spreads the
+    offline start burst over the units' PE groups as separate units would, and a unit's simulation
+    predicts the whole (tests/sim/test_start_burst.py); `X` and `X+tail` are then one configuration."""
+    from ..config.features import TAIL_SUFFIX
+
+    out: list[tuple[Shape, str]] = []
+    for s in shape_list:
+        for m in modes:
+            deployed = m + TAIL_SUFFIX if s.copies > 1 and not m.endswith(TAIL_SUFFIX) else m
+            if (s, deployed) not in out:
+                out.append((s, deployed))
+    return out
 
 
 def reads_on_de(mode: str) -> bool:

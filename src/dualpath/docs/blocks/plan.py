@@ -29,7 +29,9 @@ def plan_check(r: Results) -> str:
     units = [abs(u["jct_s_error"]) for c in d["cases"] for u in c["unit_vs_whole"] if u["jct_s_error"] is not None]
     ttft_units = [abs(u[k]) for c in d["cases"] for u in c["unit_vs_whole"] for k in ("ttft_p50_s_error", "ttft_p99_s_error")
                   if u[k] is not None]
-    text = (f"Simulator code `{d['simulator_code']}`. Goals: regret at most {pct(REGRET_GOAL, 0, False)}; the first "
+    workers = d.get("workers", 1)
+    text = (f"Simulator code `{d['simulator_code']}`; the planner ran as `dualpath plan` runs it, its simulations in "
+            f"{workers} process{'es' if workers > 1 else ''} of this machine. Goals: regret at most {pct(REGRET_GOAL, 0, False)}; the first "
             f"choice's predicted JCT within {pct(JCT_GOAL, 0, False)} and TTFT p50 / p99 within "
             f"{pct(TTFT_GOAL, 0, False)} of the same configuration simulated whole; the plan in under "
             f"{num(PLAN_TIME_GOAL_S)} s. Regret met on **{sum(c['regret'] <= REGRET_GOAL for c in d['cases'])} of "
