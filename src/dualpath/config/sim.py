@@ -183,8 +183,17 @@ class WorkloadConfig:
     # latencies only over turns that arrive at or after warmup_s.
     horizon_s: float | None = None
     warmup_s: float = 0.0
+    # choice: the share one unit of a deployment of `unit_of` units serves: num_agents x unit_of
+    # agents generated, every unit_of-th of them by work kept, heaviest first, so that the unit's
+    # load per agent and its heaviest agent are the deployment's (workloads/sample.py; `dualpath
+    # plan` simulates units so, plan/workload.py); 1 = the agents as generated
+    unit_of: int = 1
 
     def __post_init__(self) -> None:
+        if self.unit_of < 1:
+            raise InputError(f"workload.unit_of must be at least 1, got {self.unit_of}")
+        if self.unit_of > 1 and self.trajectory_file:
+            raise InputError("workload.unit_of samples generated agents; a trajectory file is replayed as it is")
         if self.num_agents <= 0:
             raise InputError(f"--agents must be positive, got {self.num_agents}")
         if self.max_len_tokens <= 0:

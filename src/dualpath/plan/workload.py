@@ -61,7 +61,7 @@ class Generated:
         k = shape.copies
         aps = None if self.aps is None else self.aps / k
         return SimSpec(model, shape.unit_pd, self.max_len_tokens, self.num_agents // k, mode, aps=aps,
-                       knobs=shape.ep_knobs())
+                       knobs=shape.ep_knobs() + _unit_of(k))
 
     def whole_spec(self, model: str, shape: Shape, mode: str) -> SimSpec:
         """The whole deployment (k units, each its own EP groups), as `dualpath bench plan` checks it."""
@@ -70,7 +70,7 @@ class Generated:
     def sim_flags(self, shape: Shape, unit: bool) -> str:
         k = shape.copies if unit else 1
         aps = "" if self.aps is None else f" --aps {self.aps / k:g}"
-        knobs = "".join(f" --set {a}" for a in shape.ep_knobs())
+        knobs = "".join(f" --set {a}" for a in shape.ep_knobs() + (_unit_of(k) if unit else ()))
         return (f"--agents {self.num_agents // k} --max-len {format_tokens(self.max_len_tokens)} --seed {self.seed}"
                 f"{aps}{knobs}")
 
@@ -156,3 +156,8 @@ class Trace:
     def describe(self) -> dict[str, Any]:
         return {"kind": "trace", "path": self.path, "max_len_tokens": self.max_len_tokens,
                 "time_scale": self.time_scale, "limit": self.limit}
+
+
+def _unit_of(k: int) -> tuple[str, ...]:
+    """The `--set` that makes a unit's agents one unit's share of the deployment's (workloads/sample.py)."""
+    return (f"workload.unit_of={k}",) if k > 1 else ()

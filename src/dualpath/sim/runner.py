@@ -85,6 +85,7 @@ def load_trace(cfg: SimConfig, replay: TraceReplay) -> Workload:
 def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...]]:
     """Trajectories and arrival times (seconds) for the workload config."""
     from ..workloads import generate, offline_arrivals, poisson_arrivals, read_trajectories
+    from ..workloads.sample import one_unit_share
 
     w = cfg.workload
     if w.trajectory_file:
@@ -93,7 +94,9 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
             raise InputError(f"{w.trajectory_file} holds {len(trajs)} trajectories, fewer than --agents {w.num_agents}")
         trajs = tuple(t.truncate(w.max_len_tokens) for t in trajs[: w.num_agents])
     else:
-        trajs = generate(w.max_len_tokens, w.num_agents, w.seed, append_scale=w.append_scale, gen_scale=w.gen_scale)
+        trajs = generate(w.max_len_tokens, w.num_agents * w.unit_of, w.seed, append_scale=w.append_scale,
+                         gen_scale=w.gen_scale)
+        trajs = one_unit_share(trajs, w.unit_of)
     if w.arrival_aps is None:
         arrivals = offline_arrivals(len(trajs))
     else:
