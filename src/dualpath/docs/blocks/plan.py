@@ -41,6 +41,10 @@ def plan_check(r: Results) -> str:
                  f"smaller unit ({len(units)} runs): |JCT error| at most {pct(max(units), 1, False)}, median "
                  f"{pct(sorted(units)[len(units) // 2], 1, False)}; |TTFT p50 / p99 error| at most "
                  f"{pct(max(ttft_units), 0, False)}.")
+    at_unit = sum(any((u["pd"], u["mode"]) == (c["planner"]["first"]["pd"], c["planner"]["first"]["mode"])
+                      for u in c["unit_vs_whole"]) for c in d["cases"])
+    text += (f" First choices predicted from a smaller unit: {at_unit} of {len(d['cases'])} (the others are their own "
+             f"unit, so their prediction is their whole simulation).")
     header = ["case", "first choice", "exhaustive best", "regret", "JCT error", "TTFT p50 error", "TTFT p99 error",
               "simulated", "plan s"]
     return text + "\n\n" + table(header, rows)
