@@ -17,6 +17,12 @@ from .io import console, out
 from .sweep import SweepLines
 
 
+PLAN_WORKERS_HELP = ("simulations at once: with --ray local, the local cluster's CPUs; without --ray, processes of "
+                     "this host (default: every core)")
+LOCAL_HELP = ("plan this machine's local runtime cluster for MODEL (smollm2-135m or tiny) instead: every shape of at "
+              "most --engines engines, the demo's workload and rates, simulated with the `local` preset (plan/local.py)")
+
+
 def plan(
     model: Annotated[str, typer.Option(help="a model preset: ds-v3.2-660b, ds-27b, qwen2.5-32b, ...")] = "ds-v3.2-660b",
     gpus: Annotated[int, typer.Option(help="the GPU budget, a multiple of the GPUs per node (8)")] = 128,
@@ -39,13 +45,8 @@ def plan(
     plot_path: Annotated[Optional[Path], typer.Option("--plot", help="write the frontier PNG here")] = None,
     cache: Annotated[Optional[Path], typer.Option(help="reuse and keep simulations under DIR/cache")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
-    workers: Annotated[Optional[int], typer.Option(help="simulations at once: with --ray local, the local cluster's "
-                                                       "CPUs; without --ray, processes of this host (default: every "
-                                                       "core)")] = None,
-    local: Annotated[Optional[str], typer.Option(
-        "--local", metavar="MODEL", help="plan this machine's local runtime cluster for MODEL (smollm2-135m or tiny) "
-                                         "instead: every shape of at most --engines engines, the demo's workload and "
-                                         "rates, simulated with the `local` preset (plan/local.py)")] = None,
+    workers: Annotated[Optional[int], typer.Option(help=PLAN_WORKERS_HELP)] = None,
+    local: Annotated[Optional[str], typer.Option("--local", metavar="MODEL", help=LOCAL_HELP)] = None,
     engines: Annotated[int, typer.Option(help="with --local: the engine budget (one engine per emulated node)")] = 3,
 ) -> None:
     """Rank P/D shapes and loading policies for a GPU budget: the cost model prunes, the simulator
