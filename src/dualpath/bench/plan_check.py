@@ -27,7 +27,7 @@ from ..experiments.batch import simulate_many
 from ..experiments.common import Context
 from ..pool.executor import Executor, SerialExecutor
 from ..plan.search import Choice, Plan, PlanRequest, latencies, make_plan
-from ..plan.space import configurations, shapes
+from ..plan.space import configurations, shapes, unit_mode
 from ..plan.workload import Generated, Trace
 
 TRACE_SLICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "mooncake_conversation_slice.jsonl"
@@ -102,7 +102,7 @@ def _unit_errors(req: PlanRequest, plan: Plan, full: dict, ctx: Context) -> list
     assert isinstance(req.workload, Generated)
     reduced = [(s, m) for s, m in configurations(shapes(req.model, req.gpus, req.workload.num_agents), req.modes)
                if s.copies > 1]
-    results = simulate_many(ctx, [req.workload.unit_spec(req.model, s, m) for s, m in reduced])
+    results = simulate_many(ctx, [req.workload.unit_spec(req.model, s, unit_mode(s, m)) for s, m in reduced])
     out = []
     for (s, m), r in zip(reduced, results):
         unit = _from_run(r, plan.demand.num_turns)

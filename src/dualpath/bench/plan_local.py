@@ -68,13 +68,11 @@ def _range(row: dict[str, Any]) -> tuple[float, float]:
 def check(model: str, engines: int, modes: Sequence[str], repeat: int, device: str = "cpu",
           progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole bench (module docstring): planner, runtime runs, comparison."""
-    from ..config import DEMO_AGENTS
     from ..plan.local import LocalWorkload, available_cpus, local_shapes, plan_local
-    from ..runtime.apps.demo import calibrate_for, plan_demo
 
     shapes = local_shapes(engines)
-    cal, kvbpt, block = calibrate_for(model, device)
-    work = LocalWorkload(plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None), kvbpt, model)
+    work = LocalWorkload.of_demo(model, device)
+    cal = work.plan.calibration
     cpus = available_cpus()
     t0 = time.perf_counter()
     ranked = plan_local(work, engines, modes, cpus)

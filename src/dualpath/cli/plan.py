@@ -100,9 +100,7 @@ def _modes(given: Optional[list[str]], default: tuple[str, ...]) -> tuple[str, .
 
 def _plan_local(model: str, engines: int, modes: tuple[str, ...], json_path: Optional[Path],
                 plot_path: Optional[Path]) -> None:
-    from ..config import DEMO_AGENTS
     from ..plan.local import LocalWorkload, available_cpus, local_shapes, plan_local
-    from ..runtime.apps.demo import calibrate_for, plan_demo
     from ..sim.runner import write_json
 
     if plot_path is not None:
@@ -112,8 +110,7 @@ def _plan_local(model: str, engines: int, modes: tuple[str, ...], json_path: Opt
         raise InputError(f"--local {model!r}: the local preset knows smollm2-135m and tiny")
     local_shapes(engines)  # checks the budget before anything is timed
     started = time.monotonic()
-    cal, kvbpt, block = calibrate_for(model, "cpu")
-    work = LocalWorkload(plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None), kvbpt, model)
+    work = LocalWorkload.of_demo(model)
     cpus = available_cpus()
     ranked = plan_local(work, engines, modes, cpus)
     report = {"model": model, "engines": engines, "cpus": cpus, "rates": work.rates.to_json(), "ranked": ranked,

@@ -43,6 +43,16 @@ class LocalWorkload:
     def rates(self) -> Any:
         return self.plan.rates
 
+    @classmethod
+    def of_demo(cls, model: str, device: str = "cpu") -> "LocalWorkload":
+        """The demo's agents and rates on this machine now (runtime/apps/demo.py: the profile timed
+        again at start, plan_demo's rule)."""
+        from ..config import DEMO_AGENTS
+        from ..runtime.apps.demo import calibrate_for, plan_demo
+
+        cal, kvbpt, block = calibrate_for(model, device)
+        return cls(plan_demo(cal, kvbpt, block, DEMO_AGENTS, None, None), kvbpt, model)
+
 
 def local_shapes(engines: int) -> list[tuple[int, int]]:
     """Every (P, D) with P, D >= 1 and P + D <= engines, smallest first."""

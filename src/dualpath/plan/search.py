@@ -24,10 +24,9 @@ from typing import Any, Sequence
 
 from ..errors import InputError
 from ..config import paper_cluster
-from ..config.features import TAIL_SUFFIX
 from ..experiments.common import Context
 from . import analytic, goodput
-from .space import DEFAULT_MODES, configurations, shapes
+from .space import DEFAULT_MODES, configurations, shapes, unit_mode
 from .workload import Generated, Trace
 
 OBJECTIVES = ("jct", "goodput")
@@ -112,19 +111,11 @@ def _simulate(req: PlanRequest, ctx: Context, num_turns: int, batch: list[analyt
     wl = req.workload
     if req.objective == "goodput":
         searches = goodput.search(
-            batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, _unit_mode(e), f) for e, f in b]),
+            batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, unit_mode(e.shape, e.mode), f) for e, f in b]),
             lambda run: _meets(req, latencies(run)))
         return [_choice(req, num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches]
-    results = wl.simulate(ctx, req.model, [(e.shape, _unit_mode(e), 1.0) for e in batch])
+    results = wl.simulate(ctx, req.model, [(e.shape, unit_mode(e.shape, e.mode), 1.0) for e in batch])
     return [_choice(req, num_turns, e, r) for e, r in zip(batch, results)]
-
-
-def _unit_mode(e: analytic.Estimate) -> str:
-    """The mode the unit simulation runs: `X+tail` on a unit of one PE group is `X` (core/policy/
-    tail.py changes nothing with one group open), so the two share one simulation."""
-    if e.mode.endswith(TAIL_SUFFIX) and e.shape.unit_prefill_nodes == 1:
-        return e.mode.removesuffix(TAIL_SUFFIX)
-    return e.mode
 
 
 def _neighbours(best: Choice, survivors: Sequence[analytic.Estimate], done: Sequence[Choice]) -> list[analytic.Estimate]:

@@ -49,6 +49,16 @@ def configurations(shape_list: Sequence["Shape"], modes: Sequence[str]) -> list[
     return out
 
 
+def unit_mode(shape: "Shape", mode: str) -> str:
+    """The mode a shape's unit simulation runs: `X+tail` on a unit of one PE group is `X`
+    (core/policy/tail.py changes nothing with one group open), so the two share one simulation."""
+    from ..config.features import TAIL_SUFFIX
+
+    if mode.endswith(TAIL_SUFFIX) and shape.unit_prefill_nodes == 1:
+        return mode.removesuffix(TAIL_SUFFIX)
+    return mode
+
+
 def reads_on_de(mode: str) -> bool:
     """Whether a mode reads hits through the decode engines too (its features' DE read path)."""
     from ..config import parse_mode
