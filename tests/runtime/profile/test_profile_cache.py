@@ -20,6 +20,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.realtime  # times the machine against a cached profile: runs alone under two workers (tests/conftest.py)
 def test_profile_is_reused_and_rebuilt_when_its_key_changes_or_its_file_is_corrupt(cache):
     fp = load_model("tiny").model.config.fingerprint()
     first = load_or_measure("tiny", fp, "cpu", 1, [min(os.sched_getaffinity(0))])
