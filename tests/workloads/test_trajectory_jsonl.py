@@ -24,6 +24,17 @@ def test_round_trip(tmp_path):
     assert back[1].arrival_s == 12.5 and back[0].arrival_s is None
 
 
+def test_tool_time_round_trip(tmp_path):
+    """A round's wait is its third number, written only where it is not 0; rounds without one read as 0."""
+    trajs = (Trajectory(0, (TurnSpec(600, 9), TurnSpec(20, 3, 2.5), TurnSpec(7, 1))),)
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, trajs)
+    assert path.read_text().splitlines() == ['{"agent":0,"rounds":[[600,9],[20,3,2.5],[7,1]]}']
+    back = read_trajectories(path)
+    assert back == trajs
+    assert [t.wait_s for t in back[0].turns] == [0.0, 2.5, 0.0]
+
+
 def test_blank_lines_skipped(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("\n" + GOOD + "\n\n" + '{"agent": 1, "rounds": [[0, 1]], "arrival_s": 3}' + "\n")
@@ -43,7 +54,10 @@ def test_blank_lines_skipped(tmp_path):
         ('{"agent": "1", "rounds": [[1, 2]]}', "agent must be an integer"),
         ('{"agent": -1, "rounds": [[1, 2]]}', "agent must be >= 0"),
         ('{"agent": 1, "rounds": []}', "rounds must be a non-empty list"),
-        ('{"agent": 1, "rounds": [[1, 2, 3]]}', "round 0 must be [append_tokens, gen_tokens]"),
+        ('{"agent": 1, "rounds": [[1, 2, 3, 4]]}', "round 0 must be [append_tokens, gen_tokens]"),
+        ('{"agent": 1, "rounds": [[1, 2, 3]]}', "round 0 has no wait"),
+        ('{"agent": 1, "rounds": [[1, 2], [1, 2, -1]]}', "round 1 wait_s must be a finite number >= 0"),
+        ('{"agent": 1, "rounds": [[1, 2], [1, 2, "later"]]}', "round 1 wait_s must be a finite number >= 0"),
         ('{"agent": 1, "rounds": [[1, 2], 5]}', "round 1 must be [append_tokens, gen_tokens]"),
         ('{"agent": 1, "rounds": [[-1, 2]]}', "round 0 append_tokens must be >= 0"),
         ('{"agent": 1, "rounds": [[1, 2], [1, 0]]}', "round 1 gen_tokens must be >= 1"),

@@ -204,7 +204,7 @@ def engine(
 
 
 def run(
-    trace: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],
+    trace: Annotated[Path, typer.Argument(help="trajectory JSONL, an agentic Mooncake trace (session_id: agents with tool time) or a Mooncake trace")],
     model: Annotated[str, typer.Option()] = "smollm2-135m",
     pd: Annotated[str, typer.Option()] = "1P1D",
     mode: Annotated[list[str], typer.Option(help="basic | dualpath | oracle | dualpath+split (beyond the paper) | basic+W[+W]; repeat for several runs")] = ["dualpath"],
@@ -223,7 +223,7 @@ def run(
     transfer: TransferOption = "remote-write",
     set_: SetOption = None,
 ) -> None:
-    """Replay a trajectory file or a Mooncake trace against the local cluster."""
+    """Replay a trajectory file, an agentic trace or a Mooncake trace against the local cluster (agents wait their tool time between rounds)."""
     from ..runtime.apps.run import local_cluster, run_trace
     from ..sim.runner import write_json
 

@@ -30,11 +30,13 @@ def _positive(value: int, option: str) -> int:
 
 
 def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, seed: int, aps: Optional[float],
-                     trajectories: Optional[Path], append_scale: float = 1.0, gen_scale: float = 1.0) -> SimConfig:
+                     trajectories: Optional[Path], append_scale: float = 1.0, gen_scale: float = 1.0,
+                     tool_time_s: float = 0.0, tool_sigma: float = 1.0) -> SimConfig:
     cluster: ClusterConfig = paper_cluster(model, pd)
     workload = WorkloadConfig(
         max_len_tokens=parse_tokens(max_len), num_agents=_positive(agents, "--agents"), seed=seed,
         arrival_aps=aps, append_scale=append_scale, gen_scale=gen_scale,
+        tool_time_median_s=tool_time_s, tool_time_sigma=tool_sigma,
         trajectory_file=str(trajectories) if trajectories else None,
     )
     if trajectories is not None:
@@ -44,6 +46,11 @@ def build_sim_config(model: str, pd: Optional[str], max_len: str, agents: int, s
 
         detect_format(trajectories)  # neither format: a one-line error before anything runs
     return SimConfig(cluster=cluster, workload=workload)
+
+
+TOOL_TIME_HELP = ("median tool time in seconds between an agent's rounds, log-normal (workloads/tool_time.py); "
+                  "0 = back to back, the paper's replay (default)")
+TOOL_SIGMA_HELP = "spread of the tool time: sigma of its log (1 = a tenth under 0.28x the median, a tenth over 3.6x)"
 
 
 def sim(
@@ -56,11 +63,13 @@ def sim(
     aps: Annotated[Optional[float], typer.Option(help="online: Poisson agent arrivals per second (default: offline)")] = None,
     trajectories: Annotated[Optional[Path], typer.Option(
         "--trajectories", "--trace",
-        help="trajectory JSONL or a Mooncake trace (auto-detected) instead of the generator")] = None,
+        help="trajectory JSONL, an agentic Mooncake trace (session_id) or a Mooncake trace (auto-detected) instead of the generator")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Mooncake: the first N requests that fit --max-len (default: every one)")] = None,
     time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps (as `dualpath run`)")] = 1.0,
     append_scale: Annotated[float, typer.Option(help="multiply every round's append (Fig. 9)")] = 1.0,
     gen_scale: Annotated[float, typer.Option(help="multiply every round's generation (Fig. 9)")] = 1.0,
+    tool_time: Annotated[float, typer.Option(help=TOOL_TIME_HELP)] = 0.0,
+    tool_sigma: Annotated[float, typer.Option(help=TOOL_SIGMA_HELP)] = 1.0,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress (a bar on a terminal, a line every 5 s otherwise)")] = False,
@@ -80,7 +89,8 @@ def sim(
     modes = mode or ["basic", "dualpath", "oracle"]
     for m in modes:
         parse_mode(m)
-    cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale), set_ or [])
+    cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale,
+                                           tool_time, tool_sigma), set_ or [])
     if turns is not None:
         turns.parent.mkdir(parents=True, exist_ok=True)
     if ray is not None or workers is not None:

@@ -59,7 +59,7 @@ def sweep(
     workers: Annotated[Optional[int], typer.Option(help=WORKERS_HELP)] = None,
     cache: Annotated[bool, typer.Option(help="reuse results cached under DIR/cache (same spec, seed and simulator code)")] = True,
 ) -> None:
-    """Simulate a grid (model x P/D x MaxLen x agents x mode x seed): one table and a plot."""
+    """Simulate a grid (model x P/D x MaxLen x agents x tool time x mode x seed): one table and a plot."""
     from ..experiments.simrun import code_fingerprint
     from ..pool.executor import open_executor
     from ..sweep.report import plot, write_table

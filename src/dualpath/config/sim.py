@@ -188,8 +188,16 @@ class WorkloadConfig:
     # load per agent and its heaviest agent are the deployment's (workloads/sample.py; `dualpath
     # plan` simulates units so, plan/workload.py); 1 = the agents as generated
     unit_of: int = 1
+    # choice: tool time between an agent's rounds, log-normal (workloads/tool_time.py): its median in
+    # seconds (0 = back to back, the paper's replay, docs/paper.md §4.2) and its sigma (spread of the
+    # log; 1 = a tenth of the waits under 0.28x the median, a tenth over 3.6x)
+    tool_time_median_s: float = 0.0
+    tool_time_sigma: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.tool_time_median_s < float("inf") or not 0.0 <= self.tool_time_sigma < float("inf"):
+            raise InputError(f"--tool-time and --tool-sigma must be finite and >= 0, got {self.tool_time_median_s} "
+                             f"and {self.tool_time_sigma}")
         if self.unit_of < 1:
             raise InputError(f"workload.unit_of must be at least 1, got {self.unit_of}")
         if self.unit_of > 1 and self.trajectory_file:

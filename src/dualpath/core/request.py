@@ -24,14 +24,20 @@ class RequestId:
 
 @dataclass(frozen=True, slots=True)
 class TurnSpec:
-    """One round of a trajectory: `append_tokens` new prompt tokens, then `gen_tokens` generated."""
+    """One round of a trajectory: `append_tokens` new prompt tokens, then `gen_tokens` generated.
+    `wait_s`: the agent's tool (or think) time before it sends this round, counted from the end of
+    its previous round; 0 replays rounds back to back, as the paper does (docs/paper.md §4.2). A
+    first round's wait is its agent's arrival, so it is always 0 (workloads/tool_time.py)."""
 
     append_tokens: int
     gen_tokens: int
+    wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.append_tokens < 0 or self.gen_tokens < 1:
             raise ValueError(f"need append_tokens >= 0 and gen_tokens >= 1, got {self}")
+        if not 0.0 <= self.wait_s < float("inf"):  # also refuses NaN
+            raise ValueError(f"need a finite wait_s >= 0, got {self}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,7 @@ class SimSpec:
     warmup_s: float = 0.0
     gpu: str | None = None  # None = the preset's (h800)
     knobs: tuple[str, ...] = ()  # `--set` assignments applied to the presets; () = the presets
+    tool_time_s: float = 0.0  # median tool time between an agent's rounds (workloads/tool_time.py; sigma 1)
 
     def label(self) -> str:
         base = f"{self.model} {self.pd} {self.max_len_tokens // 1024}K {self.mode}"
@@ -73,6 +74,7 @@ class SimSpec:
         if self.aps is not None:
             return f"{base} {self.aps:.3g} APS{knobs}"
         extra = "" if self.append_scale == self.gen_scale == 1.0 else f" A x{self.append_scale:g} G x{self.gen_scale:g}"
+        extra += f" tool {self.tool_time_s:g} s" if self.tool_time_s else ""
         return f"{base} {self.num_agents} agents{extra}{knobs}"
 
     def run_id(self) -> str:
@@ -103,7 +105,7 @@ def sim_config(spec: SimSpec, seed: int) -> SimConfig:
     workload = WorkloadConfig(
         max_len_tokens=spec.max_len_tokens, num_agents=spec.num_agents, seed=seed,
         append_scale=spec.append_scale, gen_scale=spec.gen_scale, arrival_aps=spec.aps,
-        horizon_s=spec.horizon_s, warmup_s=spec.warmup_s,
+        horizon_s=spec.horizon_s, warmup_s=spec.warmup_s, tool_time_median_s=spec.tool_time_s,
     )
     cfg = SimConfig(cluster=cluster, workload=workload)
     return apply_overrides(cfg, list(spec.knobs)) if spec.knobs else cfg
@@ -141,6 +143,8 @@ def _cache_key(spec: SimSpec, seed: int) -> str:
     fields = asdict(spec)
     if not spec.knobs:
         del fields["knobs"]  # the presets keep the keys they had before specs could carry knobs
+    if not spec.tool_time_s:
+        del fields["tool_time_s"]  # and the keys they had before specs could carry tool time
     blob = json.dumps({"spec": fields, "seed": seed, "code": code_fingerprint(), "probe": PROBE_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -150,7 +154,7 @@ _TRAJ_CACHE: dict[tuple, tuple] = {}
 
 def _trajectories(cfg: SimConfig) -> tuple:
     w = cfg.workload
-    key = (w.max_len_tokens, w.num_agents, w.seed, w.append_scale, w.gen_scale, w.arrival_aps)
+    key = replace(w, horizon_s=None, warmup_s=0.0)  # what the agents and their arrivals depend on
     if key not in _TRAJ_CACHE:
         _TRAJ_CACHE.clear()  # one workload at a time: 48K agents' trajectories are large
         _TRAJ_CACHE[key] = load_trajectories(cfg)

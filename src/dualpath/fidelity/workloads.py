@@ -115,12 +115,12 @@ def fidelity_workload(name: str | WorkloadSpec, max_context_tokens: int, block_t
     if spec.name == "mooncake":
         return trace_slice(MOONCAKE_TRACE, limit, block_tokens, spec.number("start_s"),
                            int(spec.number("conversations", int)))
-    from ..workloads import WorkloadFormat, detect_format, read_trajectories
+    from ..workloads import WorkloadFormat, detect_format, read_agents
 
     path = Path(spec.name)
     if detect_format(path) is WorkloadFormat.MOONCAKE:
         return trace_slice(path, limit, block_tokens)
-    return [t.truncate(max_context_tokens - WINDOW_MARGIN_TOKENS) for t in read_trajectories(path)]
+    return [t.truncate(max_context_tokens - WINDOW_MARGIN_TOKENS) for t in read_agents(path)]
 
 
 def _agents(spec: WorkloadSpec, limit_tokens: int) -> list[Trajectory]:

@@ -4,8 +4,9 @@ JSON layout (the runtime's `dualpath demo` writes the same keys): `config` (the 
 tree), `workload` (its Table-2 statistics; for a Mooncake trace `mooncake_stats` of the replayed
 requests, with the replay's `time_scale` and `limit`), `runs` (one object per mode; see results.py).
 
-The workload file (`workload.trajectory_file`) is trajectory JSONL or a Mooncake trace, told
-apart by `workloads.detect_format`. A trace is replayed open loop as `dualpath run` replays it
+The workload file (`workload.trajectory_file`) is trajectory JSONL, an agentic Mooncake trace
+(sessions, workloads/agentic.py) or a Mooncake trace, told apart by `workloads.detect_format`;
+an agent's rounds wait their tool time (`TurnSpec.wait_s`: the file's, or `workload.tool_time_*`). A trace is replayed open loop as `dualpath run` replays it
 (`runtime/apps/run.py:run_trace`, `replay.py:replay_mooncake`): the first `limit` records with
 input + output <= max_len, each a one-turn agent (`sim.hits.TraceRequest`) arriving at
 (timestamp - first timestamp) * time_scale; hits come from a simulated store (`sim.hits.StoreHits`).
@@ -84,12 +85,13 @@ def load_trace(cfg: SimConfig, replay: TraceReplay) -> Workload:
 
 def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...]]:
     """Trajectories and arrival times (seconds) for the workload config."""
-    from ..workloads import generate, offline_arrivals, poisson_arrivals, read_trajectories
+    from ..workloads import generate, offline_arrivals, poisson_arrivals, read_agents
     from ..workloads.sample import one_unit_share
+    from ..workloads.tool_time import with_tool_times
 
     w = cfg.workload
     if w.trajectory_file:
-        trajs = read_trajectories(w.trajectory_file)
+        trajs = read_agents(w.trajectory_file)
         if len(trajs) < w.num_agents:
             raise InputError(f"{w.trajectory_file} holds {len(trajs)} trajectories, fewer than --agents {w.num_agents}")
         trajs = tuple(t.truncate(w.max_len_tokens) for t in trajs[: w.num_agents])
@@ -97,11 +99,13 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
         trajs = generate(w.max_len_tokens, w.num_agents * w.unit_of, w.seed, append_scale=w.append_scale,
                          gen_scale=w.gen_scale)
         trajs = one_unit_share(trajs, w.unit_of)
+    trajs = with_tool_times(trajs, w.tool_time_median_s, w.tool_time_sigma, w.seed)
     if w.arrival_aps is None:
         arrivals = offline_arrivals(len(trajs))
     else:
         arrivals = poisson_arrivals(len(trajs), w.arrival_aps, w.seed)
-    return trajs, arrivals
+    # an agent whose file fixes its start keeps it (trajectory JSONL `arrival_s`, an agentic trace's timestamps)
+    return trajs, tuple(a if t.arrival_s is None else t.arrival_s for t, a in zip(trajs, arrivals))
 
 
 def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None,

@@ -10,7 +10,7 @@ Numbered path of one agent turn (docs/structure.md; module docstrings hold the d
   5. `kv_landed`: the prompt KV is whole in the DE buffer -> H2D into DE HBM -> `DecodeGroup.join`
      (decode.py; `after_step`: both when the DE's step ends, with `decode_waits_for_step_end`).
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
-     agent's next turn (tool and think time are zero, docs/paper.md §4.2).
+     agent's next turn, after its tool time (`TurnSpec.wait_s`; zero in the paper's replay, §4.2).
 The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and
 6; persists.py writes them and, between 2 and 3, holds placement while a hit block is written.
 
@@ -296,7 +296,11 @@ class Simulator(TurnLifecycle):
         self.writes.submit_generated(self.hits.turn_finished(req), de, req)
         agent.next_turn += 1
         if agent.next_turn < len(agent.turns):
-            self._start_turn(agent)
+            wait_s = agent.turns[agent.next_turn].wait_s
+            if wait_s > 0.0:  # the agent runs its tool first
+                self.loop.call_at(now + wait_s, self._arrive, agent, PRIO_ARRIVAL)
+            else:
+                self._start_turn(agent)
         else:
             agent.finish_s = now
             self.num_agents_done += 1

@@ -1,5 +1,5 @@
 """A sweep's outputs: OUT/sweep.csv and OUT/sweep.json (one row per grid point, run.COLUMNS),
-OUT/sweep.png (JCT against agents, a line per model / P/D / MaxLen / mode, the mean over seeds)."""
+OUT/sweep.png (JCT against agents, a line per model / P/D / MaxLen / mode / tool time, the mean over seeds)."""
 
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if not _missing(r["jct_s"]):
-            lines[(r["model"], r["pd"], r["max_len_tokens"], r["mode"])][r["agents"]].append(r["jct_s"])
+            lines[(r["model"], r["pd"], r["max_len_tokens"], r["mode"], r.get("tool_time_s", 0.0))][r["agents"]].append(r["jct_s"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (model, pd, max_len, mode), by_agents in sorted(lines.items()):
+    for (model, pd, max_len, mode, tool_s), by_agents in sorted(lines.items()):
         xs = sorted(by_agents)
+        tool = f" tool {tool_s:g} s" if tool_s else ""
         ax.plot(xs, [sum(by_agents[x]) / len(by_agents[x]) for x in xs], "-o", ms=3,
-                label=f"{model} {pd} {max_len // 1024}K {mode}")
+                label=f"{model} {pd} {max_len // 1024}K {mode}{tool}")
     ax.set_xlabel("agents")
     ax.set_ylabel("JCT s (mean over seeds)")
     ax.set_title("dualpath sweep")

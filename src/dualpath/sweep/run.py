@@ -16,7 +16,7 @@ from ..experiments.common import Context, ProgressSink
 from ..pool.executor import Executor
 from .spec import SweepSpec
 
-COLUMNS = ("model", "pd", "max_len_tokens", "agents", "mode", "seed", "jct_s", "ttft_p50_s", "ttft_p90_s",
+COLUMNS = ("model", "pd", "max_len_tokens", "agents", "mode", "seed", "tool_time_s", "jct_s", "ttft_p50_s", "ttft_p90_s",
            "ttft_p99_s", "tpot_mean_s", "snic_max_over_avg", "num_turns", "wall_s")
 
 
@@ -35,6 +35,6 @@ def run_sweep(spec: SweepSpec, out_dir: Path, executor: Executor, progress: Prog
 
 def row(spec: Any, seed: int, r: dict[str, Any]) -> dict[str, Any]:
     return {"model": spec.model, "pd": spec.pd, "max_len_tokens": spec.max_len_tokens, "agents": spec.num_agents,
-            "mode": spec.mode, "seed": seed, "jct_s": r["jct_s"], "ttft_p50_s": r["ttft_s"]["p50"],
+            "mode": spec.mode, "seed": seed, "tool_time_s": spec.tool_time_s, "jct_s": r["jct_s"], "ttft_p50_s": r["ttft_s"]["p50"],
             "ttft_p90_s": r["ttft_s"]["p90"], "ttft_p99_s": r["ttft_s"]["p99"], "tpot_mean_s": r["tpot_s"]["mean"],
             "snic_max_over_avg": r["snic_max_over_avg"], "num_turns": r["num_turns"], "wall_s": r["wall_s"]}

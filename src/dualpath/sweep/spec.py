@@ -6,6 +6,7 @@
     agents: [16, 32]           # agents per run (offline: all arrive at t = 0)
     mode: [basic, dualpath]    # config.parse_mode
     seed: [1, 2]               # workload seeds (default 1)
+    tool_time: [0, 5]          # median tool time between an agent's rounds, s (default 0; workloads/tool_time.py)
 
 Every key is checked before anything runs: an unknown key, a missing one, an empty list or a bad
 value is an InputError naming the file, the key and the value (the CLI: one line, exit 2).
@@ -24,7 +25,7 @@ from ..errors import InputError
 from ..experiments.simrun import SimSpec
 
 REQUIRED = ("model", "max_len", "agents", "mode")
-OPTIONAL = ("pd", "seed")
+OPTIONAL = ("pd", "seed", "tool_time")
 MAX_RUNS = 10_000  # project choice: a grid larger than this is almost surely a typo in a list
 
 
@@ -42,14 +43,15 @@ class SweepSpec:
     agents: tuple[int, ...]
     modes: tuple[str, ...]
     seeds: tuple[int, ...]
+    tool_times_s: tuple[float, ...] = (0.0,)
 
     def points(self) -> list[SweepPoint]:
-        """The grid in axis order (model, P/D, MaxLen, agents, mode, seed), last axis fastest."""
+        """The grid in axis order (model, P/D, MaxLen, agents, tool time, mode, seed), last axis fastest."""
         out = []
-        for model, pd, max_len, n, mode, seed in product(self.models, self.pds, self.max_lens_tokens, self.agents,
-                                                         self.modes, self.seeds):
+        for model, pd, max_len, n, tool_s, mode, seed in product(self.models, self.pds, self.max_lens_tokens, self.agents,
+                                                                 self.tool_times_s, self.modes, self.seeds):
             shape = pd or paper_cluster(model).pd
-            out.append(SweepPoint(SimSpec(model, shape, max_len, n, mode), seed))
+            out.append(SweepPoint(SimSpec(model, shape, max_len, n, mode, tool_time_s=tool_s), seed))
         return out
 
 
@@ -82,8 +84,10 @@ def parse_spec(data: Any, where: str = "sweep spec") -> SweepSpec:
         agents=_axis(data, "agents", where, _positive_int),
         modes=_axis(data, "mode", where, _mode),
         seeds=_axis(data, "seed", where, _seed) if "seed" in data else (1,),
+        tool_times_s=_axis(data, "tool_time", where, _seconds) if "tool_time" in data else (0.0,),
     )
-    num_runs = len(spec.models) * len(spec.pds) * len(spec.max_lens_tokens) * len(spec.agents) * len(spec.modes) * len(spec.seeds)
+    num_runs = (len(spec.models) * len(spec.pds) * len(spec.max_lens_tokens) * len(spec.agents) * len(spec.modes)
+                * len(spec.seeds) * len(spec.tool_times_s))
     if num_runs > MAX_RUNS:
         raise InputError(f"{where}: the grid has {num_runs:,} runs, more than {MAX_RUNS:,}")
     return spec
@@ -126,6 +130,12 @@ def _positive_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise InputError(f"expected a positive integer, got {v!r}")
     return v
+
+
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        raise InputError(f"expected a finite number of seconds >= 0, got {v!r}")
+    return float(v)
 
 
 def _seed(v: Any) -> int:

@@ -1,7 +1,8 @@
 """Workloads: agent trajectories (generated or read from JSONL), Mooncake traces, arrivals, stats.
 
 Module map: `trajectory` (one agent's rounds), `jsonl_format` (our trajectory file format),
-`generator` (Table 2-calibrated synthetic trajectories), `calibration` (check and refit, run as
+`generator` (Table 2-calibrated synthetic trajectories), `agentic` (agentic Mooncake traces:
+sessions with tool time), `tool_time` (tool time for generated agents), `calibration` (check and refit, run as
 `python -m dualpath.workloads.calibration`), `mooncake` (trace loader, block rechunking,
 conversation inference), `arrivals` (offline and Poisson), `stats` (Table 2 style statistics).
 `MOONCAKE_SLICE`: the first 10 minutes of the Mooncake conversation trace, shipped with the
@@ -10,6 +11,7 @@ package (data/README.md: origin, license, what was cut).
 
 from pathlib import Path
 
+from dualpath.workloads.agentic import read_agentic, read_agents
 from dualpath.workloads.arrivals import offline_arrivals, poisson_arrivals
 from dualpath.workloads.generator import CALIBRATED, GeneratorParams, generate, params_for
 from dualpath.workloads.jsonl_format import read_trajectories, write_trajectories
@@ -49,6 +51,8 @@ __all__ = [
     "offline_arrivals",
     "params_for",
     "poisson_arrivals",
+    "read_agentic",
+    "read_agents",
     "read_mooncake",
     "read_trajectories",
     "rechunk",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +18,7 @@ from dualpath.errors import InputError
 class WorkloadFormat(enum.Enum):
     TRAJECTORY = "trajectory"
     MOONCAKE = "mooncake"
+    AGENTIC = "agentic"  # a Mooncake trace with sessions (workloads/agentic.py)
 
 
 def jsonl_objects(path: str | Path, what: str) -> Iterator[tuple[dict, str, int]]:
@@ -52,13 +54,24 @@ def int_at_least(value: object, minimum: int, name: str, where: str) -> int:
     return value
 
 
+def number_at_least_zero(value: object, name: str, where: str) -> float:
+    """A finite number >= 0 (a time, say; `true` is not one)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+        raise InputError(f"{where}: {name} must be a finite number >= 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def detect_format(path: str | Path) -> WorkloadFormat:
-    """From the first object's keys: `rounds` -> trajectory JSONL, `hash_ids` -> Mooncake."""
+    """From the first object's keys: `rounds` -> trajectory JSONL, `session_id` -> agentic Mooncake
+    trace (sessions of requests), `hash_ids` -> Mooncake trace (requests)."""
     for obj, where, _ in jsonl_objects(path, "workload file"):
         if "rounds" in obj:
             return WorkloadFormat.TRAJECTORY
+        if "session_id" in obj:
+            return WorkloadFormat.AGENTIC
         if "hash_ids" in obj:
             return WorkloadFormat.MOONCAKE
-        raise InputError(f"{where}: unknown workload format: expected a 'rounds' key (trajectory JSONL) "
-                         f"or a 'hash_ids' key (Mooncake trace)")
+        raise InputError(f"{where}: unknown workload format: expected a 'rounds' key (trajectory JSONL), "
+                         f"a 'session_id' key (agentic Mooncake trace) or a 'hash_ids' key (Mooncake trace)")
     raise InputError(f"{path}: empty workload file")

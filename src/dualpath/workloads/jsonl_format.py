@@ -9,6 +9,9 @@ Each non-empty line is one JSON object::
   append_tokens >= 0 (new prompt tokens, mostly tool output; round 0 holds the task prompt) and
   gen_tokens >= 1 (tokens the replay forces the model to generate). Round i's prompt is every
   earlier append and generation plus its own append (docs/paper.md §4.2, the paper's A.3).
+  A round after the first may carry a third number, `[append_tokens, gen_tokens, wait_s]`: the
+  agent's tool time in seconds (finite, >= 0) between the end of round i-1 and sending round i
+  (`TurnSpec.wait_s`); without it the rounds run back to back.
 - `arrival_s` (optional number >= 0): when the agent starts, in seconds from the start of the
   run. Without it the experiment's arrival process decides (offline: all at 0; online: Poisson).
 
@@ -19,13 +22,12 @@ report the file and the 1-based line number of the first problem (as `InputError
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Iterable
 
 from dualpath.core.request import TurnSpec
 from dualpath.errors import InputError
-from dualpath.workloads.jsonl import int_at_least, jsonl_objects
+from dualpath.workloads.jsonl import int_at_least, jsonl_objects, number_at_least_zero
 from dualpath.workloads.trajectory import Trajectory
 
 _KEYS_REQUIRED = frozenset({"agent", "rounds"})
@@ -40,6 +42,9 @@ def write_trajectories(path: str | Path, trajs: Iterable[Trajectory]) -> None:
                 "agent": traj.agent,
                 "rounds": [[t.append_tokens, t.gen_tokens] for t in traj.turns],
             }
+            if any(t.wait_s for t in traj.turns):
+                obj["rounds"] = [[t.append_tokens, t.gen_tokens, t.wait_s] if t.wait_s else [t.append_tokens, t.gen_tokens]
+                                 for t in traj.turns]
             if traj.arrival_s is not None:
                 obj["arrival_s"] = traj.arrival_s
             f.write(json.dumps(obj, separators=(",", ":")))
@@ -74,16 +79,16 @@ def _parse_object(obj: dict, where: str) -> Trajectory:
         raise InputError(f"{where}: rounds must be a non-empty list of [append_tokens, gen_tokens]")
     turns = []
     for i, rnd in enumerate(rounds):
-        if not isinstance(rnd, list) or len(rnd) != 2:
-            raise InputError(f"{where}: round {i} must be [append_tokens, gen_tokens], got {rnd!r}")
+        if not isinstance(rnd, list) or len(rnd) not in (2, 3):
+            raise InputError(f"{where}: round {i} must be [append_tokens, gen_tokens] or [append_tokens, gen_tokens, "
+                             f"wait_s], got {rnd!r}")
         append = int_at_least(rnd[0], 0, f"round {i} append_tokens", where)
         gen = int_at_least(rnd[1], 1, f"round {i} gen_tokens", where)
-        turns.append(TurnSpec(append, gen))
+        wait_s = number_at_least_zero(rnd[2], f"round {i} wait_s", where) if len(rnd) == 3 else 0.0
+        if i == 0 and wait_s:
+            raise InputError(f"{where}: round 0 has no wait (its agent starts at arrival_s), got {wait_s}")
+        turns.append(TurnSpec(append, gen, wait_s))
     arrival_s = None
     if "arrival_s" in obj:
-        arrival_s = obj["arrival_s"]
-        ok = isinstance(arrival_s, (int, float)) and not isinstance(arrival_s, bool)
-        if not ok or not math.isfinite(arrival_s) or arrival_s < 0:
-            raise InputError(f"{where}: arrival_s must be a finite number >= 0, got {arrival_s!r}")
-        arrival_s = float(arrival_s)
+        arrival_s = number_at_least_zero(obj["arrival_s"], "arrival_s", where)
     return Trajectory(agent, tuple(turns), arrival_s)

@@ -41,8 +41,8 @@ import numpy as np
 from dualpath.core.blocks import BLOCK_TOKENS_DEFAULT
 from dualpath.errors import InputError
 from dualpath.workloads._checks import require_int
+from dualpath.workloads.agentic import read_agents
 from dualpath.workloads.jsonl import WorkloadFormat, detect_format
-from dualpath.workloads.jsonl_format import read_trajectories
 from dualpath.workloads.mooncake import (
     MooncakeRecord,
     Rechunker,
@@ -63,7 +63,12 @@ def trajectory_stats(
     total = int(num_turns.sum())
     append = np.fromiter((x.append_tokens for t in trajs for x in t.turns), np.int64, count=total)
     gen = np.fromiter((x.gen_tokens for t in trajs for x in t.turns), np.int64, count=total)
-    return stats_from_rounds(append, gen, num_turns, block_tokens)
+    stats = stats_from_rounds(append, gen, num_turns, block_tokens)
+    waits = np.fromiter((x.wait_s for t in trajs for x in t.turns[1:]), np.float64, count=total - len(trajs))
+    if waits.any():  # agents that wait for tools: the tool time between rounds (rounds after the first)
+        stats["mean_tool_time_s"] = float(waits.mean())
+        stats["median_tool_time_s"] = float(np.median(waits))
+    return stats
 
 
 def stats_from_rounds(
@@ -166,10 +171,10 @@ def _ratio(num: int, den: int) -> float:
 
 
 def load_any(path: str | Path) -> tuple[Trajectory, ...] | tuple[MooncakeRecord, ...]:
-    """Read a trajectory JSONL or a Mooncake trace, whichever `path` holds."""
-    if detect_format(path) is WorkloadFormat.TRAJECTORY:
-        return read_trajectories(path)
-    return read_mooncake(path)
+    """Read a trajectory JSONL, an agentic trace (its agents) or a Mooncake trace, whichever `path` holds."""
+    if detect_format(path) is WorkloadFormat.MOONCAKE:
+        return read_mooncake(path)
+    return read_agents(path)
 
 
 def workload_stats(

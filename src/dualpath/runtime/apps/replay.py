@@ -2,7 +2,7 @@
 
 Trajectories (docs/paper.md §4.2): round i sends the whole context (every earlier append and generated
 token) plus A_i new tokens and asks for exactly g_i tokens (min_tokens = max_tokens, EOS
-ignored). Token ids are synthetic: each agent's appends are seeded random ids from the ordinary
+ignored), after the round's tool time (`TurnSpec.wait_s`, counted from the previous answer). Token ids are synthetic: each agent's appends are seeded random ids from the ordinary
 part of the vocabulary, so agents never share a prefix while each agent's turns do.
 
 Mooncake traces: each block id (512 tokens, or fewer in a `rescale`d trace) becomes as many fixed
@@ -106,6 +106,8 @@ async def replay_trajectories(router: Router, trajectories: Sequence[Any], arriv
         rng = np.random.default_rng((seed, k))
         context: list[int] = []
         for i, t in enumerate(trajectories[k].turns):
+            if t.wait_s > 0.0:  # the agent's tool time since its last answer
+                await asyncio.sleep(t.wait_s)
             prompt = context + rng.integers(lo, hi, size=t.append_tokens).tolist()
             out = await _one_request(router, clock, f"a{k}t{i}", prompt, t.gen_tokens, k, i, records)
             context = [] if cold else prompt + out

@@ -1,4 +1,4 @@
-"""`dualpath run`: replay a trajectory JSONL or a Mooncake trace against a local cluster."""
+"""`dualpath run`: replay a trajectory JSONL, an agentic Mooncake trace or a Mooncake trace against a local cluster."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ...config import EngineConfig, LinkConfig, RuntimeConfig, parse_pd
 from ...config.overrides import apply_overrides
 from ...metrics.decisions import DecisionLog, decisions_path, write_jsonl
 from ...metrics.timeline import Timeline, timeline_path, write_trace
-from ...workloads import WorkloadFormat, detect_format, read_mooncake, read_trajectories
+from ...workloads import WorkloadFormat, detect_format, read_agents, read_mooncake
 from ..clock import MonotonicClock
 from ..cluster import LocalCluster
 from .replay import replay_mooncake, replay_trajectories, storage_read_bytes, summarise
@@ -49,8 +49,8 @@ async def replay_on(cluster: LocalCluster, path: Path, mode: str, limit: int, ma
     if timeline is not None:
         router.metrics.timeline = Timeline(router.clock.now_s(), router.clock.now_s)
     t0 = time.perf_counter()
-    if fmt is WorkloadFormat.TRAJECTORY:
-        trajs = [t.truncate(max_len) for t in read_trajectories(path)[:limit]]
+    if fmt is not WorkloadFormat.MOONCAKE:  # agents: trajectory JSONL or an agentic trace
+        trajs = [t.truncate(max_len) for t in read_agents(path)[:limit]]
         records = await replay_trajectories(router, trajs, [t.arrival_s or 0.0 for t in trajs], vocab, clock,
                                             on_turn=_per_turn(on_turn, mode, sum(len(t.turns) for t in trajs), router))
         n = len(trajs)
