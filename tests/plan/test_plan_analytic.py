@@ -66,3 +66,18 @@ def test_outside_the_bottleneck_free_range_only_the_de_read_modes_are_marked():
     assert analytic.estimate(d, "ds-27b", _shape(1, 8), "dualpath").out_of_range == "PE CNIC"  # 1/8 < 1/7
     assert analytic.estimate(d, "ds-27b", _shape(8, 2), "dualpath+split").binding == "DE CNIC"  # 4 > 3.5
     assert analytic.estimate(d, "ds-27b", _shape(8, 2), "basic").out_of_range is None
+
+
+def test_tool_time_lengthens_the_agent_chain_by_each_agents_waits_and_reaches_the_simulations():
+    from dualpath.workloads.tool_time import with_tool_times
+
+    timed_wl = Generated(32768, 64, 3, tool_time_s=4.0)
+    timed, plain = analytic.demand(timed_wl.rows(64)[0], "ds-27b"), _demand(64)
+    waits = [sum(t.wait_s for t in a.turns) for a in with_tool_times(generate(32768, 64, 3), 4.0, 1.0, 3)]
+    assert list(timed.agent_wait_s) == pytest.approx(waits)
+    assert not plain.agent_wait_s.any()
+    a, b = (analytic.estimate(d, "ds-27b", _shape(1, 1), "dualpath").busy_s["agent chain"] for d in (timed, plain))
+    assert max(waits) <= a - b + 1e-6 and a - b <= max(waits) + b
+    shape = Shape(2, 2, 1, 1)
+    assert timed_wl.unit_spec("ds-27b", shape, "dualpath").tool_time_s == 4.0
+    assert " --tool-time 4 " in timed_wl.sim_flags(shape, unit=True) + " "

@@ -26,6 +26,16 @@ def test_default_pd_is_the_papers_and_seeds_multiply():
     assert [p.seed for p in points[:3]] == [1, 2, 3]
 
 
+def test_tool_time_is_an_axis_of_the_grid_and_of_each_run():
+    points = parse_spec({**GOOD, "pd": "1P1D", "agents": 16, "tool_time": [0, 2.5]}).points()
+    assert [(p.spec.tool_time_s, p.spec.mode) for p in points] == [(0.0, "basic"), (0.0, "dualpath"),
+                                                                    (2.5, "basic"), (2.5, "dualpath")]
+    from dualpath.experiments.simrun import sim_config
+
+    assert sim_config(points[2].spec, 1).workload.tool_time_median_s == 2.5
+    assert "tool 2.5 s" in points[2].spec.label() and "tool" not in points[0].spec.label()
+
+
 @pytest.mark.parametrize("bad, words", [
     ({**GOOD, "modes": ["basic"]}, ["unknown key", "'modes'"]),
     ({k: v for k, v in GOOD.items() if k != "agents"}, ["missing key", "'agents'"]),
@@ -36,6 +46,8 @@ def test_default_pd_is_the_papers_and_seeds_multiply():
     ({**GOOD, "agents": 2.5}, ["agents", "2.5"]),
     ({**GOOD, "mode": ["fast"]}, ["mode", "fast"]),
     ({**GOOD, "seed": [-3]}, ["seed", "-3"]),
+    ({**GOOD, "tool_time": [-1]}, ["tool_time", "-1"]),
+    ({**GOOD, "tool_time": ".inf"}, ["tool_time", ".inf"]),
     ({**GOOD, "mode": []}, ["mode", "empty"]),
     ({**GOOD, "agents": [16, 16]}, ["agents", "twice"]),
     ({**GOOD, "agents": {"a": 1}}, ["agents"]),

@@ -14,6 +14,7 @@ from rich.table import Table
 from ..errors import InputError
 from ..experiments.cli import RAY_HELP
 from .io import console, out
+from .sim import TOOL_TIME_HELP
 from .sweep import SweepLines
 
 
@@ -29,6 +30,7 @@ def plan(
     max_len: Annotated[str, typer.Option(help="trajectory MaxLen of the generated agents, e.g. 64k")] = "64k",
     agents: Annotated[int, typer.Option(help="agents (offline: all at t = 0; with --aps: Poisson arrivals)")] = 1024,
     aps: Annotated[Optional[float], typer.Option(help="online: agent arrivals per second (default: offline)")] = None,
+    tool_time: Annotated[float, typer.Option(help=TOOL_TIME_HELP)] = 0.0,
     trace: Annotated[Optional[Path], typer.Option(help="plan for a Mooncake trace replayed at its timestamps instead "
                                                        "of generated agents")] = None,
     time_scale: Annotated[float, typer.Option(help="with --trace: multiply its timestamps")] = 1.0,
@@ -65,7 +67,7 @@ def plan(
         return _plan_local(local, engines, modes, json_path, plot_path)
     if agents <= 0:
         raise InputError(f"--agents must be positive, got {agents}")
-    workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit)
+    workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit, tool_time)
     req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm)
     started = time.monotonic()
     if ray is None and workers is None:
@@ -132,7 +134,7 @@ def _plan_local(model: str, engines: int, modes: tuple[str, ...], json_path: Opt
 
 
 def _workload(max_len_tokens: int, agents: int, seed: int, aps: float | None, trace: Path | None, time_scale: float,
-              limit: int | None):
+              limit: int | None, tool_time_s: float = 0.0):
     from ..plan.workload import Generated, Trace
     from ..sim.runner import TraceReplay
 
@@ -141,9 +143,12 @@ def _workload(max_len_tokens: int, agents: int, seed: int, aps: float | None, tr
     if trace is None:
         if time_scale != 1.0 or limit is not None:
             raise InputError("--time-scale and --limit are for --trace")
-        return Generated(max_len_tokens, agents, seed, aps)
-    if aps is not None:
-        raise InputError("--aps is for generated agents: a trace's requests arrive at their timestamps")
+        from ..workloads.tool_time import check_tool_time
+
+        check_tool_time(tool_time_s, 1.0)
+        return Generated(max_len_tokens, agents, seed, aps, tool_time_s)
+    if aps is not None or tool_time_s:
+        raise InputError("--aps and --tool-time are for generated agents: a trace's requests arrive at their timestamps")
     if not trace.is_file():
         raise InputError(f"--trace {trace}: no such file")
     from ..workloads import WorkloadFormat, detect_format

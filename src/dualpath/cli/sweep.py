@@ -80,7 +80,9 @@ def sweep(
 
 def _print(rows: list[dict[str, Any]]) -> None:
     table = Table(title="dualpath sweep")
-    heads = ("model", "P/D", "MaxLen", "agents", "mode", "seed", "JCT s", "TTFT p50 s", "TPOT ms", "SNIC max/avg", "turns")
+    tools = any(r.get("tool_time_s") for r in rows)  # the tool-time column only where a grid has the axis
+    heads = ("model", "P/D", "MaxLen", "agents", *(("tool s",) if tools else ()), "mode", "seed", "JCT s", "TTFT p50 s",
+             "TPOT ms", "SNIC max/avg", "turns")
     for h in heads:
         table.add_column(h, justify="right")
 
@@ -88,7 +90,9 @@ def _print(rows: list[dict[str, Any]]) -> None:
         return "-" if x is None or x != x else fmt.format(x)
 
     for r in rows:
-        table.add_row(r["model"], r["pd"], f"{r['max_len_tokens'] // 1024}K", str(r["agents"]), r["mode"], str(r["seed"]),
-                      f(r["jct_s"], "{:.1f}"), f(r["ttft_p50_s"], "{:.2f}"), f(r["tpot_mean_s"] and r["tpot_mean_s"] * 1e3, "{:.1f}"),
-                      f(r["snic_max_over_avg"], "{:.2f}"), str(r["num_turns"]))
+        tool = (f"{r.get('tool_time_s', 0.0):g}",) if tools else ()
+        table.add_row(r["model"], r["pd"], f"{r['max_len_tokens'] // 1024}K", str(r["agents"]), *tool, r["mode"],
+                      str(r["seed"]), f(r["jct_s"], "{:.1f}"), f(r["ttft_p50_s"], "{:.2f}"),
+                      f(r["tpot_mean_s"] and r["tpot_mean_s"] * 1e3, "{:.1f}"), f(r["snic_max_over_avg"], "{:.2f}"),
+                      str(r["num_turns"]))
     out.print(table)

@@ -12,7 +12,8 @@ planner's pruning and its name for the binding resource.
 - decode compute: each generated token's attention over the DE GPUs, plus per step the fixed cost
   and the linear part at the batch the DE holds: its HBM's room for KV, or the agents per DE node
   if fewer (`DE HBM` names the first case when decode binds);
-- the agent chain: an agent's turns run one after another, each at batch-one speed;
+- the agent chain: an agent's turns run one after another, each at batch-one speed, with its tool
+  time between them;
 - arrivals: nothing ends before the last request arrives (online and trace workloads).
 
 The estimate of the JCT is the largest of them; offline that one is `binding`, online the largest
@@ -51,6 +52,7 @@ class Demand:
     agent_gen_tokens: np.ndarray
     agent_prefill_attention_s: np.ndarray
     agent_turns: np.ndarray
+    agent_wait_s: np.ndarray  # tool time between the agent's rounds, in all
     last_arrival_s: float = 0.0  # the workload's last arrival (0 offline): no run ends before it
 
 
@@ -64,16 +66,18 @@ class Estimate:
     out_of_range: str | None  # the resource the bottleneck-free range says binds first, or None
 
 
-def demand(rows: Sequence[tuple[int, int, int, int]], model: str, last_arrival_s: float = 0.0) -> Demand:
-    """Sum the workload's turns (agent, prompt, hit, generated tokens: plan/workload.py) on `model`:
+def demand(rows: Sequence[tuple[int, int, int, int, float]], model: str, last_arrival_s: float = 0.0) -> Demand:
+    """Sum the workload's turns (agent, prompt, hit, generated tokens, tool time: plan/workload.py) on `model`:
     once per plan, for every shape."""
     compute = _compute(model, *_any_fitting_shape(model))
     num_agents = 1 + max(r[0] for r in rows)
     gen = np.zeros(num_agents)
     attn = np.zeros(num_agents)
     turns = np.zeros(num_agents)
+    waits = np.zeros(num_agents)
     hit_total = miss_total = decode_attn = weighted_ctx = 0.0
-    for agent, prompt, hit, gen_tokens in rows:
+    for agent, prompt, hit, gen_tokens, wait_s in rows:
+        waits[agent] += wait_s
         ctx = prompt + gen_tokens / 2
         attn[agent] += compute.attention_time_s(hit, prompt - hit)
         seconds, kv_bytes = compute.decode_request_cost(ctx)
@@ -87,7 +91,7 @@ def demand(rows: Sequence[tuple[int, int, int, int]], model: str, last_arrival_s
         num_agents=int((turns > 0).sum()), num_turns=len(rows), hit_tokens=int(hit_total),
         miss_tokens=int(miss_total), gen_tokens=int(gen.sum()), prefill_attention_gpu_s=float(attn.sum()),
         decode_attention_gpu_s=decode_attn, mean_decode_context_tokens=weighted_ctx / max(1.0, gen.sum()),
-        agent_gen_tokens=gen, agent_prefill_attention_s=attn, agent_turns=turns,
+        agent_gen_tokens=gen, agent_prefill_attention_s=attn, agent_turns=turns, agent_wait_s=waits,
         last_arrival_s=last_arrival_s,
     )
 
@@ -120,7 +124,7 @@ def estimate(d: Demand, model: str, shape: Shape, mode: str) -> Estimate:
 
     step_one_s = compute.decode_step_s(0.0, 1)
     chain = (d.agent_gen_tokens * step_one_s + d.agent_prefill_attention_s
-             + d.agent_turns * compute.prefill_overhead_s)
+             + d.agent_turns * compute.prefill_overhead_s + d.agent_wait_s)
     busy["agent chain"] = float(chain.max()) if len(chain) else 0.0
     if d.last_arrival_s > 0:
         busy["arrivals"] = d.last_arrival_s

@@ -23,7 +23,7 @@ from ..experiments.simrun import SimSpec
 from ..parsing import format_tokens
 from .space import Shape
 
-Row = tuple[int, int, int, int]  # (agent, prompt tokens, hit tokens, generated tokens)
+Row = tuple[int, int, int, int, float]  # (agent, prompt tokens, hit tokens, generated tokens, tool time before it s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +32,15 @@ class Generated:
     num_agents: int
     seed: int
     aps: float | None = None
+    tool_time_s: float = 0.0  # median tool time between an agent's rounds (workloads/tool_time.py)
 
     def rows(self, block_tokens: int) -> tuple[list[Row], float]:
         from ..workloads import generate, poisson_arrivals
+        from ..workloads.tool_time import with_tool_times
 
-        trajs = generate(self.max_len_tokens, self.num_agents, self.seed)
+        trajs = with_tool_times(generate(self.max_len_tokens, self.num_agents, self.seed), self.tool_time_s, 1.0, self.seed)
         rows = [(a, t.input_tokens(i), usable_hit_tokens(t.context_tokens(i), t.input_tokens(i), block_tokens),
-                 turn.gen_tokens) for a, t in enumerate(trajs) for i, turn in enumerate(t.turns)]
+                 turn.gen_tokens, turn.wait_s) for a, t in enumerate(trajs) for i, turn in enumerate(t.turns)]
         last = 0.0 if self.aps is None else max(poisson_arrivals(self.num_agents, self.aps, self.seed))
         return rows, last
 
@@ -61,22 +63,24 @@ class Generated:
         k = shape.copies
         aps = None if self.aps is None else self.aps / k
         return SimSpec(model, shape.unit_pd, self.max_len_tokens, self.num_agents // k, mode, aps=aps,
-                       knobs=shape.ep_knobs() + _unit_of(k))
+                       knobs=shape.ep_knobs() + _unit_of(k), tool_time_s=self.tool_time_s)
 
     def whole_spec(self, model: str, shape: Shape, mode: str) -> SimSpec:
         """The whole deployment (k units, each its own EP groups), as `dualpath bench plan` checks it."""
-        return SimSpec(model, shape.pd, self.max_len_tokens, self.num_agents, mode, aps=self.aps, knobs=shape.ep_knobs())
+        return SimSpec(model, shape.pd, self.max_len_tokens, self.num_agents, mode, aps=self.aps, knobs=shape.ep_knobs(),
+                       tool_time_s=self.tool_time_s)
 
     def sim_flags(self, shape: Shape, unit: bool) -> str:
         k = shape.copies if unit else 1
         aps = "" if self.aps is None else f" --aps {self.aps / k:g}"
+        aps += f" --tool-time {self.tool_time_s:g}" if self.tool_time_s else ""
         knobs = "".join(f" --set {a}" for a in shape.ep_knobs() + (_unit_of(k) if unit else ()))
         return (f"--agents {self.num_agents // k} --max-len {format_tokens(self.max_len_tokens)} --seed {self.seed}"
                 f"{aps}{knobs}")
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "generated", "max_len_tokens": self.max_len_tokens, "agents": self.num_agents,
-                "seed": self.seed, "aps": self.aps}
+                "seed": self.seed, "aps": self.aps, "tool_time_s": self.tool_time_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +118,7 @@ class Trace:
             num_hit = seen_prefix_blocks(ids, seen)
             seen.update(ids)
             hit = usable_hit_tokens(num_hit * block_tokens, rec.input_tokens, block_tokens)
-            rows.append((root[i], rec.input_tokens, hit, max(1, rec.output_tokens)))
+            rows.append((root[i], rec.input_tokens, hit, max(1, rec.output_tokens), 0.0))
         last = (recs[-1].timestamp_s - recs[0].timestamp_s) * self.time_scale
         return rows, last
 

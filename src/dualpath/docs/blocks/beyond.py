@@ -105,3 +105,31 @@ def tail_scale(r: Results) -> str:
             f"(goal at most x{ratio(TAIL_P99_GOAL)}: {met(p99 <= TAIL_P99_GOAL)}) and JCT x{ratio(jct, 3)} (goal at most "
             f"x{ratio(TAIL_JCT_GOAL)}: {met(jct <= TAIL_JCT_GOAL)}).")
     return text + "\n\n" + table(["mode", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "sim wall s"], rows)
+
+
+TOOL_JSON = "beyond/tool_time_sweep.json"
+TOOL_COMMAND = ("dualpath sweep docs/results/beyond/tool_time.yaml --out out/tool_time --workers 2 (then "
+                "out/tool_time/sweep.json and sweep.png copied to docs/results/beyond/tool_time_sweep.json / .png)")
+
+
+@block("tool_time", reads=(TOOL_JSON,), command=TOOL_COMMAND)
+def tool_time(r: Results) -> str:
+    """The paper's offline comparison with agents that wait for tools: dualpath over basic per tool time."""
+    rows = r.json(TOOL_JSON)["rows"]
+    by = {(x["model"], x["pd"], x["max_len_tokens"], x["agents"], x.get("tool_time_s", 0.0), x["mode"]): x for x in rows}
+    out, gains = [], {}
+    for key, b in sorted(by.items()):
+        d = by.get((*key[:5], "dualpath"))
+        if key[5] != "basic" or d is None:  # a point without both modes is shown by its absence
+            continue
+        gain = b["jct_s"] / d["jct_s"]
+        gains.setdefault(key[4], []).append(gain)
+        out.append([b["model"], b["pd"], f"{key[2] // 1024}K", num(key[3]), f"{key[4]:g}", sig(b["jct_s"]), sig(d["jct_s"]),
+                    f"**{ratio(gain)}**", f"{sig(b['ttft_p99_s'])} / {sig(d['ttft_p99_s'])}", num(b["num_turns"])])
+    per_tool = "; ".join(f"{t:g} s: x{ratio(min(g))} to x{ratio(max(g))}" for t, g in sorted(gains.items()))
+    text = (f"{len(out)} points, offline, each agent waiting a log-normal tool time (the median below, sigma 1) "
+            f"between its rounds. DualPath's JCT speed-up over basic (basic's JCT over dualpath's), by median tool "
+            f"time: {per_tool}.")
+    header = ["model", "P/D", "MaxLen", "agents", "tool time s (median)", "JCT s basic", "JCT s dualpath",
+              "speed-up", "TTFT p99 s basic / dualpath", "turns"]
+    return text + "\n\n" + table(header, out)
