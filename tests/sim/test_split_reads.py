@@ -36,10 +36,35 @@ def test_the_mode_parses_and_both_worlds_take_it():
         parse_mode("basic+split")
 
 
-def test_the_local_presets_placement_is_refused():
-    cl = replace(paper_cluster("ds-27b", "1P1D"), buffers_at_placement=True)
-    with pytest.raises(InputError, match="paper presets only"):
-        run(SPEC, mode="dualpath+split", cluster=cl)
+@pytest.mark.parametrize("waits", [False, True])
+def test_the_local_presets_placement_holds_both_parts_of_a_split_read(waits):
+    """With host buffers taken at placement (the `local` preset, as the runtime's router does), a split
+    read holds the whole prompt's slots on the DE node and its PE part's on the PE node; its read
+    queues are charged part by part while it waits (every ledger checked at every event)."""
+    cl = replace(paper_cluster("ds-27b", "1P2D"), prefill_snic_scale=0.5, buffers_at_placement=True,
+                 persist_waits_for_snic_write=waits)
+    cfg = SimConfig(cluster=cl, workload=WorkloadConfig(num_agents=len(SPEC)), check_invariants_every=1)
+    sim = Simulator(cfg, parse_mode("dualpath+split"), trajs(SPEC), [0.0] * len(SPEC))
+    taken, take = [], sim.gate._take_buffers
+
+    def recording(req, pe_part):
+        ok = take(req, pe_part)
+        if ok and req.pe_part_tokens:
+            taken.append((pe_part, req.pe_buffer_bytes, req.de_buffer_bytes, req.input_tokens))
+        return ok
+
+    sim.gate._take_buffers = recording
+    r = sim.run()
+    sim.check_invariants()
+    slot = cl.block_tokens * sim.kv_bytes_per_token
+    assert len(taken) >= 3 and r["scheduler"]["split_reads"] == len(taken)
+    for pe_part, pe_bytes, de_bytes, prompt in taken:
+        assert pe_bytes == math.ceil(pe_part / cl.block_tokens) * slot and 0 < pe_bytes < de_bytes
+        assert de_bytes == math.ceil(prompt / cl.block_tokens) * slot
+    _, dual = run(SPEC, mode="dualpath", cluster=cl)
+    assert _read_bytes(r) == pytest.approx(sum(sim.recorder.hit_tokens) * sim.kv_bytes_per_token)
+    assert r["bytes"]["storage_to_prefill"] > 0 and r["bytes"]["storage_via_decode"] > 0
+    assert r["num_turns"] == dual["num_turns"]
 
 
 def test_split_reads_keep_every_ledger_and_move_dualpaths_bytes():

@@ -104,3 +104,19 @@ def test_read_agents_refuses_a_trace_of_requests(tmp_path):
     path = _write(tmp_path / "mc.jsonl", [{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}])
     with pytest.raises(InputError, match="a Mooncake trace of requests"):
         read_agents(path)
+
+
+def test_trace_gen_writes_the_waits_that_sim_replays(tmp_path):
+    """`trace gen --tool-time` writes each round's wait as its third number; the file reads back the same agents."""
+    from cli_helpers import cli_here
+
+    from dualpath.workloads import read_trajectories, trajectory_stats
+
+    path = tmp_path / "t.jsonl"
+    r = cli_here("trace", "gen", "--max-len", "16k", "--agents", "5", "--seed", "3", "--tool-time", "2", "-o", str(path))
+    assert r.returncode == 0, r.stderr
+    back = read_trajectories(path)
+    assert back == with_tool_times(generate(16384, 5, 3), 2.0, 1.0, 3)
+    assert trajectory_stats(back)["median_tool_time_s"] > 0
+    bad = cli_here("trace", "gen", "--tool-time", "-1", "-o", str(tmp_path / "x.jsonl"))
+    assert bad.returncode == 2 and "--tool-time" in bad.stderr and "Traceback" not in bad.stderr

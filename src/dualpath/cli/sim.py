@@ -143,17 +143,21 @@ def trace_gen(
     agents: Annotated[int, typer.Option(help="number of trajectories")] = 500,
     seed: Annotated[int, typer.Option(help="seed")] = 7,
     output: Annotated[Path, typer.Option("-o", "--output", help="JSONL file to write")] = Path("trajectories.jsonl"),
+    tool_time: Annotated[float, typer.Option(help=TOOL_TIME_HELP)] = 0.0,
+    tool_sigma: Annotated[float, typer.Option(help=TOOL_SIGMA_HELP)] = 1.0,
 ) -> None:
-    """Generate Table-2-calibrated agent trajectories as JSONL."""
+    """Generate Table-2-calibrated agent trajectories as JSONL (with --tool-time, a wait before each
+    round after the first: its third number)."""
     from ..workloads import generate, write_trajectories
+    from ..workloads.tool_time import with_tool_times
 
-    trajs = generate(parse_tokens(max_len), _positive(agents, "--agents"), seed)
+    trajs = with_tool_times(generate(parse_tokens(max_len), _positive(agents, "--agents"), seed), tool_time, tool_sigma, seed)
     write_trajectories(output, trajs)
     console.print(f"wrote {len(trajs)} trajectories to {output}")
 
 
 def trace_stats(
-    path: Annotated[Path, typer.Argument(help="trajectory JSONL or Mooncake JSONL")],
+    path: Annotated[Path, typer.Argument(help="trajectory JSONL, an agentic Mooncake trace or a Mooncake trace")],
     block_tokens: Annotated[int, typer.Option(help="block size for prefix_hit_ratio")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:

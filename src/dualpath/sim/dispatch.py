@@ -21,7 +21,6 @@ from ..core.phase import Phase
 from ..core.policy import PrefillThresholds, RecomputeRule, SplitRule
 from ..core.scheduler import ClusterView, GlobalScheduler, SchedulePass, SchedulerRules
 from ..core.snapshot import EngineLoad, ReadSide
-from ..errors import InputError
 from ..metrics.decisions import DecisionLog
 from .events import PRIO_SCHEDULE
 from .kv_io import KvIo
@@ -70,10 +69,6 @@ class Dispatch:
         self.gate = gate
         self.engines = engines
         f = ctx.features
-        cl = ctx.cfg.cluster
-        if f.split_reads and (cl.persist_waits_for_snic_write or cl.buffers_at_placement):
-            raise InputError("dualpath+split is modelled on the paper presets only: the `local` preset's placement "
-                             "(persists that wait, host buffers taken at placement) holds one read side")
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
                                recompute=recompute, split=_split_rule(ctx) if f.split_reads else None,
                                tail_share=f.tail_share)

@@ -190,8 +190,10 @@ class PlacementGate:
         if not self.waits and not self.holds_buffers:
             self._place(req, read_node)
             return
-        read_node.read_queue_tokens += req.hit_tokens
-        self._fifo.append(_Placing(req, read_node, recompute))
+        p = _Placing(req, read_node, recompute)
+        for node, tokens in _charges(p):
+            node.read_queue_tokens += tokens
+        self._fifo.append(p)
         self.pump()
 
     def pump(self) -> None:
@@ -208,35 +210,41 @@ class PlacementGate:
                 if not p.gave_up:
                     p.gave_up = True
                     self.num_gave_up += 1
-            if self.holds_buffers and not self._take_buffers(p.req):
+            req = p.req
+            hit = req.hit_tokens if p.recompute else self.hits.stored_hit_tokens(req)  # a persist may have landed
+            if self.holds_buffers and not self._take_buffers(req, min(req.pe_part_tokens, hit)):
                 if not p.buffer_waited:
                     p.buffer_waited = True
                     self.num_buffer_waits += 1
                 return
             self._fifo.popleft()
-            p.node.read_queue_tokens -= p.req.hit_tokens
+            for node, tokens in _charges(p):
+                node.read_queue_tokens -= tokens
             if not p.recompute:
-                p.req.set_hit(self.hits.stored_hit_tokens(p.req))
-            self._place(p.req, p.node)
+                req.set_hit(hit)
+                req.pe_part_tokens = min(req.pe_part_tokens, hit)  # a split's PE part, shorter if the hit is
+            self._place(req, p.node)
 
     def _timeout(self, _: object) -> None:
         self.pump()
 
-    def _take_buffers(self, req: SimRequest) -> bool:
-        """The prompt's slots in the DE node's buffer and, on the PE path, the PE node's; or none
-        and the gate waits on the buffer that lacked room."""
+    def _take_buffers(self, req: SimRequest, pe_part_tokens: int) -> bool:
+        """The prompt's slots in the DE node's buffer and, on the PE path, the PE node's (a split
+        read: its PE part's, `pe_part_tokens`), as the runtime's `Placement.allocate_regions`; or
+        none and the gate waits on the buffer that lacked room."""
         assert req.pe is not None and req.de is not None
         nbytes = -(-req.input_tokens // self.block_tokens) * self.slot_bytes
         de_node, pe_node = req.de.node, req.pe.node
+        pe_bytes = nbytes if req.side is ReadSide.PREFILL else -(-pe_part_tokens // self.block_tokens) * self.slot_bytes
         if not de_node.reserve(nbytes):
             de_node.waiters[id(self)] = self
             return False
-        if req.side is ReadSide.PREFILL:
-            if not pe_node.reserve(nbytes):
+        if pe_bytes:
+            if not pe_node.reserve(pe_bytes):
                 de_node.buffer_free_bytes += nbytes  # all or nothing (nobody waits on what was never held)
                 pe_node.waiters[id(self)] = self
                 return False
-            req.pe_buffer_bytes = nbytes
+            req.pe_buffer_bytes = pe_bytes
         req.de_buffer_bytes = nbytes
         return True
 
@@ -248,6 +256,17 @@ class PlacementGate:
         else:
             self.reads.enqueue(req, read_node)
 
-    def waiting(self) -> list[tuple[SimRequest, Node]]:
-        """(request, read-side node) of each request waiting here, its hit charged to the node."""
-        return [(p.req, p.node) for p in self._fifo]
+    def charged(self) -> list[tuple[Node, int]]:
+        """(node, hit tokens) charged to a node's read queue by each request waiting here: its hit to
+        the read side's node; a split read's PE part to the PE node and the rest to the DE node's."""
+        return [c for p in self._fifo for c in _charges(p)]
+
+
+def _charges(p: _Placing) -> list[tuple[Node, int]]:
+    """What a request waiting for placement charges to the read queues (the runtime's `Bookings.hit_found`)."""
+    req = p.req
+    pe_part = req.pe_part_tokens
+    if not pe_part:
+        return [(p.node, req.hit_tokens)]
+    assert req.pe is not None
+    return [(req.pe.node, pe_part), (p.node, req.hit_tokens - pe_part)]

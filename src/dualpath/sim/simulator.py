@@ -373,8 +373,8 @@ class Simulator(TurnLifecycle):
                 hbm[req.de.eid] += req.hbm_bytes
             for part in req.read_parts:  # queued or running on its node (both parts of a split read)
                 readq[part.node.nid] += part.tokens
-        for req, node in self.gate.waiting():  # charged at the decision (persists.py)
-            readq[node.nid] += req.hit_tokens
+        for node, tokens in self.gate.charged():  # charged at the decision (persists.py)
+            readq[node.nid] += tokens
         for n in self.nodes:
             used = n.buffer_total_bytes - n.buffer_free_bytes
             if abs(used - pe_buf[n.nid] - de_buf[n.nid]) > tol or n.buffer_free_bytes < -tol:

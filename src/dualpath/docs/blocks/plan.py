@@ -16,11 +16,17 @@ REGRET_GOAL = 0.05
 JCT_GOAL = 0.05
 TTFT_GOAL = 0.10
 PLAN_TIME_GOAL_S = 60.0
-EXAMPLES = ("plan/ds660b_128gpu_64k_4096.json",)
-EXAMPLE_COMMAND = ("dualpath plan --model ds-v3.2-660b --gpus 128 --max-len 64k --agents 4096 --slo-ttft-p99 4 "
-                   "--slo-tpot 0.05 --json docs/results/plan/ds660b_128gpu_64k_4096.json "
-                   "--plot docs/results/plan/ds660b_128gpu_64k_4096.png")
-
+# the acceptance's examples: each JSON and the command that wrote it (its PNG beside it)
+EXAMPLES = {
+    "plan/ds660b_128gpu_64k_4096.json": "dualpath plan --model ds-v3.2-660b --gpus 128 --max-len 64k --agents 4096",
+    "plan/ds27b_128gpu_64k_4096.json": "dualpath plan --model ds-27b --gpus 128 --max-len 64k --agents 4096",
+    "plan/ds660b_128gpu_mooncake.json": ("dualpath plan --model ds-v3.2-660b --gpus 128 "
+                                         "--trace src/dualpath/workloads/data/mooncake_conversation_slice.jsonl"),
+}
+EXAMPLE_FLAGS = "--slo-ttft-p99 4 --slo-tpot 0.05"
+SHOWN = 10  # ranked configurations shown per example (the JSON holds them all)
+EXAMPLE_COMMAND = (f"COMMAND {EXAMPLE_FLAGS} --json docs/results/F.json --plot docs/results/F.png (COMMAND and F per "
+                   f"example above)")
 
 @block("plan_check", reads=(CHECK_JSON,), command=CHECK_COMMAND)
 def plan_check(r: Results) -> str:
@@ -64,20 +70,27 @@ def _row(c: Node) -> list[str]:
             f"{sig(p['wall_s'])} ({met(p['wall_s'] < PLAN_TIME_GOAL_S)})"]
 
 
-@block("plan_example", reads=EXAMPLES, command=EXAMPLE_COMMAND)
+@block("plan_example", reads=tuple(EXAMPLES), command=EXAMPLE_COMMAND)
 def plan_example(r: Results) -> str:
-    d = r.json(EXAMPLES[0])
+    return "\n\n".join(_example(r.json(rel), rel, command) for rel, command in EXAMPLES.items())
+
+
+def _example(d: Node, rel: str, command: str) -> str:
     req = d["request"]
     rows = [[str(i), c["pd"], c["mode"], f"{c['unit_pd']} x{c['copies']}", sig(c["predicted"]["jct_s"]),
              sig(c["predicted"]["ttft_p50_s"]), sig(c["predicted"]["ttft_p99_s"]), num(c["predicted"]["tpot_s"] * 1e3, 1),
-             "met" if c["meets_slo"] else "missed", c["binding"]] for i, c in enumerate(d["ranked"], 1)]
+             "met" if c["meets_slo"] else "missed", c["binding"]] for i, c in enumerate(d["ranked"][:SHOWN], 1)]
     best = d["ranked"][0]
-    text = (f"{req['model']}, {req['gpus']} GPUs, {num(d['demand']['agents'])} agents "
-            f"({num(d['demand']['turns'])} turns), objective {req['objective']}: {len(d['ranked'])} configurations "
-            f"simulated, {len(d['unconfirmed'])} estimated only, {len(d['pruned'])} outside the bottleneck-free range, "
-            f"in **{sig(d['wall_s'])} s** on this machine ({met(d['wall_s'] < PLAN_TIME_GOAL_S)} against "
-            f"{num(PLAN_TIME_GOAL_S)} s). {'Some' if d['any_meets_slo'] else 'No'} simulated configuration meets the "
-            f"SLOs. First choice: `{best['commands']['sim']}`.")
+    wl = req["workload"]
+    what = (f"{num(d['demand']['agents'])} agents ({num(d['demand']['turns'])} turns)" if wl["kind"] == "generated"
+            else f"a Mooncake trace ({num(d['demand']['turns'])} requests in {num(d['demand']['agents'])} conversations)")
+    text = (f"`{command} {EXAMPLE_FLAGS}` (`{rel.removeprefix('plan/').removesuffix('.json')}`): {req['model']}, "
+            f"{req['gpus']} GPUs, {what}, objective {req['objective']}: "
+            f"{len(d['ranked'])} configurations simulated, {len(d['unconfirmed'])} estimated only, {len(d['pruned'])} "
+            f"outside the bottleneck-free range, in **{sig(d['wall_s'])} s** on this machine "
+            f"({met(d['wall_s'] < PLAN_TIME_GOAL_S)} against {num(PLAN_TIME_GOAL_S)} s). "
+            f"{'Some' if d['any_meets_slo'] else 'No'} simulated configuration meets the SLOs. First choice: "
+            f"`{best['commands']['sim']}`." + (f" The first {SHOWN}:" if len(d["ranked"]) > SHOWN else ""))
     header = ["#", "P/D", "mode", "simulated as", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "SLO", "binding"]
     return text + "\n\n" + table(header, rows)
 
