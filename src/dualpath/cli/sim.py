@@ -87,8 +87,7 @@ def sim(
 
     replay = TraceReplay(time_scale, limit)
     modes = mode or ["basic", "dualpath", "oracle"]
-    for m in modes:
-        parse_mode(m)
+    list(map(parse_mode, modes))  # an unknown mode: one line before anything runs
     cfg = apply_overrides(build_sim_config(model, pd, max_len, agents, seed, aps, trajectories, append_scale, gen_scale,
                                            tool_time, tool_sigma), set_ or [])
     if turns is not None:
