@@ -84,8 +84,8 @@ def test_the_simulator_picks_its_mode_strategies_once():
     chosen in constructors: no mechanism asks `features.io_free` or `layerwise_prefill` per event."""
     assert _attribute_reads("io_free", "sim") == {"sim/simulator.py": 1, "sim/prefill.py": 1}
     assert _attribute_reads("layerwise_prefill", "sim") == {"sim/prefill.py": 2}  # the HBM budget, the pipeline
-    # Dispatch's constructor (the SplitRule, the local preset's refusal) and the results' count
-    assert _attribute_reads("split_reads", "sim") == {"sim/dispatch.py": 2, "sim/results.py": 1}
+    # Dispatch's constructor (the SplitRule) and the results' count
+    assert _attribute_reads("split_reads", "sim") == {"sim/dispatch.py": 1, "sim/results.py": 1}
     calls = _callers({"kv_io_for", "pipeline_for"})
     assert calls == {"kv_io_for": {"sim/simulator.py"}, "pipeline_for": {"sim/prefill.py"}}
 

@@ -93,3 +93,16 @@ def test_the_runtime_replay_sends_a_round_its_tool_time_after_the_answer_before(
             gap = by_turn[(traj.agent, i)].arrival_s - by_turn[(traj.agent, i - 1)].finish_s
             wait = traj.turns[i].wait_s
             assert wait <= gap < wait + 0.1, (traj.agent, i, gap)
+
+
+def test_a_trace_of_requests_refuses_tool_time(tmp_path):
+    import json
+
+    from dualpath.errors import InputError
+
+    path = tmp_path / "mc.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}) + "\n")
+    cfg = SimConfig(cluster=paper_cluster("ds-27b", "1P1D"),
+                    workload=WorkloadConfig(num_agents=1, trajectory_file=str(path), tool_time_median_s=2.0))
+    with pytest.raises(InputError, match="--tool-time are for agents"):
+        load_workload(cfg)

@@ -72,8 +72,9 @@ def load_trace(cfg: SimConfig, replay: TraceReplay) -> Workload:
     if w.arrival_aps is not None:
         raise InputError("--aps is for trajectories: a Mooncake trace's requests arrive at their timestamps "
                          "(scale them with --time-scale)")
-    if w.append_scale != 1.0 or w.gen_scale != 1.0:
-        raise InputError("--append-scale and --gen-scale are for trajectories, not a Mooncake trace")
+    if w.append_scale != 1.0 or w.gen_scale != 1.0 or w.tool_time_median_s:
+        raise InputError("--append-scale, --gen-scale and --tool-time are for agents (trajectories, an agentic trace), "
+                         "not a Mooncake trace of requests")
     recs = [r for r in read_mooncake(path) if r.input_tokens + r.output_tokens <= w.max_len_tokens][: replay.limit]
     if not recs:
         raise InputError(f"{path}: no request fits --max-len {w.max_len_tokens} (input + output tokens)")

@@ -81,12 +81,12 @@ def read_agentic(path: str | Path) -> AgenticTrace:
         _add_request(sessions, obj, where, lengthened)
     if not sessions:
         raise InputError(f"{path}: no requests (file is empty)")
-    timed = [s for s in sessions.values() if s.arrival_s is not None]
-    if timed and len(timed) != len(sessions):
+    starts = [s.arrival_s for s in sessions.values() if s.arrival_s is not None]
+    if starts and len(starts) != len(sessions):
         untimed = next(s for s in sessions.values() if s.arrival_s is None)
         raise InputError(f"{untimed.first_where}: a session's first request has no timestamp while others have one: "
                          f"give every session's first request a timestamp, or none")
-    first_s = min((s.arrival_s for s in timed), default=0.0)  # type: ignore[type-var]
+    first_s = min(starts, default=0.0)
     trajs = tuple(Trajectory(k, tuple(s.turns), None if s.arrival_s is None else s.arrival_s - first_s)
                   for k, s in enumerate(sessions.values()))
     return AgenticTrace(trajs, lengthened[0], lengthened[1])

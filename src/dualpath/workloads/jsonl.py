@@ -56,10 +56,9 @@ def int_at_least(value: object, minimum: int, name: str, where: str) -> int:
 
 def number_at_least_zero(value: object, name: str, where: str) -> float:
     """A finite number >= 0 (a time, say; `true` is not one)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise InputError(f"{where}: {name} must be a finite number >= 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def detect_format(path: str | Path) -> WorkloadFormat:
