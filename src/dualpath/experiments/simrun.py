@@ -149,7 +149,7 @@ def _cache_key(spec: SimSpec, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-_TRAJ_CACHE: dict[tuple, tuple] = {}
+_TRAJ_CACHE: dict[WorkloadConfig, tuple] = {}  # one workload (its config less the measuring window) at a time
 
 
 def _trajectories(cfg: SimConfig) -> tuple:

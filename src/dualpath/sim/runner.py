@@ -6,10 +6,11 @@ requests, with the replay's `time_scale` and `limit`), `runs` (one object per mo
 
 The workload file (`workload.trajectory_file`) is trajectory JSONL, an agentic Mooncake trace
 (sessions, workloads/agentic.py) or a Mooncake trace, told apart by `workloads.detect_format`;
-an agent's rounds wait their tool time (`TurnSpec.wait_s`: the file's, or `workload.tool_time_*`). A trace is replayed open loop as `dualpath run` replays it
-(`runtime/apps/run.py:run_trace`, `replay.py:replay_mooncake`): the first `limit` records with
-input + output <= max_len, each a one-turn agent (`sim.hits.TraceRequest`) arriving at
-(timestamp - first timestamp) * time_scale; hits come from a simulated store (`sim.hits.StoreHits`).
+an agent's rounds wait their tool time (`TurnSpec.wait_s`: the file's, or `workload.tool_time_*`).
+A trace is replayed open loop as `dualpath run` replays it (`runtime/apps/run.py:run_trace`,
+`replay.py:replay_mooncake`): the first `limit` records with input + output <= max_len, each a
+one-turn agent (`sim.hits.TraceRequest`) arriving at (timestamp - first timestamp) * time_scale;
+hits come from a simulated store (`sim.hits.StoreHits`).
 """
 
 from __future__ import annotations
