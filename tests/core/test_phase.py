@@ -10,7 +10,7 @@ def test_the_full_path_is_legal():
         assert check_transition(a, b) is b
 
 
-@pytest.mark.parametrize("a,b", [(Phase.QUEUED, Phase.READING), (Phase.DECODING, Phase.PREFILLING),
+@pytest.mark.parametrize("a,b", [(Phase.QUEUED, Phase.PREFILLING), (Phase.DECODING, Phase.PREFILLING),
                                  (Phase.FINISHED, Phase.QUEUED), (Phase.READING, Phase.DECODING)])
 def test_illegal_transitions_raise(a, b):
     with pytest.raises(IllegalTransition):

@@ -12,7 +12,10 @@ class Features:
     """Ablation switches (docs/paper.md §6.5). `basic` has none; `dualpath` all; `oracle` adds io_free.
     `dualpath+split` adds split_reads, beyond the paper: a hit read on both sides at once
     (core/policy/split.py; both worlds). `+tail` after any mode adds tail_share, beyond the paper:
-    a burst of requests spread over the open PE groups (core/policy/tail.py; both worlds)."""
+    a burst of requests spread over the open PE groups (core/policy/tail.py; both worlds).
+    `+selective` after any mode (`selective` alone: basic's) adds local_prefill, beyond the paper:
+    a request with few uncached tokens prefilled on its DE, no PE (core/policy/local.py; the
+    simulator; the runtime refuses it so far)."""
 
     layerwise_prefill: bool
     de_read_path: bool
@@ -20,6 +23,7 @@ class Features:
     io_free: bool = False
     split_reads: bool = False
     tail_share: bool = False
+    local_prefill: bool = False
 
 
 _FEATURE_WORDS = {"layerwise": "layerwise_prefill", "de_read": "de_read_path", "scheduler": "dualpath_scheduler"}
@@ -32,20 +36,26 @@ MODE_PRESETS = {
 
 
 TAIL_SUFFIX = "+tail"
+SELECTIVE_SUFFIX = "+selective"
+SELECTIVE = "selective"  # basic with decode-local prefill for short appends (llm-d's rule)
+_SUFFIXES = {TAIL_SUFFIX: "tail_share", SELECTIVE_SUFFIX: "local_prefill"}
 
 
 def parse_mode(text: str) -> Features:
-    """`basic`, `dualpath`, `oracle`, `dualpath+split`, or `basic+W[+W...]` with W in layerwise,
-    de_read, scheduler; any of them followed by `+tail`."""
+    """`basic`, `dualpath`, `oracle`, `dualpath+split`, `selective`, or `basic+W[+W...]` with W in
+    layerwise, de_read, scheduler; any of them followed by `+tail` and/or `+selective`."""
     name = text.strip().lower()
-    if name.endswith(TAIL_SUFFIX) and name != TAIL_SUFFIX:
-        return replace(parse_mode(name.removesuffix(TAIL_SUFFIX)), tail_share=True)
+    for suffix, switch in _SUFFIXES.items():
+        if name.endswith(suffix) and name != suffix:
+            return replace(parse_mode(name.removesuffix(suffix)), **{switch: True})
+    if name == SELECTIVE:
+        return replace(MODE_PRESETS["basic"], local_prefill=True)
     if name in MODE_PRESETS:
         return MODE_PRESETS[name]
     parts = name.split("+")
     if parts[0] != "basic" or len(parts) < 2 or any(p not in _FEATURE_WORDS for p in parts[1:]):
         raise InputError(
-            f"unknown mode {text!r}: use basic, dualpath, oracle, dualpath+split, or basic+{'/'.join(_FEATURE_WORDS)} combined with '+'; "
-            f"any of them +tail"
+            f"unknown mode {text!r}: use basic, dualpath, oracle, dualpath+split, selective, or basic+{'/'.join(_FEATURE_WORDS)} "
+            f"combined with '+'; any of them +tail, +selective"
         )
     return replace(MODE_PRESETS["basic"], **{_FEATURE_WORDS[p]: True for p in parts[1:]})

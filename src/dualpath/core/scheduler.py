@@ -24,6 +24,11 @@ A group is the engines of one node and shares the node's id (docs/paper.md §3.1
      SplitRule (`dualpath+split`, beyond the paper), a read hit is cut between the two nodes so
      that both finish together (`split_read`: a PE-side prefix, a DE-side suffix); each node's
      queue is charged with its own part.
+  With a local-prefill threshold (`+selective`, beyond the paper), a request whose uncached tokens
+  are at most it skips step 1 at `submit`: it joins the DE queue with no PE, its DE is chosen in
+  step 2 as any request's (`prefill_locally`). Its hit is read on its DE's node; with DualPath's
+  rules, the read-side rule may instead send it through the PE node with the shortest read queue,
+  which relays it to the DE over the CNICs (DualPath's second path, mirrored).
 
 Where the two worlds' former copies differed, this follows the paper and the simulator, which
 already did: (a) the fetch order rotates (the router walked engines in id order; the paper has
@@ -52,6 +57,7 @@ from .policy import (
     SplitRule,
     choose_read_side,
     distribute_to_groups,
+    prefill_locally,
     round_robin_decode,
     round_robin_prefill,
     round_robin_read_side,
@@ -66,6 +72,7 @@ from .request import RequestId
 from .snapshot import EngineLoad, GroupLoad, QueuedRequest, ReadSide
 
 _NO_ALPHA_TOKENS = 2**62  # alpha when reads cost nothing (the oracle): every read queue is short
+_LOCAL = -1  # _Entry.pe_node of a request prefilled on its DE (no PE node)
 
 
 def derive_thresholds(alpha_read_s: float, beta_compute_s: float, snic_bytes_per_s: float | None,
@@ -115,6 +122,7 @@ class SchedulerRules:
     recompute: RecomputeRule | None = None  # read or recompute a hit (policy/recompute.py); None: always read
     split: SplitRule | None = None  # split a hit between the sides (policy/split.py; with dualpath only); None: never
     tail_share: bool = False  # +tail: a burst spread over the open PE groups (policy/tail.py); False: Algorithm 1
+    local_max_tokens: int | None = None  # +selective: prefill on the DE at most this many uncached tokens (policy/local.py)
 
 
 @final
@@ -134,10 +142,10 @@ class PrefillAssignment:
 class DecodeAssignment:
     """A DE choice with its read side; read-only like PrefillAssignment."""
 
-    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute", "pe_part_tokens")
+    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute", "pe_part_tokens", "local", "relay_node")
 
     def __init__(self, req: QueuedRequest, ref: Any, engine: int, side: ReadSide, read_tokens: int,
-                 recompute: bool = False, pe_part_tokens: int = 0) -> None:
+                 recompute: bool = False, pe_part_tokens: int = 0, local: bool = False, relay_node: int = -1) -> None:
         self.req: Final = req  # the request as the scheduler saw it
         self.ref: Final = ref  # the world's record of it
         self.engine: Final = engine  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
@@ -147,6 +155,10 @@ class DecodeAssignment:
         # a split read (policy/split.py): the prefix of read_tokens the PE node reads, the rest
         # charged to the DE node; 0: not split
         self.pe_part_tokens: Final = pe_part_tokens
+        self.local: Final = local  # prefilled on this DE (+selective): no PE took it
+        # a local request read on the PE side (side PREFILL): the PE node that reads its hit and
+        # relays it to the DE over the CNICs; -1: none (read on the DE's node)
+        self.relay_node: Final = relay_node
 
 
 _NONE: tuple = ()
@@ -170,7 +182,7 @@ class _Entry:
     def __init__(self, req: QueuedRequest, ref: Any) -> None:
         self.req = req
         self.ref = ref
-        self.pe_node = 0  # its PE's node; set when the PE is chosen, read only in the DE queues
+        self.pe_node = 0  # its PE's node; set when the PE is chosen (_LOCAL: none), read only in the DE queues
 
 
 class GlobalScheduler:
@@ -199,8 +211,15 @@ class GlobalScheduler:
     # --- what the world reports -----------------------------------------------------------------
     def submit(self, req: QueuedRequest, ref: Any) -> None:
         """A new request joins the global FIFO queue; `ref` (the world's record of it) comes back
-        with its assignments, so that applying them needs no lookup."""
-        self._pe_queue.append(_Entry(req, ref))
+        with its assignments, so that applying them needs no lookup. A request the local-prefill
+        rule keeps on a DE (`+selective`) joins the DE queue instead, with no PE."""
+        entry = _Entry(req, ref)
+        local = self.rules.local_max_tokens
+        if local is not None and prefill_locally(local, req.uncached_tokens):
+            entry.pe_node = _LOCAL
+            self._de_queue.append(entry)
+        else:
+            self._pe_queue.append(entry)
 
     def cancel(self, rid: RequestId) -> bool:
         """Drop a request that no engine has taken from its queue; True if it was queued."""
@@ -359,6 +378,8 @@ class GlobalScheduler:
     def _decided(self, w: _Entry, de_node: int, engine: int, view: ClusterView, reads: dict[int, int]) -> DecodeAssignment:
         req, ref, pe_node = w.req, w.ref, w.pe_node
         self._de_totals[de_node] += req.decode_tokens
+        if pe_node == _LOCAL:
+            return self._decided_local(w, de_node, engine, view, reads)
         rules = self.rules
         pe_queue = de_queue = -1  # the queues the read-side rule compared (dualpath only)
         if rules.forced_side is not None:
@@ -389,6 +410,24 @@ class GlobalScheduler:
             side, node = (ReadSide.PREFILL, pe_node) if pe_part else (ReadSide.DECODE, de_node)
         reads[node] = reads.get(node, 0) + tokens
         return DecodeAssignment(req, ref, engine, side, tokens)
+
+    def _decided_local(self, w: _Entry, de_node: int, engine: int, view: ClusterView, reads: dict[int, int]) -> DecodeAssignment:
+        """A request prefilled on its DE: its hit read whole on the DE's node or, with DualPath's
+        rules, on the PE node with the shortest read queue when that queue is strictly shorter (the
+        read-side rule of policy/read_side.py, a tie kept on the DE's node: no relay hop), which
+        relays it to the DE over the CNICs."""
+        tokens = view.read_tokens(w.ref)
+        node, side = de_node, ReadSide.DECODE
+        rules = self.rules
+        if tokens and rules.dualpath and rules.de_read_path and rules.forced_side is None:
+            de_queue = view.read_queue_tokens(de_node) + reads.get(de_node, 0)
+            pe_queue, relay = min((view.read_queue_tokens(g) + reads.get(g, 0), g) for g in self._pe_groups)
+            if pe_queue < de_queue:
+                node, side = relay, ReadSide.PREFILL
+        if tokens:
+            reads[node] = reads.get(node, 0) + tokens
+        return DecodeAssignment(w.req, w.ref, engine, side, tokens, local=True,
+                                relay_node=node if side is ReadSide.PREFILL else -1)
 
     # --- ledgers --------------------------------------------------------------------------------
     def check_invariants(self, view: ClusterView) -> None:

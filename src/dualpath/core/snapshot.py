@@ -44,13 +44,15 @@ class QueuedRequest:
     grows by; `hbm_bytes` is the DE HBM it needs for its whole decode; `decode_tokens` is what a
     DE's tok_e grows by when it takes the request (the world's own count: prompt + generated in
     the simulator, prompt + max_tokens in whole blocks in the runtime), which the scheduler adds
-    to its per-group totals.
+    to its per-group totals. `uncached_tokens` is the prompt less the hit the world expects at
+    arrival (None: not known), which `+selective` reads (policy/local.py).
     """
 
     rid: RequestId
     num_tokens: int
     hbm_bytes: int
     decode_tokens: int
+    uncached_tokens: int | None = None
 
 
 class ReadSide(enum.IntEnum):

@@ -61,6 +61,15 @@ class StepTimes:
     def padded_decode_step_s(self, batch: int, longest_context_tokens: float) -> float:
         raise NotImplementedError
 
+    def chunk_in_decode_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        """Seconds a DE's decode steps take longer, in all, for prefilling `compute_tokens` after
+        `cached_tokens` of hit in them (`+selective`, decode.py: chunked into the steps)."""
+        raise NotImplementedError
+
+    def prefill_only_step_s(self) -> float:
+        """A decode step's own seconds when it carries prefill chunks and no decoding request."""
+        raise NotImplementedError
+
     def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
         raise NotImplementedError
 
@@ -116,6 +125,15 @@ class ComputeModel(StepTimes):
         linear = self.model.linear_flops_per_token * total_requests / self.gpus_per_group / self._decode_linear_rate
         weights = self.decode_weight_read_s
         return self.decode_overhead_s + max_gpu_attention_s + (weights if weights > linear else linear)  # max(linear, weights)
+
+    def chunk_in_decode_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        """The chunks' attention on their GPU plus their linear FLOPs spread over the group at the
+        prefill MFU; the step already pays the per-layer EP latency and reads the weights once."""
+        linear = self.model.linear_flops_per_token * compute_tokens / self.gpus_per_group / self._linear_rate
+        return self.attention_time_s(cached_tokens, compute_tokens) + linear
+
+    def prefill_only_step_s(self) -> float:
+        return self.decode_step_s(0.0, 0)
 
     def gpu_attention_s(self, attn_compute_s: float, kv_read_bytes: float) -> float:
         """A GPU's decode attention time: compute- or memory-bound, whichever is slower."""

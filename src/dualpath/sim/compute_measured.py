@@ -42,6 +42,13 @@ class MeasuredCompute(StepTimes):
     def padded_decode_step_s(self, batch: int, longest_context_tokens: float) -> float:
         return self.m.decode_step_s(batch, longest_context_tokens)
 
+    def chunk_in_decode_s(self, cached_tokens: int, compute_tokens: int) -> float:
+        """A prefill forward of the chunk between two decode steps, as a runtime DE would run it."""
+        return self.prefill_forward_s(self.attention_time_s(cached_tokens, compute_tokens), compute_tokens)
+
+    def prefill_only_step_s(self) -> float:
+        return 0.0  # no decode step runs: the forward's own seconds are all
+
     def max_gpu_attention_s(self, attn_compute_s: list[float], kv_read_bytes: list[float]) -> float:
         return max(attn_compute_s)
 

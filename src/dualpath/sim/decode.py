@@ -15,6 +15,11 @@ Numbered path of one request on the DE side (docs/paper.md §1.3 steps 8-9 / 6-7
      join costs its measured extra time once (`decode_join_s`).
   4. `_on_finish`: the request leaves; the simulator persists its new full blocks and starts the
      agent's next turn.
+A request prefilled here (`+selective`, core/policy/local.py) first rides the steps as chunks
+(`prefill`): its uncached tokens in ceil(n / local_prefill_max_tokens) steps, each step longer by
+its share of `chunk_in_decode_s` (compute.py) for as long as it prefills; a group with no decoding
+request steps for the chunks alone. When its last chunk's step ends, `local_prefill_done` gives its
+first token and it joins the batch (`join_now`). The chunks' EP bytes are not booked on the CNICs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import heapq
 import math
 from typing import Any, Callable
 
+from ..core.phase import Phase
 from .ep_comm import ep_comm_for
 from .events import PRIO_COMPLETE
 from .lifecycle import SimContext, TurnLifecycle
@@ -45,6 +51,10 @@ class DecodeGroup:
         self.step_s = 0.0
         self.version = 0
         self._heap: list[tuple[float, int, SimRequest, int, float, float]] = []
+        # local prefills (+selective): (progress at their last chunk's end, seq, request, seconds added per step)
+        self._prefills: list[tuple[float, int, SimRequest, float]] = []
+        self.prefill_step_s = 0.0  # what the local prefills add to every step now
+        self.num_local_prefills = 0
         self._seq = 0
         self.busy_s = 0.0
         self.num_steps = 0.0
@@ -71,7 +81,7 @@ class DecodeGroup:
     def _advance(self) -> None:
         now = self.ctx.loop.now_s
         step_s = self.step_s
-        if self.num_running and step_s > 0:
+        if (self.num_running or self._prefills) and step_s > 0:
             dt = now - self.updated_s
             steps = dt / step_s
             p0 = self.progress_steps
@@ -92,15 +102,15 @@ class DecodeGroup:
     def _restep(self) -> None:
         cm = self.ctx.compute
         if not self.num_running:
-            self.step_s = 0.0
+            self.step_s = cm.prefill_only_step_s() + self.prefill_step_s if self._prefills else 0.0
             if self.ep is not None:
                 self.ep.reserve(None, 0.0)
             return
         if self._padded:
-            self.step_s = self._padded_step_s() * self._io_factor
+            self.step_s = self._padded_step_s() * self._io_factor + self.prefill_step_s
             return
         worst = cm.max_gpu_attention_s(self.attn_s, self.kv_bytes)
-        step_s = cm.decode_step_s(worst, self.num_running)
+        step_s = cm.decode_step_s(worst, self.num_running) + self.prefill_step_s
         ep = self.ep
         if ep is not None:  # the EP bursts' time under the KV now on the GPUs' CNICs
             self._compute_step_s = step_s
@@ -135,7 +145,7 @@ class DecodeGroup:
             return
         self._advance()
         self._io_factor = factor
-        if self.num_running:
+        if self.num_running or self._prefills:
             self._restep()
             self._reschedule()
 
@@ -156,10 +166,16 @@ class DecodeGroup:
     def _reschedule(self) -> None:
         version = self.version + 1
         self.version = version
-        heap = self._heap
-        if not heap:
+        heap, pre = self._heap, self._prefills
+        if heap:
+            target = heap[0][0]
+            if pre and pre[0][0] < target:
+                target = pre[0][0]
+        elif pre:
+            target = pre[0][0]
+        else:
             return
-        wait = (heap[0][0] - self.progress_steps) * self.step_s
+        wait = (target - self.progress_steps) * self.step_s
         if not wait > 0.0:  # max(0.0, wait)
             wait = 0.0
         loop = self.ctx.loop
@@ -169,7 +185,7 @@ class DecodeGroup:
         """`fn(arg)` when the running step ends; at once when no step runs or the group does not
         wait for step ends (the paper presets' fluid decode)."""
         self._advance()
-        if not self._waits_for_step_end or not self.num_running or self.step_s <= 0:
+        if not self._waits_for_step_end or not (self.num_running or self._prefills) or self.step_s <= 0:
             fn(arg)
             return
         left_steps = math.ceil(self.progress_steps) - self.progress_steps
@@ -178,10 +194,35 @@ class DecodeGroup:
     def join(self, req: SimRequest, eng: Engine) -> None:
         self.after_step(self._join_now, (req, eng))
 
+    def join_now(self, req: SimRequest, eng: Engine) -> None:
+        """Join at once: a local prefill's last step has just ended (`local_prefill_done`)."""
+        self._join_now((req, eng))
+
+    def prefill(self, req: SimRequest) -> None:
+        """Prefill `req` here (+selective): its hit is in its DE's HBM; its uncached tokens ride
+        the steps from the next one (`after_step`)."""
+        self.after_step(self._prefill_now, req)
+
+    def _prefill_now(self, req: SimRequest) -> None:
+        self._advance()
+        if not self.num_running and not self._prefills:  # an idle group's first step starts now
+            self.progress_steps = float(math.ceil(self.progress_steps))
+        n = max(1, req.remaining_tokens)
+        steps = -(-n // self.ctx.cfg.scheduler.local_prefill_max_tokens)  # a step carries at most this many
+        cost_s = self.ctx.compute.chunk_in_decode_s(req.hit_tokens, n) / steps
+        self.prefill_step_s += cost_s
+        self.num_local_prefills += 1
+        req.t_prefill_start = self.ctx.loop.now_s
+        req.to(Phase.PREFILLING)
+        self._seq += 1
+        heapq.heappush(self._prefills, (self.progress_steps + steps, self._seq, req, cost_s))
+        self._restep()
+        self._reschedule()
+
     def _join_now(self, req_eng: tuple[SimRequest, Engine]) -> None:
         req, eng = req_eng
         self._advance()
-        if not self.num_running:  # an idle group's first step starts now
+        if not self.num_running and not self._prefills:  # an idle group's first step starts now
             self.progress_steps = float(math.ceil(self.progress_steps))
         steps = req.gen_tokens - 1
         ctx = req.input_tokens + req.gen_tokens / 2  # mean context over the decode (fluid model)
@@ -219,7 +260,17 @@ class DecodeGroup:
         if not self.num_running:  # drop float residue
             self.attn_s = [0.0] * len(self.attn_s)
             self.kv_bytes = [0.0] * len(self.kv_bytes)
+        prefilled: list[SimRequest] = []
+        pre = self._prefills
+        while pre and pre[0][0] <= reached:
+            _, _, preq, cost_s = heapq.heappop(pre)
+            self.prefill_step_s -= cost_s
+            prefilled.append(preq)
+        if not pre:
+            self.prefill_step_s = 0.0  # drop float residue
         self._restep()
         self._reschedule()
         for req in done:
             self.life.decode_finished(req)
+        for req in prefilled:
+            self.life.local_prefill_done(req)

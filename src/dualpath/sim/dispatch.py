@@ -9,7 +9,9 @@
      takes the final length and HBM and hands the request to placement (persists.py:
      `PlacementGate`), which queues the read of the hit (resolved during the pass) on the chosen
      side (or, with nothing to read or a free network, makes the request prefill-ready at once).
-     A split read (`dualpath+split`) carries its PE-side part; reads.py reads both parts.
+     A split read (`dualpath+split`) carries its PE-side part; reads.py reads both parts. A
+     request prefilled on its DE (`+selective`) has no PE assignment: its read is on its DE's node,
+     or on a relay PE node (`relay_node`), and its DE prefills it (simulator.py `_prefill_on_de`).
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ class Dispatch:
         self.reads = reads
         self.gate = gate
         self.engines = engines
+        self.nodes = list(nodes)  # by node id
         f = ctx.features
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
                                recompute=recompute, split=_split_rule(ctx) if f.split_reads else None,
-                               tail_share=f.tail_share)
+                               tail_share=f.tail_share,
+                               local_max_tokens=ctx.cfg.scheduler.local_prefill_max_tokens if f.local_prefill else None)
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)
@@ -129,19 +133,25 @@ class Dispatch:
         for d in p.decode:
             req = d.ref  # its hit was resolved during the pass (SimView.read_tokens)
             eng = engines[d.engine]
+            if d.local:  # no PE: its DE prefills it
+                req.local = True
+                req.t_pe = now
+                if d.relay_node >= 0:
+                    req.relay = self.nodes[d.relay_node]
             req.de = eng
             eng.take(req.de_len_tokens, req.hbm_bytes)
             req.t_de = now
             req.side = d.side
             req.pe_part_tokens = d.pe_part_tokens
             if self.decisions is not None:
-                assert req.pe is not None
-                self.decisions.record(str(req.rid), now, req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
+                self.decisions.record(str(req.rid), now, -1 if req.pe is None else req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
                                       d.read_tokens, d.pe_part_tokens)
             if d.recompute:  # the store is slower than computing the hit again
                 self.life.recompute_hit(req)
-            assert req.pe is not None
-            self.gate.admit(req, req.pe.node if d.side is ReadSide.PREFILL else eng.node, d.recompute)
+            if d.side is ReadSide.PREFILL:
+                self.gate.admit(req, req.pe_side_node, d.recompute)
+            else:
+                self.gate.admit(req, eng.node, d.recompute)
 
     @property
     def num_passes(self) -> int:

@@ -72,3 +72,6 @@ class TurnLifecycle:
 
     def decode_finished(self, req: SimRequest) -> None:
         raise NotImplementedError
+
+    def local_prefill_done(self, req: SimRequest) -> None:
+        raise NotImplementedError

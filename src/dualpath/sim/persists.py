@@ -232,14 +232,15 @@ class PlacementGate:
         """The prompt's slots in the DE node's buffer and, on the PE path, the PE node's (a split
         read: its PE part's, `pe_part_tokens`), as the runtime's `Placement.allocate_regions`; or
         none and the gate waits on the buffer that lacked room."""
-        assert req.pe is not None and req.de is not None
+        assert req.de is not None
         nbytes = -(-req.input_tokens // self.block_tokens) * self.slot_bytes
-        de_node, pe_node = req.de.node, req.pe.node
+        de_node = req.de.node
         pe_bytes = nbytes if req.side is ReadSide.PREFILL else -(-pe_part_tokens // self.block_tokens) * self.slot_bytes
         if not de_node.reserve(nbytes):
             de_node.waiters[id(self)] = self
             return False
         if pe_bytes:
+            pe_node = req.pe_side_node
             if not pe_node.reserve(pe_bytes):
                 de_node.buffer_free_bytes += nbytes  # all or nothing (nobody waits on what was never held)
                 pe_node.waiters[id(self)] = self

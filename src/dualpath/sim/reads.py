@@ -80,13 +80,12 @@ class StorageReads:
     def _reserve(self, part: ReadPart) -> bool:
         ctx = self.ctx
         req = part.req
-        pe, de = req.pe, req.de
-        assert pe is not None and de is not None
         if req.pe_buffer_bytes if part.side is ReadSide.PREFILL else req.de_buffer_bytes:
             return True  # placement took it (ClusterConfig.buffers_at_placement)
-        if part.side is ReadSide.PREFILL:
-            node, nbytes = pe.node, part.tokens * ctx.kv_bytes_per_token
-        else:
+        if part.side is ReadSide.PREFILL:  # its PE's node, or a local request's relay (+selective)
+            node, nbytes = req.pe_side_node, part.tokens * ctx.kv_bytes_per_token
+        else:  # the whole prompt's room: the PE's KV joins it (a local prefill's too, +selective)
+            de = req.chosen_de
             node, nbytes = de.node, req.input_tokens * ctx.kv_bytes_per_token
         if not node.reserve(nbytes):
             node.waiters[id(node)] = node  # the reader is this node: a release here pumps it again

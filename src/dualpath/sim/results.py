@@ -135,9 +135,7 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
             "prefill_mean": float(np.mean(pe_busy)) if pe_busy else 0.0,
             "decode_mean": float(np.mean(de_busy)) if de_busy else 0.0,
         },
-        "scheduler": {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions,
-                      **({"recomputed_hits": sim.num_recomputed} if sim.cfg.scheduler.recompute_when_faster else {}),
-                      **({"split_reads": sim.reads.num_split} if sim.features.split_reads else {})},
+        "scheduler": _scheduler(sim),
         **({"persists": _persists(sim)} if sim.writes.modelled else {}),
         "policy_wall_s": sim.driver.policy_cpu_s,
         "prefill_attention_max_over_avg": _attention_balance(sim),
@@ -155,11 +153,20 @@ def build_result(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
     }
 
 
+def _scheduler(sim: Any) -> dict[str, Any]:
+    """The profile behind alpha and beta, the pass counts, and the counts of the mode's options."""
+    f = sim.features
+    return {**sim.profile, "passes": sim.driver.num_passes, "decisions": sim.driver.num_decisions,
+            **({"recomputed_hits": sim.num_recomputed} if sim.cfg.scheduler.recompute_when_faster else {}),
+            **({"split_reads": sim.reads.num_split} if f.split_reads else {}),
+            **({"local_prefills": sum(g.num_local_prefills for g in sim.decode_groups.values())} if f.local_prefill else {})}
+
+
 def _features(features: Features) -> dict[str, bool]:
-    """The mode's switches; `split_reads` and `tail_share` (beyond the paper) only when on, so that
-    the paper's modes write the results they wrote before they existed."""
+    """The mode's switches; `split_reads`, `tail_share` and `local_prefill` (beyond the paper) only
+    when on, so that the paper's modes write the results they wrote before they existed."""
     out = asdict(features)
-    for beyond in ("split_reads", "tail_share"):
+    for beyond in ("split_reads", "tail_share", "local_prefill"):
         if not out[beyond]:
             del out[beyond]
     return out

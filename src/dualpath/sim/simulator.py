@@ -11,6 +11,9 @@ Numbered path of one agent turn (docs/structure.md; module docstrings hold the d
      (decode.py; `after_step`: both when the DE's step ends, with `decode_waits_for_step_end`).
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
      agent's next turn, after its tool time (`TurnSpec.wait_s`; zero in the paper's replay, §4.2).
+A request prefilled on its DE (`+selective`, core/policy/local.py) skips the PE: 2 chooses only its
+DE, 3 reads on the DE's node, then `_prefill_on_de` copies the hit into the DE's HBM and the DE
+prefills the rest in its steps (decode.py); `local_prefill_done` is its first token, then 5's join.
 The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and
 6; persists.py writes them and, between 2 and 3, holds placement while a hit block is written.
 
@@ -29,7 +32,7 @@ from ..core.lanes import Lane
 from ..core.phase import Phase
 from ..core.policy import PrefillThresholds, RecomputeRule
 from ..core.scheduler import derive_thresholds
-from ..core.snapshot import EngineLoad
+from ..core.snapshot import EngineLoad, QueuedRequest
 from ..errors import InputError
 from ..metrics import NULL_TIMELINE, Timeline, TurnRecorder
 from .compute_measured import compute_for
@@ -167,7 +170,10 @@ class Simulator(TurnLifecycle):
     def _start_turn(self, agent: Agent) -> None:
         turn = agent.turns[agent.next_turn]
         inp = agent.context_tokens + turn.append_tokens
-        req = SimRequest(agent, agent.next_turn, inp, turn.gen_tokens, (inp + turn.gen_tokens) * self.kv_bytes_per_token, self.loop.now_s)
+        hbm = (inp + turn.gen_tokens) * self.kv_bytes_per_token
+        req = SimRequest(agent, agent.next_turn, inp, turn.gen_tokens, hbm, self.loop.now_s)
+        if self.features.local_prefill:  # +selective decides on the uncached tokens it expects now
+            req.qview = QueuedRequest(req.rid, inp, hbm, inp + turn.gen_tokens, inp - self.hits.hit_tokens(req))
         self.inflight[req.rid] = req
         self.driver.submit(req)
 
@@ -187,6 +193,9 @@ class Simulator(TurnLifecycle):
         req.to(Phase.PREFILL_READY)
         if req.t_read_end < 0:
             req.t_read_end = self.loop.now_s
+        if req.local:
+            self._prefill_on_de(req)
+            return
         pe = req.pe
         assert pe is not None
         pe.batch_queue.append(req)
@@ -219,6 +228,47 @@ class Simulator(TurnLifecycle):
         self.driver.kick()
         if req.pending_pd == 0:
             self.kv_landed(req)
+
+    def _prefill_on_de(self, req: SimRequest) -> None:
+        """+selective: the hit, read into the DE buffer, is copied into the DE's HBM (over its CNIC,
+        as the PE path's prompt is); read on a relay PE node, it crosses that node's CNIC (the GPU of
+        the DE's rank) into the DE's; then the DE prefills the rest (decode.py `prefill`)."""
+        de = req.chosen_de
+        nbytes = req.hit_tokens * self.kv_bytes_per_token
+        relay = req.relay
+        links = (de.cnic_out, de.cnic_in) if relay is None else (relay.engines[de.index % len(relay.engines)].cnic_out, de.cnic_in)
+        if nbytes and self.io.to_decode_hbm(req, nbytes, links, self._local_h2d_done):
+            if relay is None:
+                self.h2d_bytes += nbytes
+            return
+        self._local_buffers_free(req)
+        self.decode_groups[de.node.nid].prefill(req)
+
+    def _local_h2d_done(self, flow: Flow) -> None:
+        req: SimRequest = flow.tag
+        track = req.chosen_de.cnic_track
+        self.ctx.timeline.span(track, "h2d" if req.relay is None else "transfer", flow.start_s, self.loop.now_s, req.rid)
+        self._local_buffers_free(req)
+        self.decode_groups[req.chosen_de.node.nid].prefill(req)
+
+    def _local_buffers_free(self, req: SimRequest) -> None:
+        self._release_de_buffer(req)
+        if req.pe_buffer_bytes:  # the relay node's
+            self.release_buffer(req.pe_side_node, req.pe_buffer_bytes)
+            req.pe_buffer_bytes = 0.0
+
+    def local_prefill_done(self, req: SimRequest) -> None:
+        """The DE's step with the request's last chunk ended: its first token; it decodes there."""
+        req.computed = True
+        req.t_first = self.loop.now_s
+        if req.gen_tokens == 1:
+            req.t_second = req.t_first
+            self._finish(req)
+            return
+        req.to(Phase.DECODING)
+        de = req.chosen_de
+        self.writes.submit(self.hits.prompt_in_cache(req), de)
+        self.decode_groups[de.node.nid].join_now(req, de)
 
     # --- 5. to decode ------------------------------------------------------------------------
     def kv_landed(self, req: SimRequest) -> None:
@@ -282,14 +332,14 @@ class Simulator(TurnLifecycle):
         now = self.loop.now_s
         req.to(Phase.FINISHED)
         req.t_finish = now
-        pe, de = req.pe, req.de
-        assert pe is not None and de is not None
+        pe, de = req.pe, req.de  # pe None: prefilled on its DE (+selective)
+        assert de is not None
         de.release(req.de_len_tokens, req.hbm_bytes)
         self.driver.de_released(de.node)
         del self.inflight[req.rid]
         self.recorder.record(
             req.rid.agent, req.rid.turn, req.t_arrival, req.t_pe, req.t_de, req.t_read_end, req.t_prefill_start, req.t_first,
-            req.t_second, now, req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side), pe.eid, de.eid,
+            req.t_second, now, req.gen_tokens, req.input_tokens, req.hit_tokens, int(req.side), -1 if pe is None else pe.eid, de.eid,
         )
         agent = req.agent
         agent.context_tokens = req.input_tokens + req.gen_tokens
@@ -361,6 +411,8 @@ class Simulator(TurnLifecycle):
         hbm = {e: 0.0 for e in self.engines_by_id}
         readq = dict(pe_buf)
         for req in self.inflight.values():
+            if req.relay is not None:  # a local request's relay node (+selective)
+                pe_buf[req.relay.nid] += req.pe_buffer_bytes
             if req.pe is not None:
                 pe_buf[req.pe.node.nid] += req.pe_buffer_bytes
                 if not req.computed:

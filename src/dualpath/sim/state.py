@@ -32,7 +32,7 @@ class Agent:
 class SimRequest:
     __slots__ = (
         "rid", "agent", "input_tokens", "gen_tokens", "hit_tokens", "cached_tokens", "remaining_tokens",
-        "phase", "pe", "de", "side", "pe_part_tokens", "read_parts", "hit_sent", "pending_pd", "computed", "qview",
+        "phase", "pe", "de", "side", "pe_part_tokens", "local", "relay", "read_parts", "hit_sent", "pending_pd", "computed", "qview",
         "pe_buffer_bytes", "de_buffer_bytes", "hbm_bytes", "delivered_bytes",
         "t_arrival", "t_pe", "t_de", "t_read_start", "t_read_end", "t_prefill_start", "t_first", "t_second", "t_finish",
     )
@@ -50,6 +50,8 @@ class SimRequest:
         self.de: Engine | None = None
         self.side = ReadSide.PREFILL
         self.pe_part_tokens = 0  # a split read (side DECODE): the hit's prefix the PE node reads; 0: not split
+        self.local = False  # prefilled on its DE, no PE (+selective, core/policy/local.py)
+        self.relay: Node | None = None  # a local request read on the PE side: the PE node that reads and relays its hit
         self.read_parts: list[ReadPart] = []  # its reads queued or running (reads.py)
         self.hit_sent = False
         self.pending_pd = 0
@@ -77,6 +79,15 @@ class SimRequest:
     @property
     def de_len_tokens(self) -> int:
         return self.input_tokens + self.gen_tokens
+
+    @property
+    def pe_side_node(self) -> "Node":
+        """The node whose buffer holds a PE-side read: its PE's, or a local request's relay."""
+        if self.pe is not None:
+            return self.pe.node
+        if self.relay is None:
+            raise AssertionError(f"{self.rid}: no PE and no relay node")
+        return self.relay
 
     @property
     def chosen_de(self) -> Engine:

@@ -2,6 +2,7 @@
 
 from .batching import Budget, form_prefill_batch, prefill_budgets
 from .decode import distribute_to_groups, select_decode
+from .local import prefill_locally
 from .prefill import PrefillThresholds, select_prefill
 from .read_side import choose_read_side
 from .recompute import RecomputeRule, should_recompute
@@ -18,6 +19,7 @@ __all__ = [
     "distribute_to_groups",
     "form_prefill_batch",
     "prefill_budgets",
+    "prefill_locally",
     "round_robin_decode",
     "round_robin_prefill",
     "round_robin_read_side",

@@ -133,3 +133,41 @@ def tool_time(r: Results) -> str:
     header = ["model", "P/D", "MaxLen", "agents", "tool time s (median)", "JCT s basic", "JCT s dualpath",
               "speed-up", "TTFT p99 s basic / dualpath", "turns"]
     return text + "\n\n" + table(header, out)
+
+
+SELECTIVE_JSON = "beyond/selective.json"
+SELECTIVE_COMMAND = ("dualpath repro --only selective --out DIR --workers 2 (then DIR/selective.json and "
+                     "DIR/selective.png copied to docs/results/beyond/)")
+SELECTIVE_MODES = ("basic", "dualpath", "selective", "dualpath+selective")
+
+
+@block("selective", reads=(SELECTIVE_JSON,), command=SELECTIVE_COMMAND)
+def selective(r: Results) -> str:
+    """Decode-local prefill (experiments/selective.py): the Table 2 MaxLens, then the threshold sweep."""
+    d = r.json(SELECTIVE_JSON)
+    g = d["goals"]
+    rows = []
+    for p in d["table"]:
+        modes = p["modes"]
+        rows.append([p["point"], num(p["agents"]), *(sig(modes[m]["jct_s"]) for m in SELECTIVE_MODES),
+                     *(f"{ratio(modes[m]['jct_over_dualpath'], 3)}" for m in SELECTIVE_MODES[2:]),
+                     *(f"{sig(modes[m]['ttft_p99_s'])}" for m in SELECTIVE_MODES[1:]),
+                     *(num(modes[m]["tpot_mean_s"] * 1e3, 1) for m in SELECTIVE_MODES[1:]),
+                     pct(modes["dualpath+selective"]["local_fraction"], 0, False),
+                     f"{ratio(p['goal']['jct_over_better'], 3)} ({'holds' if p['goal']['holds'] else '**fails**'})"])
+    header = ["point", "agents", *(f"JCT s {m}" for m in SELECTIVE_MODES), "JCT x dualpath, selective",
+              "JCT x dualpath, dualpath+selective", *(f"TTFT p99 s {m}" for m in SELECTIVE_MODES[1:]),
+              *(f"TPOT ms {m}" for m in SELECTIVE_MODES[1:]), "local turns", "goal: x the better"]
+    sweep = []
+    for s in d["sweep"]:
+        for m, xs in s["modes"].items():
+            for x in xs:
+                sweep.append([s["point"], m, num(x["threshold_tokens"]), pct(x["local_fraction"], 0, False),
+                              ratio(x["jct_over_dualpath"], 3), ratio(x["ttft_p99_over_dualpath"], 3),
+                              num(x["tpot_mean_s"] * 1e3, 1)])
+    text = (f"Scale `{d['scale']}`, seed {d['seed']}, simulator code `{d['simulator_code']}`, {num(d['num_sims'])} "
+            f"simulations ({num(d['sim_wall_s'])} s). Threshold {num(d['default_threshold_tokens'])} uncached tokens. "
+            f"The goal (dualpath+selective's JCT at most the better of dualpath's and selective's) holds on "
+            f"**{g['num_hold']} of {g['num_points']} points**.")
+    sweep_header = ["point", "mode", "threshold, tokens", "local turns", "JCT x dualpath", "TTFT p99 x dualpath", "TPOT ms"]
+    return text + "\n\n" + table(header, rows) + "\n\nThe threshold sweep:\n\n" + table(sweep_header, sweep)
