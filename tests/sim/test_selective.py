@@ -22,7 +22,7 @@ AT_512 = SchedulerConfig(local_prefill_max_tokens=512)  # llm-d's threshold (doc
 SPEC = [[(6000 + 1000 * i, 40), (300, 60), (2000, 30), (100, 50), (40, 1)] for i in range(2)]
 
 
-def test_the_modes_parse_and_the_runtime_refuses_them():
+def test_the_modes_parse_in_both_worlds():
     sel = parse_mode("selective")
     assert sel.local_prefill and not sel.dualpath_scheduler and not sel.de_read_path
     both = parse_mode("dualpath+selective")
@@ -31,8 +31,7 @@ def test_the_modes_parse_and_the_runtime_refuses_them():
                                                                  tail_share=True)
     assert parse_mode("dualpath+tail+selective") == parse_mode("dualpath+selective+tail")
     assert not parse_mode("dualpath").local_prefill
-    with pytest.raises(InputError, match="simulator only"):
-        RuntimeConfig(mode="dualpath+selective")
+    assert RuntimeConfig(mode="dualpath+selective").features.local_prefill  # the runtime's half: tests/runtime/cluster/test_runtime_selective.py
     with pytest.raises(InputError, match="local_prefill_max_tokens"):
         SchedulerConfig(local_prefill_max_tokens=0)
 

@@ -14,8 +14,8 @@ class Features:
     (core/policy/split.py; both worlds). `+tail` after any mode adds tail_share, beyond the paper:
     a burst of requests spread over the open PE groups (core/policy/tail.py; both worlds).
     `+selective` after any mode (`selective` alone: basic's) adds local_prefill, beyond the paper:
-    a request with few uncached tokens prefilled on its DE, no PE (core/policy/local.py; the
-    simulator; the runtime refuses it so far)."""
+    a request with few uncached tokens prefilled on its DE, no PE (core/policy/local.py; both
+    worlds)."""
 
     layerwise_prefill: bool
     de_read_path: bool

@@ -250,9 +250,6 @@ class RuntimeConfig:
         if self.num_prefill <= 0 or self.num_decode <= 0:
             raise InputError("need at least one prefill and one decode engine")
         _positive(self, ("block_tokens",), "config")
-        if features.local_prefill:
-            raise InputError(f"mode {self.mode!r}: +selective (decode-local prefill) runs in the simulator only; "
-                             "the runtime's decode engines do not prefill yet")
         if self.force_read_side is ForcedSide.DECODE and not features.de_read_path:
             raise InputError(f"force_read_side=decode needs the DE read path, which mode {self.mode!r} lacks")
         self.tp.check_device(parse_device(self.device)[0])

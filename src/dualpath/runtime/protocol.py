@@ -103,6 +103,7 @@ class DecodeAssign:
     logprobs: int = -1  # as PrefillAssign's
     n: int = 1  # choices: each decodes here from the prompt's KV blocks, shared (PagedKVCache.fork)
     pe_part_tokens: int = 0  # a split read: D reads hit tokens [pe_part_tokens, hit_tokens) (PrefillAssign's)
+    local: bool = False  # +selective: no PE; D reads the hit, prefills the rest itself and sends FirstToken
 
 
 @message

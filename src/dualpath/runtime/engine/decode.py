@@ -18,6 +18,10 @@ Numbered path of one request through a DE (protocol.py has the whole picture):
      the first token the PE sampled for it; each choice's blocks persist under its own chain.
   5. At EOS (when allowed) or max_tokens: a choice ends; once every choice has ended and no copy
      touches its blocks, free the KV cache, `DecodeDone` to the router.
+A request prefilled here (`DecodeAssign.local`, +selective) has no PE: after step 1's read (or at
+once, with no hit) this engine computes the rest of the prompt into the region between two decode
+steps, samples the first tokens as a PE would and sends `FirstToken` (local_prefill.py); step 3
+follows without the transfer's checksums.
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from ..transport.integrity import bad_pieces
 from ..transport.transfer import SpanCopy
 from ..api import MAX_CHOICES
 from ..model.generate import SamplerParams, TokenSampler, choice_seed
-from .logprobs import wire_logprobs
-from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, Hello, HitReady, LayerDropped, LayerPull, LayerReady, PersistQueued,
-                       PromptLoaded, PromptReady, ReadDone, Token)
+from .local_prefill import prefill_into_region, usable_hit_tokens
+from .logprobs import first_tokens, wire_logprobs
+from ..protocol import (Cancel, EngineRole, DecodeAssign, DecodeDone, FirstToken, Hello, HitReady, LayerDropped, LayerPull, LayerReady,
+                       PersistQueued, PromptLoaded, PromptReady, ReadDone, Token)
 from ..transport import ShmRegion
 from .stages import DECODE_MOVES, DecodeStage, moved
 
@@ -149,6 +154,8 @@ class DecodeEngine(EngineBase):
             self.mail.to_router(ReadDone(msg.rid, self.spec.engine, a.hit_tokens - a.pe_part_tokens, msg.nbytes, msg.ok_blocks))
             if r.cancelled:
                 self._cancel(r)
+            elif a.local:
+                self._prefill_here(r, msg.ok_blocks)
             else:
                 self.mail.send(r.assign.pe_endpoint, HitReady(msg.rid, msg.ok_blocks))
 
@@ -166,6 +173,8 @@ class DecodeEngine(EngineBase):
         None runs the model (a `PromptReady` may recompute) or touches the step's sequences: the
         step's batch holds its own block indices, and a copy touches only its request's blocks."""
         r = self.reqs.get(msg.rid) if type(msg) in _SERVED_MID_STEP else None
+        if r is not None and r.assign.local and type(msg) is ReadFinished:
+            return False  # a local prefill follows the read: the model is the step's
         return r is not None and not r.cancelled
 
     def _cancel(self, r: DecodeRequest) -> None:
@@ -185,7 +194,24 @@ class DecodeEngine(EngineBase):
             first, nb = a.pe_part_tokens // self.cfg.block_tokens, a.hit_tokens // self.cfg.block_tokens
             r.stage = DecodeStage.READING  # its first stage
             self.storage.read_blocks(a.rid, a.hit_digests[first:nb], self.node, a.de_offsets[first:nb])
+        elif a.local:  # nothing to read: prefill it now
+            self._prefill_here(r, 0)
         self.replay_held(a.rid)
+
+    def _prefill_here(self, r: DecodeRequest, ok_blocks: int) -> None:
+        """+selective: the prompt after its checked hit computed here, the first tokens sampled as a
+        PE samples them, `FirstToken` to the router, then step 3 (local_prefill.py)."""
+        a = r.assign
+        hit = usable_hit_tokens(a, ok_blocks, self.cfg.block_tokens)
+        t0, span_s = time.perf_counter(), self.timeline.now_s()
+        logits = prefill_into_region(self, a, hit)
+        self.counters.busy_s += time.perf_counter() - t0
+        self.timeline.until_now(self.track, "prefill", span_s, None,
+                                lambda: {"requests": [a.rid], "tokens": len(a.prompt_ids) - hit})
+        eos = tuple(self.mcfg.eos_token_ids) if a.min_tokens > 0 or a.ignore_eos else None
+        (token, logprobs), *more = first_tokens(logits, a.n, a.temperature, a.top_p, a.seed, a.logprobs, eos)
+        self.mail.to_router(FirstToken(a.rid, token, hit, logprobs, more))
+        self._load_prompt(r, token, hit, logprobs, more)
 
     # --- 2. layer streams to the PE -----------------------------------------------------------
     def _layer_pull(self, m: LayerPull) -> None:
@@ -208,23 +234,27 @@ class DecodeEngine(EngineBase):
         r = self.reqs.get(m.rid)
         if r is None or r.cancelled:
             return
-        bt = self.cfg.block_tokens
-        r.hit_tokens, r.hit_blocks = m.hit_tokens, m.hit_tokens // bt
-        r.tokens.append(m.first_token)
-        r.first_logprobs, r.more_first = m.logprobs, m.more
-        r.generated = 1
-        n = len(r.assign.prompt_ids)
         bad = bad_pieces(self.buffers[self.node], m.pd_sums)
         if bad:
             self.counters.pd_checksum_failures += len(bad)
             self.counters.kv_recomputes += 1
             self._recompute_prompt(r)
-        self.cache.add_sequence(m.rid, n)
+        self._load_prompt(r, m.first_token, m.hit_tokens, m.logprobs, m.more)
+
+    def _load_prompt(self, r: DecodeRequest, first_token: int, hit_tokens: int, logprobs: list, more: list) -> None:
+        """The prompt's KV, whole in the region, into the KV cache (H2D); the first tokens kept."""
+        bt = self.cfg.block_tokens
+        r.hit_tokens, r.hit_blocks = hit_tokens, hit_tokens // bt
+        r.tokens.append(first_token)
+        r.first_logprobs, r.more_first = logprobs, more
+        r.generated = 1
+        n = len(r.assign.prompt_ids)
+        self.cache.add_sequence(r.seq, n)
         fbb = self.layout.full_block_bytes
-        table = self.cache.block_table(m.rid)
+        table = self.cache.block_table(r.seq)
         src_spans = [(off, fbb) for off in r.assign.de_offsets]
         dst_spans = [(b * fbb, fbb) for b in table]
-        rid = m.rid
+        rid = r.assign.rid
         r.move(DecodeStage.LOADING)
         r.pending_copies += 1
         self.timeline.begin(("h2d", rid))

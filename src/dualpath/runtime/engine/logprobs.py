@@ -31,3 +31,22 @@ def wire_logprobs(logits: torch.Tensor, token: int, top: int) -> list:
     """What an engine sends for a sampled token: `token_logprobs` on the wire, or [] when the
     request asked for none (`top` is `NO_LOGPROBS`)."""
     return [] if top == NO_LOGPROBS else token_logprobs(logits, token, top).to_wire()
+
+
+def first_tokens(logits: torch.Tensor, n: int, temperature: float, top_p: float, seed: int, top: int,
+                 eos_token_ids: tuple[int, ...] | None) -> list[list]:
+    """Each choice's first token and its wire logprobs from a prefill's logits [V]: choice c sampled
+    with `choice_seed(seed, c)`, the EOS ids masked when `eos_token_ids` is given (min_tokens or
+    ignore_eos); the logprobs from the raw logits. The one rule of the PE and of a DE that
+    prefills (+selective), so that a request's tokens do not depend on which engine prefilled it."""
+    from ..model.generate import SamplerParams, TokenSampler, choice_seed
+
+    raw = logits
+    if eos_token_ids is not None:
+        logits = logits.clone()
+        logits[list(eos_token_ids)] = float("-inf")
+    out = []
+    for c in range(n):
+        token = TokenSampler(SamplerParams(temperature, top_p, choice_seed(seed, c)))(logits)
+        out.append([token, wire_logprobs(raw, token, top)])
+    return out

@@ -38,9 +38,7 @@ from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
 from .stages import PrefillStage
-from ..model.generate import SamplerParams
-from ..model.generate import TokenSampler, choice_seed
-from .logprobs import wire_logprobs
+from .logprobs import first_tokens
 from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerDropped, LayerReady, PrefillAssign,
                        PrefillDone, PromptReady, ReadDone)
 
@@ -251,14 +249,8 @@ class PrefillEngine(EngineBase):
 
     def _first_token(self, r: PrefillRequest, logits: torch.Tensor) -> None:
         a = r.assign
-        raw = logits  # the logprobs' (engine/logprobs.py: before the EOS mask and temperature)
-        if a.suppress_eos:
-            logits = logits.clone()
-            logits[list(self.mcfg.eos_token_ids)] = float("-inf")
-        firsts = []  # each choice's first token (OpenAI's n), from the one prefill's logits
-        for c in range(a.n):
-            token = TokenSampler(SamplerParams(a.temperature, a.top_p, choice_seed(a.seed, c)))(logits)
-            firsts.append([token, wire_logprobs(raw, token, a.logprobs)])
+        eos = tuple(self.mcfg.eos_token_ids) if a.suppress_eos else None
+        firsts = first_tokens(logits, a.n, a.temperature, a.top_p, a.seed, a.logprobs, eos)  # each choice's (OpenAI's n)
         (r.first_token, r.first_logprobs), r.more_first = firsts[0], firsts[1:]
         r.move(PrefillStage.COMPUTED)
         if not r.cancelled:

@@ -37,7 +37,7 @@ class Bookings:
         de.num_seqs += 1
         de.num_tokens += rr.total_tokens
         de.kv_reserved_tokens += rr.total_tokens
-        rr.side = ReadSide.PREFILL if rr.pe_side_only else side  # (a DE-path retry: recovery.py)
+        rr.side = ReadSide.PREFILL if rr.pe_side_only and not rr.local else side  # (a DE-path retry: recovery.py)
         rr.recompute = recompute  # a slow store's hit is a miss
         rr.pe_part_tokens = 0 if rr.pe_side_only else pe_part_tokens
         self.hit_found(rr, read_tokens)
@@ -46,16 +46,18 @@ class Bookings:
         """Charge the read queues with `hit_tokens` (the pass's hit, then placement's: a persist may have
         landed or failed since): a split's PE part on the PE node (shorter if the hit is), the rest on the side's."""
         pe_part = min(rr.pe_part_tokens, hit_tokens)
-        assert rr.pe is not None
-        rr.pe.read_queue_tokens += pe_part - rr.pe_part_charged_tokens
+        if pe_part or rr.pe_part_charged_tokens:
+            assert rr.pe is not None
+            rr.pe.read_queue_tokens += pe_part - rr.pe_part_charged_tokens
         rr.side_engine.read_queue_tokens += hit_tokens - pe_part - rr.read_charged_tokens
         rr.pe_part_tokens = rr.pe_part_charged_tokens = pe_part
         rr.read_charged_tokens = hit_tokens - pe_part
 
     def read_ended(self, rr: RouterRequest, engine: int | None = None) -> None:
         """`engine`'s read of `rr` ended (a split has one per node); None: every read of it."""
-        if engine is None or engine != rr.side_engine.engine:
-            rr.pe.read_queue_tokens -= rr.pe_part_charged_tokens  # a split's PE part (0 otherwise)
+        if rr.pe_part_charged_tokens and (engine is None or engine != rr.side_engine.engine):
+            assert rr.pe is not None
+            rr.pe.read_queue_tokens -= rr.pe_part_charged_tokens  # a split's PE part
             rr.pe_part_charged_tokens = 0
         if engine is None or engine == rr.side_engine.engine:
             rr.side_engine.read_queue_tokens -= rr.read_charged_tokens

@@ -66,7 +66,8 @@ class RouterMetrics:
         self.num_recomputed_hits += recompute
         self.timeline.name(rr.rid, rr.req.request_id)  # the engines' spans name requests by rid
         if self.decisions is not None:
-            self.decisions.record(rr.req.request_id, self.clock.now_s(), self.engine_index[rr.pe.engine],
+            pe = -1 if rr.pe is None else self.engine_index[rr.pe.engine]  # -1: prefilled on its DE (+selective)
+            self.decisions.record(rr.req.request_id, self.clock.now_s(), pe,
                                   self.engine_index[rr.de.engine], side, read_tokens, pe_part_tokens)
 
     def placed(self, rid: int, hit_tokens: int, side: int) -> None:

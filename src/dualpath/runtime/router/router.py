@@ -208,9 +208,11 @@ class Router:
         """A request's record under a fresh id, in `requests` (not yet queued for a pass)."""
         rid, bt, n = next(self._ids), self.cfg.block_tokens, len(request.prompt_ids)
         total = kv_reservation_tokens(n, request.params.max_tokens, request.params.n, bt)
-        qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total)
-        rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview,
-                                                digests=self.placement.digests(request.prompt_ids, request.cache_salt))
+        digests = self.placement.digests(request.prompt_ids, request.cache_salt)
+        # +selective decides on the uncached tokens the store's index gives now (core/policy/local.py)
+        uncached = n - self.placement.lookup(request.prompt_ids, digests) if self.features.local_prefill else None
+        qview = QueuedRequest(RequestId(rid, 0), n, total * self.kv_bytes_per_token, total, uncached)
+        rr = self.requests[rid] = RouterRequest(rid, request, queue, self.clock.now_s(), total, qview, digests=digests)
         return rr
 
     def _cancel(self, rr: RouterRequest) -> None:
@@ -245,6 +247,9 @@ class Router:
             self.metrics.pe_assigned(a.ref.rid)
         for d in p.decode:
             rr: RouterRequest = d.ref
+            if d.local:  # its DE prefills it: no PE will hear of it (PE_ASSIGNED: chosen, not placed)
+                rr.local = rr.pe_done = True
+                rr.advance(Phase.PE_ASSIGNED)
             self.bookings.assigned_de(rr, self.engines[d.engine], d.side, d.read_tokens, d.recompute, d.pe_part_tokens)
             self.placing.append(rr)
             self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute, d.pe_part_tokens)
@@ -269,7 +274,8 @@ class Router:
                                                                 lambda: self._loop.call_later(wait_s, self.kick)):
             return False
         hit = self.placement.hit_tokens(prompt, stored)
-        regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side, min(rr.pe_part_tokens, hit))
+        pe = -1 if rr.pe is None else rr.pe.engine  # none: prefilled on its DE, the DE buffer only
+        regions = self.placement.allocate_regions(pe, rr.de.engine, len(prompt), rr.side, min(rr.pe_part_tokens, hit))
         if regions is None:
             return False
         rr.de_regions, rr.pe_regions = regions
@@ -285,9 +291,12 @@ class Router:
         seed = p.seed if p.seed is not None else rr.rid
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
-        self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, rr.pe.endpoint, de_offsets,
+        pe_endpoint = "" if rr.pe is None else rr.pe.endpoint
+        self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, pe_endpoint, de_offsets,
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
-                                       p.temperature, p.top_p, seed, p.logprobs, p.n, rr.pe_part_tokens))
+                                       p.temperature, p.top_p, seed, p.logprobs, p.n, rr.pe_part_tokens, rr.local))
+        if rr.local:
+            return
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
                                         [r.offset_bytes for r in rr.pe_regions], p.temperature, p.top_p, seed,
@@ -350,7 +359,7 @@ class Router:
     def _read_done(self, rr: RouterRequest, msg: ReadDone) -> None:
         self.bookings.read_ended(rr, msg.engine)
         rr.advance(Phase.READING if self.bookings.reading(rr) else Phase.PREFILL_READY)  # a split: once both parts are in
-        self.metrics.read_done(rr.rid, msg.engine == rr.pe.engine, msg.nbytes)
+        self.metrics.read_done(rr.rid, rr.pe is not None and msg.engine == rr.pe.engine, msg.nbytes)
 
     def _prefill_done(self, rr: RouterRequest, msg: PrefillDone) -> None:
         self.bookings.pe_released(rr)
@@ -374,7 +383,7 @@ class Router:
     def _from_fenced(self, rr: RouterRequest, msg: Any) -> bool:
         """A request's message without an engine field, from an engine fenced since it was sent."""
         role = _SENDER.get(type(msg))
-        sender = None if role is None else rr.pe if role is EngineRole.PREFILL else rr.de
+        sender = None if role is None else rr.pe if role is EngineRole.PREFILL and not rr.local else rr.de
         return sender is not None and not self.liveness.is_alive(sender.engine)
 
     # --- status -----------------------------------------------------------------------------------

@@ -118,6 +118,7 @@ class RouterRequest:
     attempt: int = 0
     base_tokens: int = 0
     pe_side_only: bool = False  # a DE-path read whose DE died: the retry reads on the PE side
+    local: bool = False  # prefilled on its DE (+selective, core/policy/local.py): no PE, `pe_done` from the start
     recompute: bool = False  # the scheduler chose to compute its hit again (a slow store): a miss
     successor: "RouterRequest | None" = None
 
@@ -183,6 +184,7 @@ class RouterRequest:
         """Back to QUEUED before any engine heard of it (its engine died first): the one step
         backwards, legal because nothing was sent; the router has undone the bookings."""
         self.pe = self.de = None
+        self.local = self.pe_done = False
         self.phase, self.side, self.read_charged_tokens = Phase.QUEUED, ReadSide.PREFILL, 0
         self.pe_part_tokens = self.pe_part_charged_tokens = 0
 
@@ -212,8 +214,9 @@ class RouterRequest:
     @property
     def side_engine(self) -> EngineState:
         """The engine whose node reads the hit."""
-        assert self.pe is not None and self.de is not None
-        return self.pe if self.side is ReadSide.PREFILL else self.de
+        engine = self.pe if self.side is ReadSide.PREFILL else self.de
+        assert engine is not None
+        return engine
 
 
 
@@ -250,7 +253,7 @@ def check_ledgers(engines: dict[int, EngineState], requests: Iterable[RouterRequ
     kv = dict(tok)
     readq = dict(tok)
     for rr in requests:
-        if (rr.phase > Phase.QUEUED) != (rr.pe is not None) or (rr.placed and rr.de is None):
+        if (rr.phase > Phase.QUEUED) != (rr.pe is not None or rr.local) or (rr.placed and rr.de is None):
             raise AssertionError(f"request {rr.rid}: phase {rr.phase.name} but engines {rr.pe}, {rr.de}")
         if rr.read_charged_tokens:
             readq[rr.side_engine.engine] += rr.read_charged_tokens
@@ -290,8 +293,10 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     if cfg.scheduler.recompute_when_faster:  # read or recompute (core/policy/recompute.py)
         recompute = RecomputeRule(kv_bytes_per_token, cfg.links.snic_bytes_per_s or float("inf"), rate)
     split = split_rule(cfg, kv_bytes_per_token) if features.split_reads else None
+    local = cfg.scheduler.local_prefill_max_tokens if features.local_prefill else None
+    # +selective: the runtime's DEs read every local hit themselves (no PE relays one yet: local_relay)
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
-                           recompute, split, features.tail_share)
+                           recompute, split, features.tail_share, local, local_relay=False)
     scheduler = GlobalScheduler(pes, des, rules)
     for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
         if by_id[g].num_tokens:
