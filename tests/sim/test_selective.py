@@ -143,3 +143,35 @@ def test_the_chunks_slow_the_des_decoding_batch():
     assert local["tpot_s"]["p99"] > pe["tpot_s"]["p99"]
     _, r = run([[(700, 2)]], mode="dualpath+selective", scheduler=SchedulerConfig(local_prefill_max_tokens=256))
     assert r["scheduler"]["local_prefills"] == 0 and r["prefill_forwards"] == 1  # 700 uncached tokens: over 256
+
+
+@pytest.mark.parametrize("mode", ["selective", "dualpath+selective"])
+def test_the_local_preset_prefills_on_the_de_as_the_runtime_does(mode):
+    """The `local` preset models the runtime: every local hit read on the DE's node (its PEs relay
+    none), the DE's prefill a measured forward between its steps (`chunk_in_decode_s`), each local
+    turn's TTFT at least that forward; the demo's shape of turns (61-token appends, 62 uncached: all local at 64);
+    every ledger at every event."""
+    from dualpath.config import EngineConfig, LinkConfig
+    from dualpath.core.request import TurnSpec
+    from dualpath.costmodel.models import TINY
+    from dualpath.fidelity.preset import local_sim_config
+    from dualpath.sim.simulator import Simulator
+    from dualpath.workloads import Trajectory
+    from test_local_preset import _machine, _profile
+
+    machine = _machine()
+    rt = RuntimeConfig(model="tiny", links=LinkConfig(snic_bytes_per_s=2e6),
+                       engines=EngineConfig(pe_hbm_bytes=int(machine.pe_landing_bytes), de_kv_tokens=4096))
+    cfg = replace(local_sim_config(rt, _profile(machine), TINY.kv_bytes_per_token, "test"), check_invariants_every=1)
+    assert cfg.scheduler.local_prefill_max_tokens == 64  # the default
+    trajs = [Trajectory(a, (TurnSpec(126, 3),) + (TurnSpec(61, 3),) * 3) for a in range(3)]
+    sim = Simulator(cfg, parse_mode(mode), trajs, [0.0] * 3)
+    r = sim.run()
+    rec = sim.recorder
+    local = [i for i, pe in enumerate(rec.pe_engine) if pe < 0]
+    assert len(local) == r["scheduler"]["local_prefills"] == 9  # every turn after the first
+    assert all(rec.read_side[i] == int(ReadSide.DECODE) for i in local) and r["bytes"]["storage_to_prefill"] == 0
+    cm = sim.compute
+    for i in local:
+        hit, n = rec.hit_tokens[i], rec.input_tokens[i]
+        assert n - hit == 62 and rec.first_s[i] - rec.arrival_s[i] >= cm.chunk_in_decode_s(hit, n - hit) > 0

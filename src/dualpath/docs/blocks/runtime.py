@@ -44,8 +44,8 @@ def demo(r: Results) -> str:
 
 
 @block("demo_modes", reads=("runtime/demo_modes.json",),
-       command="dualpath demo --modes basic,dualpath,dualpath+split --json docs/results/runtime/demo_modes.json "
-               "--plot docs/results/runtime/demo_modes.png")
+       command="dualpath demo --modes basic,dualpath,dualpath+split,selective,dualpath+selective "
+               "--json docs/results/runtime/demo_modes.json --plot docs/results/runtime/demo_modes.png")
 def demo_modes(r: Results) -> str:
     d = r.json("runtime/demo_modes.json")
     basic = _by_mode(d)["basic"]
