@@ -123,9 +123,6 @@ class SchedulerRules:
     split: SplitRule | None = None  # split a hit between the sides (policy/split.py; with dualpath only); None: never
     tail_share: bool = False  # +tail: a burst spread over the open PE groups (policy/tail.py); False: Algorithm 1
     local_max_tokens: int | None = None  # +selective: prefill on the DE at most this many uncached tokens (policy/local.py)
-    # +selective with dualpath: a local hit may be read by a PE node and relayed (the simulator); False:
-    # always on the DE's node (the runtime, whose PEs relay no hit yet: router/state.py)
-    local_relay: bool = True
 
 
 @final
@@ -422,7 +419,7 @@ class GlobalScheduler:
         tokens = view.read_tokens(w.ref)
         node, side = de_node, ReadSide.DECODE
         rules = self.rules
-        if tokens and rules.local_relay and rules.dualpath and rules.de_read_path and rules.forced_side is None:
+        if tokens and rules.dualpath and rules.de_read_path and rules.forced_side is None:
             de_queue = view.read_queue_tokens(de_node) + reads.get(de_node, 0)
             pe_queue, relay = min((view.read_queue_tokens(g) + reads.get(g, 0), g) for g in self._pe_groups)
             if pe_queue < de_queue:

@@ -20,6 +20,10 @@ Numbered path of one request (router R, prefill engine P, decode engine D):
      announcing each (`PersistQueued`) before the token that follows it and reporting the write
      (`Persisted`), so the next turn's lookup never misses a block still being written.
   6. R -> P/D `Cancel` frees a request early (client gone, or its other engine died).
+A request prefilled on its DE (+selective) has no PE: R -> D `DecodeAssign` with `local`; D reads
+the hit (or, with `read_side` PREFILL, R -> P `RelayAssign`: P reads it into its buffer, writes it
+into D's region, P -> D `HitReady` with the write's sums, P -> R `RelayDone`), computes the rest of
+the prompt, D -> R `FirstToken`, then 5.
 Engines report loads with every state change they own (`EngineReport`). Every engine sends a
 `Heartbeat` from a thread of its own; when the router fences a dead or silent engine it tells
 the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py). A joined
@@ -123,10 +127,38 @@ class PromptLoaded:
 @message
 @dataclass(frozen=True, slots=True)
 class HitReady:
-    """D -> P (DE path): the hit blocks are in D's region; P may prefill."""
+    """D -> P (DE path): the hit blocks are in D's region; P may prefill. P -> D (a relay,
+    +selective): the same of D's region, with the sums of P's write into it."""
 
     rid: int
     ok_blocks: int  # blocks read and verified; fewer than asked means a checksum failure
+    sums: list = field(default_factory=list)  # a relay's write (transport/integrity.py); [] otherwise
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class RelayAssign:
+    """R -> P (+selective with DualPath's read-side rule): read the hit blocks of a request that
+    its DE prefills into `pe_offsets` of this node's buffer, then write them into the DE's region
+    (`de_offsets`); `HitReady` to the DE, `RelayDone` to R."""
+
+    rid: int
+    hit_digests: list
+    pe_offsets: list
+    de_engine: int
+    de_endpoint: str
+    de_segment: str
+    de_data: str
+    de_offsets: list
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class RelayDone:
+    """P -> R: a relay ended (its buffer slots may be freed); after its ReadDone."""
+
+    rid: int
+    engine: int
 
 
 @message

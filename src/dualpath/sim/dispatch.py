@@ -75,8 +75,7 @@ class Dispatch:
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
                                recompute=recompute, split=_split_rule(ctx) if f.split_reads else None,
                                tail_share=f.tail_share,
-                               local_max_tokens=ctx.cfg.scheduler.local_prefill_max_tokens if f.local_prefill else None,
-                               local_relay=ctx.cfg.local is None)  # the `local` preset is the runtime's: no relay
+                               local_max_tokens=ctx.cfg.scheduler.local_prefill_max_tokens if f.local_prefill else None)
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)

@@ -35,7 +35,7 @@ class KvIo:
             return 0
         return req.input_tokens * self.kv_bytes_per_token
 
-    def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, Link], done: Callable[[Flow], None]) -> bool:
+    def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, ...], done: Callable[[Flow], None]) -> bool:
         """Start the H2D of the prompt KV (DE buffer -> DE HBM over the DE's CNIC, both
         directions); `done` follows. False: nothing to move, the KV is in HBM now."""
         self.net.start(nbytes, Lane.KV, cnic, done, req)
@@ -70,7 +70,7 @@ class FreeKvIo(KvIo):
     def de_buffer_need_at_prefill(self, req: SimRequest) -> int:
         return 0
 
-    def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, Link], done: Callable[[Flow], None]) -> bool:
+    def to_decode_hbm(self, req: SimRequest, nbytes: int, cnic: tuple[Link, ...], done: Callable[[Flow], None]) -> bool:
         return False
 
     def persists_take_time(self) -> bool:

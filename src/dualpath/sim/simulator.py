@@ -236,7 +236,12 @@ class Simulator(TurnLifecycle):
         de = req.chosen_de
         nbytes = req.hit_tokens * self.kv_bytes_per_token
         relay = req.relay
-        links = (de.cnic_out, de.cnic_in) if relay is None else (relay.engines[de.index % len(relay.engines)].cnic_out, de.cnic_in)
+        links: tuple[Link, ...]
+        if relay is None:
+            links = (de.cnic_out, de.cnic_in)
+        else:  # the relay GPU's CNIC, then the DE's; one FIFO link (the `local` preset's arbiter): the relay's write
+            out = relay.engines[de.index % len(relay.engines)].cnic_out
+            links = (out,) if out.fifo else (out, de.cnic_in)
         if nbytes and self.io.to_decode_hbm(req, nbytes, links, self._local_h2d_done):
             if relay is None:
                 self.h2d_bytes += nbytes

@@ -70,6 +70,7 @@ class CopyKind(enum.StrEnum):
     H2D = "h2d"  # DE: the prompt's KV, host buffer -> KV cache
     D2H = "d2h"  # DE: a full block, KV cache -> host, to persist
     PD = "pd"  # PE: one layer's new KV -> the DE's region
+    RELAY = "relay"  # PE: a local request's hit, read here, -> its DE's region (+selective)
 
 
 @message

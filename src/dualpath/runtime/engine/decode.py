@@ -126,7 +126,7 @@ class DecodeEngine(EngineBase):
     def handlers(self) -> dict:
         return {**super().handlers(), DecodeAssign: self._assign, ReadFinished: self._read_finished,
                 LayerPull: self._when_assigned(self._layer_pull, ended=self._pull_of_ended),
-                PromptReady: self._when_assigned(self._prompt_ready),
+                PromptReady: self._when_assigned(self._prompt_ready), HitReady: self._when_assigned(self._relay_ready),
                 CopyDone: self._copy_done, Cancel: self._on_cancel}
 
     def _when_assigned(self, handler, ended=None):
@@ -194,9 +194,23 @@ class DecodeEngine(EngineBase):
             first, nb = a.pe_part_tokens // self.cfg.block_tokens, a.hit_tokens // self.cfg.block_tokens
             r.stage = DecodeStage.READING  # its first stage
             self.storage.read_blocks(a.rid, a.hit_digests[first:nb], self.node, a.de_offsets[first:nb])
-        elif a.local:  # nothing to read: prefill it now
+        elif a.local and not a.hit_tokens:  # nothing to read: prefill it now (a relayed hit: at HitReady)
             self._prefill_here(r, 0)
         self.replay_held(a.rid)
+
+    def _relay_ready(self, m: HitReady) -> None:
+        """A PE node relayed the hit into the region (+selective, engine/relay.py): checked against
+        the sums of its write; a damaged piece and the whole prompt is computed here."""
+        r = self.reqs[m.rid]
+        if r.cancelled:
+            return
+        ok = m.ok_blocks
+        bad = bad_pieces(self.buffers[self.node], m.sums) if ok else []
+        if bad:
+            self.counters.pd_checksum_failures += len(bad)
+            self.counters.kv_recomputes += 1
+            ok = 0
+        self._prefill_here(r, ok)
 
     def _prefill_here(self, r: DecodeRequest, ok_blocks: int) -> None:
         """+selective: the prompt after its checked hit computed here, the first tokens sampled as a

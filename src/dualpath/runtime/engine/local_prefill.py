@@ -1,9 +1,10 @@
 """A decode engine's own prefill of a short append (`+selective`, core/policy/local.py).
 
-Numbered path of a local request on its DE (decode.py calls these; the hit is always read on the
-DE's node here: the runtime's PEs relay no hit, `SchedulerRules.local_relay` is off):
-  1. The DE reads the hit into the request's DE-buffer region through its SNIC (decode.py step 1),
-     every block checked against its checksum: a block that fails ends the hit there.
+Numbered path of a local request on its DE (decode.py calls these):
+  1. The hit lands in the request's DE-buffer region: read by the DE through its node's SNIC
+     (decode.py step 1), or by a PE node that relays it (relay.py; `HitReady` with its write's
+     sums). A block that fails its checksum ends the hit there; a relayed piece that fails its sum
+     and the whole prompt is computed here.
   2. `prefill_into_region`: one forward over the uncached tokens, layer by layer, each layer's
      cached K,V read from the region and its new K,V written after them, so the region holds the
      prompt's KV as a PE's transfer would have left it.

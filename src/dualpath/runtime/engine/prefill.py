@@ -34,13 +34,14 @@ from ...core.policy import Budget, form_prefill_batch, prefill_budgets
 from ...core.snapshot import BatchCandidate
 from ...core.request import RequestId
 from ...metrics.timeline import PE_TO_DE
-from .base import CopyDone, EngineBase, EngineSpec, ReadFinished
+from .base import CopyDone, CopyKind, EngineBase, EngineSpec, ReadFinished
+from .relay import Relays
 from .kv_stream import PrefillKvStream
 from .prefill_request import PrefillRequest
 from .stages import PrefillStage
 from .logprobs import first_tokens
 from ..protocol import (Cancel, EngineRole, FirstToken, Hello, HitReady, LayerDropped, LayerReady, PrefillAssign,
-                       PrefillDone, PromptReady, ReadDone)
+                       PrefillDone, PromptReady, ReadDone, RelayAssign)
 
 
 class PrefillEngine(EngineBase):
@@ -57,6 +58,7 @@ class PrefillEngine(EngineBase):
         self.attn_flops_per_s, self.prefill_tokens_per_s = self._profile()
         self.tbpl = self.layout.kv_bytes_per_token_per_layer
         self._in_forward: set[int] = set()  # the running forward's requests (the timeline's `transfer`)
+        self.relays = Relays(self)  # hits read here for DEs that prefill them (+selective, relay.py)
         self.on_reconfigured()
 
     def on_reconfigured(self) -> None:
@@ -117,11 +119,17 @@ class PrefillEngine(EngineBase):
         return any(r.computable for r in self.queue)
 
     def handlers(self) -> dict:
-        return {**super().handlers(), PrefillAssign: self._assign, ReadFinished: self._read_finished,
+        return {**super().handlers(), PrefillAssign: self._assign, ReadFinished: self._read_finished, RelayAssign: self._relay,
                 HitReady: self._hit_ready, LayerReady: self._layer_ready, CopyDone: self._copy_done,
                 Cancel: self._on_cancel, LayerDropped: self._layer_dropped}
 
+    def _relay(self, a: RelayAssign) -> None:
+        self.relays.start(a)
+
     def _read_finished(self, msg: ReadFinished) -> None:
+        if msg.rid in self.relays:  # a hit read for a DE that prefills it (relay.py)
+            self.relays.read(msg)
+            return
         self._part_loaded(msg.rid, msg.ok_blocks, own=True, report=msg.nbytes)
 
     def _layer_ready(self, msg: LayerReady) -> None:
@@ -238,6 +246,9 @@ class PrefillEngine(EngineBase):
         self.timeline.end(("pd", rid), self.cnic_track, "transfer", rid, PE_TO_DE)
 
     def _copy_done(self, msg: CopyDone) -> None:
+        if msg.kind == CopyKind.RELAY:
+            self.relays.sent(msg)
+            return
         r = self.reqs.get(msg.rid)
         if r is None:
             return

@@ -75,11 +75,11 @@ class Recovery:
         requeue: list[RouterRequest] = []
         for rr in sorted(t.requests.values(), key=lambda r: r.rid):
             if rr.placed:
-                if lost in (rr.pe, rr.de):
+                if lost in (rr.pe_side, rr.de):
                     nxt = self._lose_side(rr, lost, why, servable)
                     if nxt is not None:
                         requeue.append(nxt)
-            elif rr not in t.unscheduled and (rr.de is None or lost in (rr.pe, rr.de)):
+            elif rr not in t.unscheduled and (rr.de is None or lost in (rr.pe_side, rr.de)):
                 self.unbook(rr)  # queued in the old scheduler, or placing on the lost engine
                 if servable:
                     requeue.append(rr)
@@ -114,8 +114,9 @@ class Recovery:
     def _lose_side(self, rr: RouterRequest, lost: EngineState, why: str, servable: bool) -> RouterRequest | None:
         """Step 2-3 for a placed request; returns its next attempt if it migrates."""
         hit = False
-        if rr.pe is lost and not rr.pe_done:
-            self._bookings.pe_released(rr)
+        if rr.pe_side is lost and not rr.pe_done:  # its PE, or its relay (+selective: no load booked)
+            if rr.pe is lost:
+                self._bookings.pe_released(rr)
             self._placement.free(lost.engine, rr.pe_regions)
             rr.pe_regions, rr.pe_done = [], True
             hit = not rr.prompt_loaded
@@ -128,7 +129,7 @@ class Recovery:
         self._bookings.read_ended(rr, lost.engine)  # the dead node's read (a split's part) never reports
         nxt = None
         if hit and not rr.finished:
-            for e, done in ((rr.pe, rr.pe_done), (rr.de, rr.de_done)):
+            for e, done in ((rr.pe_side, rr.pe_done), (rr.de, rr.de_done)):
                 if not done and self._members.liveness.is_alive(e.engine):
                     e.outbox.send(Cancel(rr.rid))
             nxt, refusal = self.next_attempt(rr, lost) if servable else (None, "no engine of its role is left")

@@ -32,13 +32,13 @@ from ...core.blocks import salted_root
 from ...core.phase import Phase
 from ...core.request import RequestId
 from ...core.scheduler import ClusterView, GlobalScheduler, SchedulePass
-from ...core.snapshot import QueuedRequest
+from ...core.snapshot import QueuedRequest, ReadSide
 from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
 from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
                         Hello, Join, Leaving, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
-                        Reconfigure, Reconfigured, Token)
+                        Reconfigure, Reconfigured, RelayAssign, RelayDone, Token)
 from ..transport.channel import Inbox, SendsTogether
 from ..store.remote import read_token
 from ..transport.shm import SlotLedger
@@ -96,7 +96,7 @@ class Router:
                                  PersistQueued: self._persist_queued, Persisted: self._persisted}
         self._request_messages = {FirstToken: self._first_token, Token: self._token, ReadDone: self._read_done,
                                   PrefillDone: self._prefill_done, PromptLoaded: self._prompt_loaded,
-                                  DecodeDone: self._decode_done}
+                                  DecodeDone: self._decode_done, RelayDone: self._relay_done}
 
     @property
     def store(self) -> Any:
@@ -223,7 +223,7 @@ class Router:
         if not rr.placed:  # no engine has heard of it: undo what the pass booked
             self.recovery.unbook(rr)
             self.requests.pop(rr.rid, None)
-        for e in (rr.pe, rr.de):  # (none left unless placed)
+        for e in (rr.pe_side, rr.de):  # (none left unless placed)
             if e is not None and e.outbox is not None and self.liveness.is_alive(e.engine):
                 e.outbox.send(Cancel(rr.rid))
         self.kick()
@@ -247,8 +247,10 @@ class Router:
             self.metrics.pe_assigned(a.ref.rid)
         for d in p.decode:
             rr: RouterRequest = d.ref
-            if d.local:  # its DE prefills it: no PE will hear of it (PE_ASSIGNED: chosen, not placed)
-                rr.local = rr.pe_done = True
+            if d.local:  # its DE prefills it: no PE computes it (PE_ASSIGNED: chosen, not placed)
+                rr.local = True
+                rr.relay = self.engines[d.relay_node] if d.relay_node >= 0 else None  # a PE node reads its hit
+                rr.pe_done = rr.relay is None
                 rr.advance(Phase.PE_ASSIGNED)
             self.bookings.assigned_de(rr, self.engines[d.engine], d.side, d.read_tokens, d.recompute, d.pe_part_tokens)
             self.placing.append(rr)
@@ -274,8 +276,11 @@ class Router:
                                                                 lambda: self._loop.call_later(wait_s, self.kick)):
             return False
         hit = self.placement.hit_tokens(prompt, stored)
-        pe = -1 if rr.pe is None else rr.pe.engine  # none: prefilled on its DE, the DE buffer only
-        regions = self.placement.allocate_regions(pe, rr.de.engine, len(prompt), rr.side, min(rr.pe_part_tokens, hit))
+        if rr.local:  # the prompt's room on its DE's node; a relay's, its hit's on the relay's
+            relay = rr.relay.engine if rr.relay is not None else -1
+            regions = self.placement.allocate_regions(relay, rr.de.engine, len(prompt), ReadSide.DECODE, hit if rr.relay else 0)
+        else:
+            regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side, min(rr.pe_part_tokens, hit))
         if regions is None:
             return False
         rr.de_regions, rr.pe_regions = regions
@@ -291,11 +296,18 @@ class Router:
         seed = p.seed if p.seed is not None else rr.rid
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
-        pe_endpoint = "" if rr.pe is None else rr.pe.endpoint
+        pe_side = rr.pe_side
+        pe_endpoint = "" if pe_side is None else pe_side.endpoint
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, pe_endpoint, de_offsets,
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
                                        p.temperature, p.top_p, seed, p.logprobs, p.n, rr.pe_part_tokens, rr.local))
         if rr.local:
+            if rr.relay is not None and not hit:  # nothing to relay after all: the relay is done
+                rr.pe_done = True
+            elif rr.relay is not None:
+                self.sends.send(rr.relay.outbox, RelayAssign(rr.rid, hit_digests, [r.offset_bytes for r in rr.pe_regions],
+                                                             rr.de.engine, rr.de.endpoint, self.buffers[rr.de.engine].name,
+                                                             rr.de.data_endpoint, de_offsets))
             return
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
@@ -359,11 +371,20 @@ class Router:
     def _read_done(self, rr: RouterRequest, msg: ReadDone) -> None:
         self.bookings.read_ended(rr, msg.engine)
         rr.advance(Phase.READING if self.bookings.reading(rr) else Phase.PREFILL_READY)  # a split: once both parts are in
-        self.metrics.read_done(rr.rid, rr.pe is not None and msg.engine == rr.pe.engine, msg.nbytes)
+        pe_side = rr.pe_side
+        self.metrics.read_done(rr.rid, pe_side is not None and msg.engine == pe_side.engine, msg.nbytes)
 
     def _prefill_done(self, rr: RouterRequest, msg: PrefillDone) -> None:
         self.bookings.pe_released(rr)
         self.placement.free(rr.pe.engine, rr.pe_regions)
+        rr.pe_regions = []
+        rr.pe_done = True
+        self.placement.release_de_regions(rr)
+
+    def _relay_done(self, rr: RouterRequest, msg: RelayDone) -> None:
+        """A relay's bytes are in the DE's region (+selective): its own slots free, its part done."""
+        assert rr.relay is not None
+        self.placement.free(rr.relay.engine, rr.pe_regions)
         rr.pe_regions = []
         rr.pe_done = True
         self.placement.release_de_regions(rr)

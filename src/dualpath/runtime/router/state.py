@@ -118,7 +118,10 @@ class RouterRequest:
     attempt: int = 0
     base_tokens: int = 0
     pe_side_only: bool = False  # a DE-path read whose DE died: the retry reads on the PE side
-    local: bool = False  # prefilled on its DE (+selective, core/policy/local.py): no PE, `pe_done` from the start
+    local: bool = False  # prefilled on its DE (+selective, core/policy/local.py): no PE
+    # a local request whose hit a PE node reads and relays to its DE (side PREFILL); `pe_done` is
+    # then the relay's end (RelayDone); without a relay it holds from the start
+    relay: EngineState | None = None
     recompute: bool = False  # the scheduler chose to compute its hit again (a slow store): a miss
     successor: "RouterRequest | None" = None
 
@@ -183,7 +186,7 @@ class RouterRequest:
     def unassign(self) -> None:
         """Back to QUEUED before any engine heard of it (its engine died first): the one step
         backwards, legal because nothing was sent; the router has undone the bookings."""
-        self.pe = self.de = None
+        self.pe = self.de = self.relay = None
         self.local = self.pe_done = False
         self.phase, self.side, self.read_charged_tokens = Phase.QUEUED, ReadSide.PREFILL, 0
         self.pe_part_tokens = self.pe_part_charged_tokens = 0
@@ -212,9 +215,14 @@ class RouterRequest:
         return self.phase >= Phase.DECODING
 
     @property
+    def pe_side(self) -> EngineState | None:
+        """Its PE, or a local request's relay (+selective): the engine on the PE side."""
+        return self.pe if self.pe is not None else self.relay
+
+    @property
     def side_engine(self) -> EngineState:
         """The engine whose node reads the hit."""
-        engine = self.pe if self.side is ReadSide.PREFILL else self.de
+        engine = self.pe_side if self.side is ReadSide.PREFILL else self.de
         assert engine is not None
         return engine
 
@@ -294,9 +302,8 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
         recompute = RecomputeRule(kv_bytes_per_token, cfg.links.snic_bytes_per_s or float("inf"), rate)
     split = split_rule(cfg, kv_bytes_per_token) if features.split_reads else None
     local = cfg.scheduler.local_prefill_max_tokens if features.local_prefill else None
-    # +selective: the runtime's DEs read every local hit themselves (no PE relays one yet: local_relay)
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
-                           recompute, split, features.tail_share, local, local_relay=False)
+                           recompute, split, features.tail_share, local)
     scheduler = GlobalScheduler(pes, des, rules)
     for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
         if by_id[g].num_tokens:
