@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ...core.blocks import block_digest
+from ...core.measured import causal_keys
 from ...core.snapshot import ReadSide
 from ...metrics.timeline import DE_TO_PE
 from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
@@ -219,9 +220,11 @@ class DecodeEngine(EngineBase):
         hit = usable_hit_tokens(a, ok_blocks, self.cfg.block_tokens)
         t0, span_s = time.perf_counter(), self.timeline.now_s()
         logits = prefill_into_region(self, a, hit)
-        self.counters.busy_s += time.perf_counter() - t0
+        model_s = time.perf_counter() - t0
+        self.counters.busy_s += model_s
+        n = len(a.prompt_ids) - hit  # the PE's span args (fidelity/calibration.py reads them)
         self.timeline.until_now(self.track, "prefill", span_s, None,
-                                lambda: {"requests": [a.rid], "tokens": len(a.prompt_ids) - hit})
+                                lambda: {"requests": [a.rid], "tokens": n, "keys": causal_keys(n, hit), "model_s": model_s})
         eos = tuple(self.mcfg.eos_token_ids) if a.min_tokens > 0 or a.ignore_eos else None
         (token, logprobs), *more = first_tokens(logits, a.n, a.temperature, a.top_p, a.seed, a.logprobs, eos)
         self.mail.to_router(FirstToken(a.rid, token, hit, logprobs, more))
