@@ -14,6 +14,7 @@ from dualpath.metrics.decisions import DecisionLog
 from dualpath.runtime.api import GenerationRequest, SamplingParams
 from dualpath.runtime.cluster import LocalCluster
 from persist_wait import wait_chain_stored
+from conversation import run_conversation
 from test_kv_paths import GEN, TURNS, reference_conversation
 
 # turns 1-3 of TURNS have 60, 78 and 115 uncached tokens (their hits: 3, 4 and 5 blocks); turn 0's
@@ -26,30 +27,10 @@ def _config(mode: str) -> RuntimeConfig:
                          engines=EngineConfig(host_buffer_bytes=32 * 2**20, pe_hbm_bytes=32 * 2**20, de_kv_tokens=4096))
 
 
-async def _conversation(cfg: RuntimeConfig, params: SamplingParams) -> tuple[list[list[int]], list, list[dict], int]:
-    """(tokens per turn, the decisions, per turn the bytes read on each side, Full Block bytes), one turn at a time."""
-    async with LocalCluster(cfg, start_timeout_s=180) as c:
-        router = c.router
-        router.metrics.decisions = DecisionLog(router.clock.now_s())
-        context: list[int] = []
-        outs, reads = [], []
-        for i, append in enumerate(TURNS):
-            prompt = tuple(context + append)
-            before = list(router.metrics.bytes_by_side)
-            events = [ev async for ev in router.generate(GenerationRequest(f"t{i}", prompt, params))]
-            out = [ev.token_id for ev in events if ev.choice == 0]  # the context goes on with choice 0
-            outs.append([[ev.token_id for ev in events if ev.choice == c] for c in range(params.n)] if params.n > 1 else out)
-            after = router.metrics.bytes_by_side
-            reads.append({"prefill": after[0] - before[0], "decode": after[1] - before[1]})
-            context = list(prompt) + out
-            await wait_chain_stored(router.store, context[:-1], cfg.block_tokens)
-        router.check_invariants()
-        return outs, list(router.metrics.decisions.decisions), reads, router.full_block_bytes
-
-
 @pytest.mark.parametrize("mode", ["selective", "dualpath+selective"])
 def test_short_appends_are_prefilled_on_the_de_and_give_the_recomputed_tokens(mode):
-    outs, decisions, reads, fbb = asyncio.run(_conversation(_config(mode), SamplingParams(max_tokens=GEN, temperature=0)))
+    conv = asyncio.run(run_conversation(_config(mode), SamplingParams(max_tokens=GEN, temperature=0)))
+    outs, decisions, reads, fbb = conv.outs, conv.decisions, conv.reads, conv.full_block_bytes
     assert outs == reference_conversation("tiny")
     assert [d.request for d in decisions] == [f"t{i}" for i in range(len(TURNS))]
     assert decisions[0].pe >= 0 and all(d.pe == -1 for d in decisions[1:])  # -1: no PE
@@ -62,8 +43,9 @@ def test_sampled_tokens_do_not_depend_on_which_engine_prefilled():
     """Temperature 0.8, a fixed seed, two choices: the DE's first tokens are the PE's (the same rule
     and seeds), and so is everything after them, choice by choice."""
     params = SamplingParams(max_tokens=GEN, temperature=0.8, seed=7, n=2)
-    local, decisions, _, _ = asyncio.run(_conversation(_config("selective"), params))
-    basic, _, _, _ = asyncio.run(_conversation(_config("basic"), params))
+    conv = asyncio.run(run_conversation(_config("selective"), params))
+    local, decisions = conv.outs, conv.decisions
+    basic = asyncio.run(run_conversation(_config("basic"), params)).outs
     assert [d.pe == -1 for d in decisions] == [False, True, True, True]
     assert local == basic and all(len(c) == GEN for turn in local for c in turn)
     assert any(a != b for a, b in local[1:])  # two choices that differ: the seeds are per choice

@@ -8,12 +8,10 @@ from dataclasses import replace
 
 from dualpath.config import EngineConfig, FaultConfig, RuntimeConfig, SchedulerConfig
 from dualpath.core.policy import choose_read_side, split_read
-from dualpath.metrics.decisions import DecisionLog
-from dualpath.runtime.api import GenerationRequest, SamplingParams
-from dualpath.runtime.cluster import LocalCluster
+from dualpath.runtime.api import SamplingParams
 from dualpath.runtime.router.state import split_rule
 from dualpath.runtime.transport.integrity import LAYER_RETRANSMITS_MAX
-from persist_wait import wait_chain_stored
+from conversation import run_conversation
 from test_kv_integrity import corrupted_conversation, recompute_reference
 from test_kv_paths import GEN, TURNS, reference_conversation
 
@@ -30,25 +28,9 @@ def _config(**kw) -> RuntimeConfig:
 
 async def _split_conversation(cfg: RuntimeConfig) -> tuple[list[list[int]], list[dict], list, int, int]:
     """(tokens per turn, per turn the storage bytes read on each side, the decisions, Full Block bytes,
-    KV bytes per token):
-    one turn at a time, so each turn's reads are its own."""
-    async with LocalCluster(cfg, start_timeout_s=180) as c:
-        router = c.router
-        router.metrics.decisions = DecisionLog(router.clock.now_s())
-        context: list[int] = []
-        outs, reads = [], []
-        for i, append in enumerate(TURNS):
-            prompt = tuple(context + append)
-            before = list(router.metrics.bytes_by_side)
-            params = SamplingParams(max_tokens=GEN, temperature=0)
-            out = [ev.token_id async for ev in router.generate(GenerationRequest(f"t{i}", prompt, params))]
-            outs.append(out)
-            after = router.metrics.bytes_by_side
-            reads.append({"prefill": after[0] - before[0], "decode": after[1] - before[1]})
-            context = list(prompt) + out
-            await wait_chain_stored(router.store, context[:-1], cfg.block_tokens)
-        router.check_invariants()
-        return outs, reads, list(router.metrics.decisions.decisions), router.full_block_bytes, router.kv_bytes_per_token
+    KV bytes per token): one turn at a time, so each turn's reads are its own."""
+    c = await run_conversation(cfg, SamplingParams(max_tokens=GEN, temperature=0))
+    return c.outs, c.reads, c.decisions, c.full_block_bytes, c.kv_bytes_per_token
 
 
 def test_split_reads_give_the_recomputed_tokens_and_read_each_part_on_its_node():
