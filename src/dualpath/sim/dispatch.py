@@ -148,10 +148,7 @@ class Dispatch:
                                       d.read_tokens, d.pe_part_tokens)
             if d.recompute:  # the store is slower than computing the hit again
                 self.life.recompute_hit(req)
-            if d.side is ReadSide.PREFILL:
-                self.gate.admit(req, req.pe_side_node, d.recompute)
-            else:
-                self.gate.admit(req, eng.node, d.recompute)
+            self.gate.admit(req, req.pe_side_node if d.side is ReadSide.PREFILL else eng.node, d.recompute)
 
     @property
     def num_passes(self) -> int:

@@ -12,8 +12,9 @@ Numbered path of one agent turn (docs/structure.md; module docstrings hold the d
   6. `decode_finished`: metrics, persist the new full blocks through the DE node's SNIC, start the
      agent's next turn, after its tool time (`TurnSpec.wait_s`; zero in the paper's replay, §4.2).
 A request prefilled on its DE (`+selective`, core/policy/local.py) skips the PE: 2 chooses only its
-DE, 3 reads on the DE's node, then `_prefill_on_de` copies the hit into the DE's HBM and the DE
-prefills the rest in its steps (decode.py); `local_prefill_done` is its first token, then 5's join.
+DE, 3 reads on the DE's node (or a relay PE node's), then `_prefill_on_de` copies the hit into the
+DE's HBM and the DE prefills the rest in its steps (decode.py); `local_prefill_done` is its first
+token, then 5's join.
 The hit model (hits.py, chosen by the workload) answers 2 and names the blocks persisted at 5 and
 6; persists.py writes them and, between 2 and 3, holds placement while a hit block is written.
 
@@ -270,10 +271,7 @@ class Simulator(TurnLifecycle):
             req.t_second = req.t_first
             self._finish(req)
             return
-        req.to(Phase.DECODING)
-        de = req.chosen_de
-        self.writes.submit(self.hits.prompt_in_cache(req), de)
-        self.decode_groups[de.node.nid].join_now(req, de)
+        self._join(req, at_once=True)
 
     # --- 5. to decode ------------------------------------------------------------------------
     def kv_landed(self, req: SimRequest) -> None:
@@ -304,11 +302,16 @@ class Simulator(TurnLifecycle):
             self._release_de_buffer(flow.tag)
             self._join(flow.tag)
 
-    def _join(self, req: SimRequest) -> None:
+    def _join(self, req: SimRequest, at_once: bool = False) -> None:
+        """Into the DE's batch: when its step ends, or `at_once` (a local prefill's last step just ended)."""
         req.to(Phase.DECODING)
         de = req.chosen_de
         self.writes.submit(self.hits.prompt_in_cache(req), de)
-        self.decode_groups[de.node.nid].join(req, de)
+        group = self.decode_groups[de.node.nid]
+        if at_once:
+            group.join_now(req, de)
+        else:
+            group.join(req, de)
 
     def _release_de_buffer(self, req: SimRequest) -> None:
         if req.de_buffer_bytes:
@@ -416,13 +419,11 @@ class Simulator(TurnLifecycle):
         hbm = {e: 0.0 for e in self.engines_by_id}
         readq = dict(pe_buf)
         for req in self.inflight.values():
-            if req.relay is not None:  # a local request's relay node (+selective)
-                pe_buf[req.relay.nid] += req.pe_buffer_bytes
-            if req.pe is not None:
-                pe_buf[req.pe.node.nid] += req.pe_buffer_bytes
-                if not req.computed:
-                    tok[req.pe.eid] += req.input_tokens
-                    seq[req.pe.eid] += 1
+            if req.pe_buffer_bytes:  # its PE's node, or a local request's relay (+selective)
+                pe_buf[req.pe_side_node.nid] += req.pe_buffer_bytes
+            if req.pe is not None and not req.computed:
+                tok[req.pe.eid] += req.input_tokens
+                seq[req.pe.eid] += 1
             if req.de is not None:
                 de_buf[req.de.node.nid] += req.de_buffer_bytes
                 tok[req.de.eid] += req.de_len_tokens

@@ -39,9 +39,8 @@ from ...metrics.timeline import DE_TO_PE
 from .base import CopyKind, CopyDone, EngineBase, EngineSpec, ReadFinished
 from .kv_region import contiguous, layer_spans
 from .mid_step import StepInterleave
-from ..model import PagedKVCache, layer_kv_to_bytes
+from ..model import PagedKVCache
 from ..transport.integrity import bad_pieces
-from ..transport.transfer import SpanCopy
 from ..api import MAX_CHOICES
 from ..model.generate import SamplerParams, TokenSampler, choice_seed
 from .local_prefill import prefill_into_region, usable_hit_tokens
@@ -205,13 +204,7 @@ class DecodeEngine(EngineBase):
         r = self.reqs[m.rid]
         if r.cancelled:
             return
-        ok = m.ok_blocks
-        bad = bad_pieces(self.buffers[self.node], m.sums) if ok else []
-        if bad:
-            self.counters.pd_checksum_failures += len(bad)
-            self.counters.kv_recomputes += 1
-            ok = 0
-        self._prefill_here(r, ok)
+        self._prefill_here(r, 0 if m.ok_blocks and self._damaged(m.sums) else m.ok_blocks)
 
     def _prefill_here(self, r: DecodeRequest, ok_blocks: int) -> None:
         """+selective: the prompt after its checked hit computed here, the first tokens sampled as a
@@ -251,12 +244,17 @@ class DecodeEngine(EngineBase):
         r = self.reqs.get(m.rid)
         if r is None or r.cancelled:
             return
-        bad = bad_pieces(self.buffers[self.node], m.pd_sums)
+        if self._damaged(m.pd_sums):  # the PE's copies are gone: the prompt's KV from its tokens, here
+            prefill_into_region(self, r.assign, 0)
+        self._load_prompt(r, m.first_token, m.hit_tokens, m.logprobs, m.more)
+
+    def _damaged(self, sums: list) -> bool:
+        """Whether a piece another engine wrote into this node's buffer fails its sum (counted)."""
+        bad = bad_pieces(self.buffers[self.node], sums)
         if bad:
             self.counters.pd_checksum_failures += len(bad)
             self.counters.kv_recomputes += 1
-            self._recompute_prompt(r)
-        self._load_prompt(r, m.first_token, m.hit_tokens, m.logprobs, m.more)
+        return bool(bad)
 
     def _load_prompt(self, r: DecodeRequest, first_token: int, hit_tokens: int, logprobs: list, more: list) -> None:
         """The prompt's KV, whole in the region, into the KV cache (H2D); the first tokens kept."""
@@ -281,16 +279,6 @@ class DecodeEngine(EngineBase):
         """The prompt is in the KV cache (on the link's thread): the `h2d` span ends, the loop is told."""
         self.timeline.end(("h2d", rid), self.cnic_track, "h2d", rid)
         self.mail.to_self(CopyDone(rid, CopyKind.H2D, None))
-
-    def _recompute_prompt(self, r: DecodeRequest) -> None:
-        """The prompt's KV from its tokens, written into its region as the PE would have (a PD
-        transfer failed its checksum; rare, so a plain prefill on this engine's main thread)."""
-        ids = list(r.assign.prompt_ids)
-        buf = self.buffers[self.node]
-        for layer, per_item in enumerate(self.model.prefill([(0, ids)]).new_kv):
-            data = np.frombuffer(layer_kv_to_bytes(per_item[0], self.dtype), dtype=np.uint8)
-            spans = layer_spans(self.layout, r.assign.de_offsets, layer, 0, len(ids))
-            SpanCopy(data, contiguous(0, data.nbytes), buf, spans)(0, data.nbytes)
 
     def _copy_done(self, m: CopyDone) -> None:
         r = self.reqs.get(m.rid)

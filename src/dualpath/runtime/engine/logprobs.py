@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..api import MAX_TOP_LOGPROBS, NO_LOGPROBS, TokenLogprobs
+from ..model.generate import SamplerParams, TokenSampler, choice_seed
 
 
 def token_logprobs(logits: torch.Tensor, token: int, top: int) -> TokenLogprobs:
@@ -39,8 +40,6 @@ def first_tokens(logits: torch.Tensor, n: int, temperature: float, top_p: float,
     with `choice_seed(seed, c)`, the EOS ids masked when `eos_token_ids` is given (min_tokens or
     ignore_eos); the logprobs from the raw logits. The one rule of the PE and of a DE that
     prefills (+selective), so that a request's tokens do not depend on which engine prefilled it."""
-    from ..model.generate import SamplerParams, TokenSampler, choice_seed
-
     raw = logits
     if eos_token_ids is not None:
         logits = logits.clone()

@@ -276,11 +276,10 @@ class Router:
                                                                 lambda: self._loop.call_later(wait_s, self.kick)):
             return False
         hit = self.placement.hit_tokens(prompt, stored)
-        if rr.local:  # the prompt's room on its DE's node; a relay's, its hit's on the relay's
-            relay = rr.relay.engine if rr.relay is not None else -1
-            regions = self.placement.allocate_regions(relay, rr.de.engine, len(prompt), ReadSide.DECODE, hit if rr.relay else 0)
-        else:
-            regions = self.placement.allocate_regions(rr.pe.engine, rr.de.engine, len(prompt), rr.side, min(rr.pe_part_tokens, hit))
+        pe_side = rr.pe_side  # a local request's relay holds its hit's room, as a split's PE its part's
+        side, pe_part = (ReadSide.DECODE, hit if rr.relay else 0) if rr.local else (rr.side, min(rr.pe_part_tokens, hit))
+        regions = self.placement.allocate_regions(-1 if pe_side is None else pe_side.engine, rr.de.engine, len(prompt), side,
+                                                  pe_part)
         if regions is None:
             return False
         rr.de_regions, rr.pe_regions = regions
@@ -302,12 +301,12 @@ class Router:
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
                                        p.temperature, p.top_p, seed, p.logprobs, p.n, rr.pe_part_tokens, rr.local))
         if rr.local:
-            if rr.relay is not None and not hit:  # nothing to relay after all: the relay is done
-                rr.pe_done = True
-            elif rr.relay is not None:
+            if rr.relay is not None and hit:
                 self.sends.send(rr.relay.outbox, RelayAssign(rr.rid, hit_digests, [r.offset_bytes for r in rr.pe_regions],
                                                              rr.de.engine, rr.de.endpoint, self.buffers[rr.de.engine].name,
                                                              rr.de.data_endpoint, de_offsets))
+            elif rr.relay is not None:  # nothing to relay after all: the relay is done
+                rr.pe_done = True
             return
         self.sends.send(rr.pe.outbox, PrefillAssign(rr.rid, prompt, hit, hit_digests, side, rr.de.engine, rr.de.endpoint,
                                         self.buffers[rr.de.engine].name, rr.de.data_endpoint, de_offsets,
