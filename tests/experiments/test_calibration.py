@@ -26,7 +26,7 @@ def test_knob_kinds_are_read_from_the_config_comments():
     assert {n for n, k in knobs.items() if k.kind == "choice"} == {
         "cluster.storage_egress_bytes_per_s", "cluster.reads_in_flight_per_node", "cluster.hbm_usable_fraction",
         "cluster.storage_read_latency_s", "cluster.prefill_snic_scale", "cluster.ep_group_prefill_nodes",
-        "cluster.ep_group_decode_nodes", "scheduler.recompute_when_faster",
+        "cluster.ep_group_decode_nodes", "cluster.dram_tier_gb_per_node", "scheduler.recompute_when_faster",
         "scheduler.split_min_blocks", "scheduler.local_prefill_max_tokens",
         "metrics.balance_window_s", "metrics.balance_min_utilisation", "generator.EXTRA_PREFIX_TOKENS",
         "generator.FIRST_PROMPT_SIGMA", "generator.FIRST_PROMPT_CAP_FRACTION", "generator.APPEND_TURN_SIGMA",

@@ -12,6 +12,7 @@ import pytest
 from dualpath.config import SimConfig, WorkloadConfig, paper_cluster, parse_mode
 from dualpath.metrics.timeline import NULL_TIMELINE
 from dualpath.sim.cpu_share import NO_CPU_SHARE
+from dualpath.sim.dram import NO_TIER
 from dualpath.sim.events import EventLoop
 from dualpath.sim.hits import StoreHits, TraceRequest, TrajectoryHits
 from dualpath.sim.persists import PersistWrites, PlacementGate, filled_at_s
@@ -44,7 +45,7 @@ class _Log:
 
 
 def _de():
-    return SimpleNamespace(cnic_out=None, node=SimpleNamespace(nid=7, snic_out=None, write_track="SNIC node7 write"))
+    return SimpleNamespace(cnic_out=None, node=SimpleNamespace(nid=7, snic_out=None, write_track="SNIC node7 write", dram=NO_TIER))
 
 
 def test_one_writer_a_block_at_a_time_through_a_one_block_bucket():

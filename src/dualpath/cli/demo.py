@@ -113,7 +113,7 @@ def demo(
     ray: Annotated[bool, typer.Option("--ray", help="with --testbed: a Ray node per emulated host, engines as Ray actors, and a kill -9 restart check (needs dualpath[cluster])")] = False,
     timeline: Annotated[Optional[Path], typer.Option(help="write each mode's spans as a Chrome trace (Perfetto), one file per mode: F.json -> F.<mode>.json")] = None,
     transfer: TransferOption = "remote-write",
-    modes: Annotated[str, typer.Option(help="comma-separated modes, run in this order on one cluster: basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+layerwise[+de_read][+scheduler]; any +tail, +selective")] = DEFAULT_DEMO_MODES,
+    modes: Annotated[str, typer.Option(help="comma-separated modes, run in this order on one cluster: basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+layerwise[+de_read][+scheduler]; any +tail, +selective, +dram")] = DEFAULT_DEMO_MODES,
     pd: Annotated[str, typer.Option(help="engines, e.g. 1P2D: each its own emulated node with the SNIC and CNIC rates (`dualpath plan --local` ranks them)")] = "1P1D",
 ) -> None:
     """Start a local 1P1D cluster (or --pd), replay an agentic workload in basic then dualpath mode (or --modes), compare."""

@@ -106,7 +106,7 @@ def generate(
 def serve(
     model: Annotated[str, typer.Option()] = "smollm2-135m",
     pd: Annotated[str, typer.Option(help="engines, e.g. 1P1D")] = "1P1D",
-    mode: Annotated[str, typer.Option(help="basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+layerwise[+de_read][+scheduler]; any +tail, +selective")] = "dualpath",
+    mode: Annotated[str, typer.Option(help="basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+layerwise[+de_read][+scheduler]; any +tail, +selective, +dram")] = "dualpath",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
     api_key: Annotated[Optional[str], typer.Option(help="require this Bearer key on /v1")] = None,
@@ -207,7 +207,7 @@ def run(
     trace: Annotated[Path, typer.Argument(help="trajectory JSONL, an agentic Mooncake trace (session_id: agents with tool time) or a Mooncake trace")],
     model: Annotated[str, typer.Option()] = "smollm2-135m",
     pd: Annotated[str, typer.Option()] = "1P1D",
-    mode: Annotated[list[str], typer.Option(help="basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+W[+W]; any +tail, +selective; repeat for several runs")] = ["dualpath"],
+    mode: Annotated[list[str], typer.Option(help="basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+W[+W]; any +tail, +selective, +dram; repeat for several runs")] = ["dualpath"],
     limit: Annotated[int, typer.Option(help="first N agents / requests")] = 8,
     max_len: Annotated[int, typer.Option(help="truncate prompts (tokens)")] = 4096,
     time_scale: Annotated[float, typer.Option(help="Mooncake: multiply timestamps")] = 1.0,

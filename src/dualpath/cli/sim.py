@@ -58,7 +58,7 @@ def sim(
     pd: Annotated[Optional[str], typer.Option(help="P/D shape, e.g. 2P4D (default: the paper's for the model)")] = None,
     max_len: Annotated[str, typer.Option(help="trajectory MaxLen, e.g. 64k")] = "64k",
     agents: Annotated[int, typer.Option(help="number of agents (generated, or the first of a trajectory file)")] = 1024,
-    mode: Annotated[Optional[list[str]], typer.Option(help="basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+layerwise[+de_read][+scheduler]; any +tail, +selective; repeat")] = None,
+    mode: Annotated[Optional[list[str]], typer.Option(help="basic | dualpath | oracle | dualpath+split | selective (beyond the paper) | basic+layerwise[+de_read][+scheduler]; any +tail, +selective, +dram; repeat")] = None,
     seed: Annotated[int, typer.Option(help="workload seed")] = 1,
     aps: Annotated[Optional[float], typer.Option(help="online: Poisson agent arrivals per second (default: offline)")] = None,
     trajectories: Annotated[Optional[Path], typer.Option(

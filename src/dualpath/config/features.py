@@ -15,7 +15,9 @@ class Features:
     a burst of requests spread over the open PE groups (core/policy/tail.py; both worlds).
     `+selective` after any mode (`selective` alone: basic's) adds local_prefill, beyond the paper:
     a request with few uncached tokens prefilled on its DE, no PE (core/policy/local.py; both
-    worlds)."""
+    worlds). `+dram` after any mode adds dram_tier, beyond the paper: per node an LRU of Full Blocks
+    in host DRAM in front of storage, its size ClusterConfig.dram_tier_gb_per_node (simulator) or
+    RuntimeConfig.store.dram_tier_mb (runtime) (core/dram.py; both worlds)."""
 
     layerwise_prefill: bool
     de_read_path: bool
@@ -24,6 +26,7 @@ class Features:
     split_reads: bool = False
     tail_share: bool = False
     local_prefill: bool = False
+    dram_tier: bool = False
 
 
 _FEATURE_WORDS = {"layerwise": "layerwise_prefill", "de_read": "de_read_path", "scheduler": "dualpath_scheduler"}
@@ -37,13 +40,15 @@ MODE_PRESETS = {
 
 TAIL_SUFFIX = "+tail"
 SELECTIVE_SUFFIX = "+selective"
+DRAM_SUFFIX = "+dram"
 SELECTIVE = "selective"  # basic with decode-local prefill for short appends (llm-d's rule)
-_SUFFIXES = {TAIL_SUFFIX: "tail_share", SELECTIVE_SUFFIX: "local_prefill"}
+_SUFFIXES = {TAIL_SUFFIX: "tail_share", SELECTIVE_SUFFIX: "local_prefill", DRAM_SUFFIX: "dram_tier"}
 
 
 def parse_mode(text: str) -> Features:
     """`basic`, `dualpath`, `oracle`, `dualpath+split`, `selective`, or `basic+W[+W...]` with W in
-    layerwise, de_read, scheduler; any of them followed by `+tail` and/or `+selective`."""
+    layerwise, de_read, scheduler; any of them followed by `+tail`, `+selective`, `+dram` (any of
+    these, in any order)."""
     name = text.strip().lower()
     for suffix, switch in _SUFFIXES.items():
         if name.endswith(suffix) and name != suffix:
@@ -56,6 +61,6 @@ def parse_mode(text: str) -> Features:
     if parts[0] != "basic" or len(parts) < 2 or any(p not in _FEATURE_WORDS for p in parts[1:]):
         raise InputError(
             f"unknown mode {text!r}: use basic, dualpath, oracle, dualpath+split, selective, or basic+{'/'.join(_FEATURE_WORDS)} "
-            f"combined with '+'; any of them +tail, +selective"
+            f"combined with '+'; any of them +tail, +selective, +dram"
         )
     return replace(MODE_PRESETS["basic"], **{_FEATURE_WORDS[p]: True for p in parts[1:]})

@@ -144,8 +144,14 @@ class StoreConfig:
     # 5 s: a get of a prompt's blocks on loopback takes milliseconds (docs/results/store/service_vs_local.json).
     timeout_s: float = 5.0
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (docs/paper.md §1.5; ~0.1 s each)
+    # choice: `+dram` (core/dram.py), each engine's host memory kept for Full Blocks it read or
+    # persisted (every engine is its own node here). 64 MiB holds a few thousand of the embedded
+    # model's blocks (the demo's working set is smaller; set it lower to see evictions).
+    dram_tier_mb: float = 64.0
 
     def __post_init__(self) -> None:
+        if self.dram_tier_mb < 0:
+            raise InputError(f"store.dram_tier_mb must be >= 0, got {self.dram_tier_mb}")
         _positive(self, ("timeout_s",), "store")
         _positive(self, ("capacity_bytes",), "store", optional=True)
         if self.persist_wait_s < 0:

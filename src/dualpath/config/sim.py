@@ -113,8 +113,14 @@ class ClusterConfig:
     # (costmodel/ep_traffic.py). `dualpath plan` deploys kP x kD as k units, each its own EP groups.
     ep_group_prefill_nodes: int | None = None
     ep_group_decode_nodes: int | None = None
+    # choice: `+dram` (core/dram.py), host DRAM per node kept for Full Blocks, beside the buffers
+    # (NodeSpec's); the paper's SGL(MC) baseline ran with 1.5 TB per node (docs/paper.md §5). The
+    # default is a point of the capacity sweep (`dualpath repro --only dram`, docs/results/beyond/dram.json).
+    dram_tier_gb_per_node: float = 256.0
 
     def __post_init__(self) -> None:
+        if self.dram_tier_gb_per_node < 0:
+            raise InputError(f"dram_tier_gb_per_node must be >= 0, got {self.dram_tier_gb_per_node}")
         if self.storage_read_latency_s < 0:
             raise InputError(f"storage_read_latency_s must be >= 0, got {self.storage_read_latency_s}")
         if not 0 < self.prefill_snic_scale <= 1:

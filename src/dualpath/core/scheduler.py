@@ -23,7 +23,10 @@ A group is the engines of one node and shares the node's id (docs/paper.md §3.1
      is recomputed instead (`should_recompute`: no read, nothing added to a queue). With a
      SplitRule (`dualpath+split`, beyond the paper), a read hit is cut between the two nodes so
      that both finish together (`split_read`: a PE-side prefix, a DE-side suffix); each node's
-     queue is charged with its own part.
+     queue is charged with its own part. With a DRAM tier (`+dram`, beyond the paper), each
+     side's cost adds the hit tokens its DRAM does not hold (`side_cost_tokens`; a side holding
+     the whole hit costs nothing), and a node's queue is charged only with what it reads from
+     storage.
   With a local-prefill threshold (`+selective`, beyond the paper), a request whose uncached tokens
   are at most it skips step 1 at `submit`: it joins the DE queue with no PE, its DE is chosen in
   step 2 as any request's (`prefill_locally`). Its hit is read on its DE's node; with DualPath's
@@ -56,6 +59,7 @@ from .policy import (
     RoundRobinCursor,
     SplitRule,
     choose_read_side,
+    side_cost_tokens,
     distribute_to_groups,
     prefill_locally,
     round_robin_decode,
@@ -104,6 +108,11 @@ class ClusterView:
         `ref` is the world's record given to `submit`."""
         raise NotImplementedError
 
+    def dram_tokens(self, ref: Any, node: int) -> int:
+        """Tokens of the request's hit that `node`'s DRAM tier holds (core/dram.py); asked only with
+        `+dram`, after `read_tokens`."""
+        return 0
+
     def store_latency_s(self, node: int) -> float:
         """Seconds before a read from `node` gets its first byte (read or recompute,
         core/policy/recompute.py); asked only when the rules carry a RecomputeRule."""
@@ -123,6 +132,7 @@ class SchedulerRules:
     split: SplitRule | None = None  # split a hit between the sides (policy/split.py; with dualpath only); None: never
     tail_share: bool = False  # +tail: a burst spread over the open PE groups (policy/tail.py); False: Algorithm 1
     local_max_tokens: int | None = None  # +selective: prefill on the DE at most this many uncached tokens (policy/local.py)
+    dram_tier: bool = False  # +dram: the read-side rule counts what each side's DRAM tier holds (policy/read_side.py)
 
 
 @final
@@ -391,7 +401,12 @@ class GlobalScheduler:
             if reads:  # what this pass already sent to either node
                 pe_queue += reads.get(pe_node, 0)
                 de_queue += reads.get(de_node, 0)
-            side = choose_read_side(pe_queue, de_queue)
+            if rules.dram_tier:
+                tokens = view.read_tokens(ref)
+                side = choose_read_side(side_cost_tokens(pe_queue, tokens - view.dram_tokens(ref, pe_node)),
+                                        side_cost_tokens(de_queue, tokens - view.dram_tokens(ref, de_node)))
+            else:
+                side = choose_read_side(pe_queue, de_queue)
         else:
             side, self._rr_side = round_robin_read_side(self._rr_side)
         tokens = view.read_tokens(ref)
@@ -408,7 +423,7 @@ class GlobalScheduler:
                 reads[de_node] = reads.get(de_node, 0) + tokens - pe_part
                 return DecodeAssignment(req, ref, engine, ReadSide.DECODE, tokens, False, pe_part)
             side, node = (ReadSide.PREFILL, pe_node) if pe_part else (ReadSide.DECODE, de_node)
-        reads[node] = reads.get(node, 0) + tokens
+        reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(ref, node) if rules.dram_tier else tokens)
         return DecodeAssignment(req, ref, engine, side, tokens)
 
     def _decided_local(self, w: _Entry, de_node: int, engine: int, view: ClusterView, reads: dict[int, int]) -> DecodeAssignment:
@@ -419,13 +434,20 @@ class GlobalScheduler:
         tokens = view.read_tokens(w.ref)
         node, side = de_node, ReadSide.DECODE
         rules = self.rules
+        dram = rules.dram_tier
         if tokens and rules.dualpath and rules.de_read_path and rules.forced_side is None:
-            de_queue = view.read_queue_tokens(de_node) + reads.get(de_node, 0)
-            pe_queue, relay = min((view.read_queue_tokens(g) + reads.get(g, 0), g) for g in self._pe_groups)
+            if dram:  # each side's queue plus what it must read from storage (policy/read_side.py)
+                de_queue = side_cost_tokens(view.read_queue_tokens(de_node) + reads.get(de_node, 0),
+                                            tokens - view.dram_tokens(w.ref, de_node))
+                pe_queue, relay = min((side_cost_tokens(view.read_queue_tokens(g) + reads.get(g, 0),
+                                                        tokens - view.dram_tokens(w.ref, g)), g) for g in self._pe_groups)
+            else:
+                de_queue = view.read_queue_tokens(de_node) + reads.get(de_node, 0)
+                pe_queue, relay = min((view.read_queue_tokens(g) + reads.get(g, 0), g) for g in self._pe_groups)
             if pe_queue < de_queue:
                 node, side = relay, ReadSide.PREFILL
         if tokens:
-            reads[node] = reads.get(node, 0) + tokens
+            reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(w.ref, node) if dram else tokens)
         return DecodeAssignment(w.req, w.ref, engine, side, tokens, local=True,
                                 relay_node=node if side is ReadSide.PREFILL else -1)
 

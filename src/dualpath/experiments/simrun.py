@@ -323,7 +323,8 @@ def _breakdown(sim: Simulator, done: np.ndarray) -> dict[str, float]:
     (`reads_in_flight_per_node` = 1, no storage egress cap: the presets)."""
     rec = sim.recorder
     cl = sim.cfg.cluster
-    exact = cl.reads_in_flight_per_node == 1 and cl.storage_egress_bytes_per_s is None and not sim.features.io_free
+    exact = (cl.reads_in_flight_per_node == 1 and cl.storage_egress_bytes_per_s is None and not sim.features.io_free
+             and not sim.features.dram_tier)  # a DRAM tier serves part of a hit without the SNIC
     read = np.asarray(rec.read_s)[done]
     hit_bytes = np.asarray(rec.hit_tokens, dtype=float)[done] * sim.kv_bytes_per_token
     transfer = np.minimum(read, hit_bytes / cl.node.snic_read_bytes_per_s) if exact else read

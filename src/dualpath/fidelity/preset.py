@@ -68,7 +68,8 @@ def local_sim_config(runtime: RuntimeConfig, profile, kv_bytes_per_token: int, s
                             node=node, block_tokens=runtime.block_tokens, reads_in_flight_per_node=1,
                             expert_parallel=False, cnic_as_runtime_arbiter=True,
                             decode_waits_for_step_end=True, persist_waits_for_snic_write=True,
-                            persist_wait_s=runtime.store.persist_wait_s, buffers_at_placement=True)
+                            persist_wait_s=runtime.store.persist_wait_s, buffers_at_placement=True,
+                            dram_tier_gb_per_node=runtime.store.dram_tier_mb * 2**20 / 1e9)  # `+dram`: the engine's tier
     pf, df, kp, kd = profile.prefill_fit, profile.decode_fit, speed.prefill_scale, speed.decode_scale
     grid = decode_grid(profile)
     machine = MeasuredMachine(

@@ -317,6 +317,7 @@ class Counters:
     # of the seconds a read job's first block takes, its SNIC wait excluded; 0 before any read
     read_latency_s: float = 0.0
     remote_write_bytes: int = 0  # KV bytes this engine wrote into peers over TCP (engine/peers.py)
+    dram_read_bytes: int = 0  # hit bytes its node's reads took from its DRAM tier, not the SNIC (`+dram`)
     # calls of this engine's storage-service client answered without the service while its circuit
     # breaker was open (store/breaker.py): reads taken as misses, persists skipped; 0 for a local store
     store_skipped_calls: int = 0

@@ -57,6 +57,9 @@ class SimView(ClusterView):
         self._life.resolve_hit(req)
         return self._io.tokens_to_read(req)
 
+    def dram_tokens(self, req: SimRequest, node: int) -> int:
+        return self._nodes[node].dram.held_tokens(req.rid.agent, 0, req.hit_tokens, False)
+
     def store_latency_s(self, node: int) -> float:
         return self._latency_s
 
@@ -75,7 +78,8 @@ class Dispatch:
         rules = SchedulerRules(thresholds, f.dualpath_scheduler, f.de_read_path, ctx.cfg.scheduler.z_factor,
                                recompute=recompute, split=_split_rule(ctx) if f.split_reads else None,
                                tail_share=f.tail_share,
-                               local_max_tokens=ctx.cfg.scheduler.local_prefill_max_tokens if f.local_prefill else None)
+                               local_max_tokens=ctx.cfg.scheduler.local_prefill_max_tokens if f.local_prefill else None,
+                               dram_tier=f.dram_tier)
         pe_groups = [n.nid for n in nodes if n.is_prefill]
         de_groups = [n.nid for n in nodes if not n.is_prefill]
         self.scheduler = GlobalScheduler(pe_groups, de_groups, rules)

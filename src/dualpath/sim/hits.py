@@ -33,6 +33,7 @@ from typing import Any, Sequence
 from ..core.request import TurnSpec, usable_hit_tokens
 from ..errors import InputError
 from ..workloads.mooncake import MooncakeRecord, Rechunker
+from .dram import BlockTier, NoTier, RunTier
 from .state import SimRequest
 
 UNNAMED_BLOCK = -1  # a block that is written (it costs SNIC time) but never looked up
@@ -99,6 +100,10 @@ class HitModel:
     def turn_finished(self, req: SimRequest) -> list[int]:
         raise NotImplementedError
 
+    def dram_tier(self, capacity_bytes: int, block_bytes: int) -> NoTier:
+        """A node's DRAM tier over this model's keys (`+dram`, dram.py)."""
+        raise NotImplementedError
+
 
 class TrajectoryHits(HitModel):
     """Hits within a trajectory, as the paper's client computes them (docs/paper.md §1.5, the paper's A.4): a turn
@@ -160,6 +165,9 @@ class TrajectoryHits(HitModel):
             agent.persisted_tokens = last_tokens
         return self._queue([agent.aid * _AGENT_KEY_STRIDE + i for i in range(first, last)])
 
+    def dram_tier(self, capacity_bytes: int, block_bytes: int) -> NoTier:
+        return RunTier(capacity_bytes, self.block_tokens, block_bytes, _AGENT_KEY_STRIDE)
+
     def prompt_in_cache(self, req: SimRequest) -> list[int]:
         """The prompt's full blocks beyond the hit (blocks a short hit left out are written again)."""
         b = self.block_tokens
@@ -203,6 +211,9 @@ class StoreHits(HitModel):
         while n < len(blocks) and (blocks[n] in self.stored or (in_flight and blocks[n] in self.persisting)):
             n += 1
         return n, (blocks[n] if n < len(blocks) else UNNAMED_BLOCK)
+
+    def dram_tier(self, capacity_bytes: int, block_bytes: int) -> NoTier:
+        return BlockTier(capacity_bytes, self.block_tokens, block_bytes, self.blocks)
 
     def prompt_in_cache(self, req: SimRequest) -> list[int]:
         aid = req.rid.agent

@@ -74,6 +74,7 @@ class PersistWrites:
     def submit(self, keys: list[int], de: Engine) -> None:
         if not keys:
             return
+        de.node.dram.fill_keys(keys)  # the blocks sit in the DE node's buffer (`+dram`, dram.py)
         ctx = self.ctx
         d2h = self._d2h_link(de)
         if self.timed and d2h is not None:  # one D2H copy per block, each block written after its own
@@ -102,6 +103,7 @@ class PersistWrites:
         assert num_prompt >= 0, (len(keys), len(filled))
         self.submit(keys[:num_prompt], de)  # a one-token turn's prompt blocks (StoreHits)
         gen = keys[num_prompt:]
+        de.node.dram.fill_keys(gen)
         self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, self._d2h_link(de),
                                                     self._copied_out, de)
         self._write(gen, de.node, filled)

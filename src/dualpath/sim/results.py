@@ -65,9 +65,11 @@ def _attention_balance(sim: FinishedRun) -> float:
 
 
 def _byte_totals(sim: FinishedRun, cnics: list) -> dict[str, float]:
+    dram = sim.reads.dram_bytes_by_side  # taken from a node's DRAM tier instead of storage (`+dram`)
     return {
         "storage_to_prefill": sim.reads.bytes_by_side[ReadSide.PREFILL],
         "storage_via_decode": sim.reads.bytes_by_side[ReadSide.DECODE],
+        **({"dram_to_prefill": dram[ReadSide.PREFILL], "dram_via_decode": dram[ReadSide.DECODE]} if sim.features.dram_tier else {}),
         "persisted": sim.writes.persisted_bytes,
         "kv_layer_streams": sum(g.stream_bytes for g in sim.prefill_groups.values()),
         "pd_transfer": sum(g.pd_bytes for g in sim.prefill_groups.values()),
@@ -163,10 +165,10 @@ def _scheduler(sim: Any) -> dict[str, Any]:
 
 
 def _features(features: Features) -> dict[str, bool]:
-    """The mode's switches; `split_reads`, `tail_share` and `local_prefill` (beyond the paper) only
-    when on, so that the paper's modes write the results they wrote before they existed."""
+    """The mode's switches; `split_reads`, `tail_share`, `local_prefill` and `dram_tier` (beyond the
+    paper) only when on, so that the paper's modes write the results they wrote before they existed."""
     out = asdict(features)
-    for beyond in ("split_reads", "tail_share", "local_prefill"):
+    for beyond in ("split_reads", "tail_share", "local_prefill", "dram_tier"):
         if not out[beyond]:
             del out[beyond]
     return out

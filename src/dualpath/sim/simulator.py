@@ -80,6 +80,9 @@ class Simulator(TurnLifecycle):
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
         self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
         self.hits = hit_model_for(trajectories, self.block_tokens, cl.persist_waits_for_snic_write)  # the workload's, once
+        if features.dram_tier:  # each node's host-DRAM tier (`+dram`, dram.py), GB = 1e9 bytes
+            for n in self.nodes:
+                n.dram = self.hits.dram_tier(int(cl.dram_tier_gb_per_node * 1e9), self.block_tokens * self.kv_bytes_per_token)
         self._validate_fit()
         self.inflight: dict = {}
         self.num_recomputed, thresholds = 0, self._profile_thresholds()  # hits computed again, not read
@@ -430,7 +433,7 @@ class Simulator(TurnLifecycle):
                 seq[req.de.eid] += 1
                 hbm[req.de.eid] += req.hbm_bytes
             for part in req.read_parts:  # queued or running on its node (both parts of a split read)
-                readq[part.node.nid] += part.tokens
+                readq[part.node.nid] += part.storage_tokens
         for node, tokens in self.gate.charged():  # charged at the decision (persists.py)
             readq[node.nid] += tokens
         for n in self.nodes:
@@ -439,6 +442,7 @@ class Simulator(TurnLifecycle):
                 raise AssertionError(f"node {n.nid}: buffer used {used} != reservations {pe_buf[n.nid] + de_buf[n.nid]}")
             if n.read_queue_tokens != readq[n.nid]:
                 raise AssertionError(f"node {n.nid}: read queue {n.read_queue_tokens} != {readq[n.nid]} tokens")
+            n.dram.check_invariants()
         for eid, e in self.engines_by_id.items():
             if e.load() != EngineLoad(eid, e.node.nid, e.num_seqs, e.num_tokens, int(e.hbm_free_bytes)):
                 raise AssertionError(f"engine {eid}: cached load snapshot is stale")

@@ -13,6 +13,7 @@ from ..core.phase import LEGAL_TRANSITIONS, Phase, check_transition
 from ..core.request import RequestId
 from ..core.snapshot import EngineLoad, QueuedRequest, ReadSide
 from ..metrics.timeline import engine_tracks, snic_tracks
+from .dram import NO_TIER, NoTier
 from .links import Link
 
 
@@ -98,14 +99,18 @@ class SimRequest:
 
 
 class ReadPart:
-    """A read of some of a request's hit on one node's SNIC: the whole hit, or one part of a split."""
+    """A read of some of a request's hit on one node's SNIC: the whole hit, or one part of a split;
+    tokens [first, first + tokens) of the prompt, `storage_tokens` of them not in the node's DRAM
+    tier (`+dram`; all of them otherwise), what its SNIC reads and its read queue counts."""
 
-    __slots__ = ("req", "side", "tokens", "node", "start_s")
+    __slots__ = ("req", "side", "first", "tokens", "storage_tokens", "node", "start_s")
 
-    def __init__(self, req: SimRequest, side: ReadSide, tokens: int, node: "Node") -> None:
+    def __init__(self, req: SimRequest, side: ReadSide, first: int, tokens: int, node: "Node") -> None:
         self.req = req
         self.side = side
+        self.first = first
         self.tokens = tokens
+        self.storage_tokens = tokens
         self.node = node
         self.start_s = -1.0  # when its reader took it
 
@@ -161,7 +166,7 @@ class Node:
 
     __slots__ = (
         "nid", "is_prefill", "engines", "snic_in", "snic_out", "buffer_total_bytes", "buffer_free_bytes",
-        "read_queue", "read_queue_tokens", "reads_active", "waiters", "read_track", "write_track", "_loads",
+        "read_queue", "read_queue_tokens", "reads_active", "waiters", "read_track", "write_track", "_loads", "dram",
     )
 
     def __init__(self, nid: int, is_prefill: bool, snic_in: Link, snic_out: Link, buffer_bytes: float) -> None:
@@ -179,6 +184,7 @@ class Node:
         # things blocked on this node's buffer, by id: a Node (its reader) or a PrefillGroup
         self.waiters: dict[int, Any] = {}
         self._loads: list[EngineLoad] | None = None  # its engines' `load()`, until one of them changes
+        self.dram: NoTier = NO_TIER  # its host-DRAM tier (`+dram`, dram.py; the simulator sets it once)
 
     def loads(self) -> list[EngineLoad]:
         """`Engine.load()` of each engine (a new list; the snapshots are rebuilt only after a change)."""

@@ -4,7 +4,7 @@ from .batching import Budget, form_prefill_batch, prefill_budgets
 from .decode import distribute_to_groups, select_decode
 from .local import prefill_locally
 from .prefill import PrefillThresholds, select_prefill
-from .read_side import choose_read_side
+from .read_side import choose_read_side, side_cost_tokens
 from .recompute import RecomputeRule, should_recompute
 from .round_robin import RoundRobinCursor, round_robin_decode, round_robin_prefill, round_robin_read_side
 from .split import SplitRule, split_read
@@ -26,5 +26,6 @@ __all__ = [
     "select_decode",
     "select_prefill",
     "should_recompute",
+    "side_cost_tokens",
     "split_read",
 ]

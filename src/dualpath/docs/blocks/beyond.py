@@ -171,3 +171,45 @@ def selective(r: Results) -> str:
             f"**{g['num_hold']} of {g['num_points']} points**.")
     sweep_header = ["point", "mode", "threshold, tokens", "local turns", "JCT x dualpath", "TTFT p99 x dualpath", "TPOT ms"]
     return text + "\n\n" + table(header, rows) + "\n\nThe threshold sweep:\n\n" + table(sweep_header, sweep)
+
+
+DRAM_JSON = "beyond/dram.json"
+DRAM_COMMAND = "dualpath repro --only dram --out DIR --workers 2 (then DIR/dram.json and DIR/dram.png copied to docs/results/beyond/)"
+
+
+@block("dram", reads=(DRAM_JSON,), command=DRAM_COMMAND)
+def dram(r: Results) -> str:
+    """The host-DRAM tier (experiments/dram.py): each +dram mode by capacity, over its mode without a tier."""
+    d = r.json(DRAM_JSON)
+    rows = []
+    for p in d["table"]:
+        base = p["modes"]
+        rows.append([p["point"], num(p["agents"]), "basic / dualpath", "-", f"{sig(base['basic']['jct_s'])} / "
+                     f"{sig(base['dualpath']['jct_s'])}", "1", ratio(base["basic"]["jct_s"] / base["dualpath"]["jct_s"], 3),
+                     f"{sig(base['basic']['ttft_p99_s'])} / {sig(base['dualpath']['ttft_p99_s'])}", "-", "-",
+                     f"{base['basic']['binding']} / {base['dualpath']['binding']}"])
+        for m, xs in p["tiers"].items():
+            for x in xs:
+                rows.append([p["point"], num(p["agents"]), m, num(x["capacity_gb"]), sig(x["jct_s"]),
+                             ratio(x["jct_over_own"], 3), ratio(x["jct_over_dualpath"], 3), sig(x["ttft_p99_s"]),
+                             ratio(x["ttft_p99_over_own"], 3), pct(x["dram_share"], 0, False), x["binding"]])
+    text = (f"Scale `{d['scale']}`, seed {d['seed']}, simulator code `{d['simulator_code']}`, {num(d['num_sims'])} "
+            f"simulations ({num(d['sim_wall_s'])} s). Offline, MaxLen 64K; tool time: log-normal, median "
+            f"{d['tool_time_median_s']:g} s, sigma 1. `x own`: over the same mode without a tier; `DRAM share`: the "
+            f"hit bytes the tiers served instead of storage.")
+    header = ["point", "agents", "mode", "GB per node", "JCT s", "JCT x own", "JCT x dualpath", "TTFT p99 s",
+              "TTFT p99 x own", "DRAM share", "binding"]
+    return text + "\n\n" + "\n".join(_dram_summary(p) for p in d["table"]) + "\n\n" + table(header, rows)
+
+
+def _dram_summary(p: Node) -> str:
+    """One line per point: each +dram mode's JCT over its own without a tier, across the capacities."""
+    parts = []
+    for m, xs in p["tiers"].items():
+        own = [x["jct_over_own"] for x in xs]
+        share = [x["dram_share"] for x in xs]
+        parts.append(f"{m} x{ratio(min(own), 3)} to x{ratio(max(own), 3)} of {m.removesuffix('+dram')}'s JCT "
+                     f"(DRAM share {pct(min(share), 0, False)} to {pct(max(share), 0, False)})")
+    base = p["modes"]
+    return (f"- {p['point']} (binding without a tier: basic {base['basic']['binding']}, dualpath "
+            f"{base['dualpath']['binding']}): " + "; ".join(parts) + ".")

@@ -155,7 +155,7 @@ async def run_workload(cluster: LocalCluster, trajectories: list[Trajectory] | T
     rate = cfg.links.snic_bytes_per_s
     result["mode"] = cfg.mode
     result["snic"] = {
-        str(e): {"read_bytes": c.storage_read_bytes, "write_bytes": c.storage_write_bytes,
+        str(e): {"read_bytes": c.storage_read_bytes, "write_bytes": c.storage_write_bytes, "dram_read_bytes": c.dram_read_bytes,
                  "utilisation": (c.storage_read_bytes / (rate * result["jct_s"])) if rate else None,
                  "utilisation_while_reading": (c.storage_read_bytes / (rate * c.read_busy_s)) if rate and c.read_busy_s else None}
         for e, c in sorted(counters.items())

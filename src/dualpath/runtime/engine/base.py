@@ -251,6 +251,7 @@ class EngineBase:
             cnic_lc_bytes=int(st.sent_bytes[lc] - self._lane_base[lc] + tp_payload_bytes(self.tp) - self._tp_base_bytes),  # + the collectives
             busy_s=float(c.busy_s), forwards=int(c.forwards), **{k: int(getattr(c, k)) for k in INTEGRITY_COUNTERS},
             read_latency_s=float(c.read_latency_s), remote_write_bytes=self.peers.sent_bytes(),
+            dram_read_bytes=int(c.dram_read_bytes),
             store_skipped_calls=self.storage.skipped_calls(),
             forward_items=int(c.forward_items), served_mid_step=int(c.served_mid_step),
             fit_terms=(float(c.fit_items), float(c.fit_ctx), float(c.fit_keys)),

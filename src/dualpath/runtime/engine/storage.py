@@ -7,7 +7,10 @@
      estimate (Counters.read_latency_s).
   2. Writes (`persist`): a FIFO of Full Blocks; the writer thread puts each through the SNIC's write
      bucket into the store and tells the router (`Persisted`: stored, or not, e.g. a full disk).
-  3. A mode switch (`reopen`) waits for both queues to drain, then opens the new store.
+  3. With `+dram` (store/dram_tier.py) both fill the node's DRAM tier, and a read takes a block the
+     tier holds from there (no SNIC, counted as `dram_read_bytes`) before it asks the store.
+  4. A mode switch (`reopen`) waits for both queues to drain, then opens the new store (and a new
+     tier, empty, if the new mode has one).
 The threads report through the engine's tally (`tally()`: the current mode's) and its timeline.
 """
 
@@ -27,6 +30,7 @@ from ...metrics.timeline import Timeline, snic_tracks
 from ..clock import Clock
 from ..protocol import Persisted
 from ..store import BlockStore, PutOutcome
+from ..store.dram_tier import DramTier
 from ..store.remote import RemoteStore, store_for
 from ..transport import TokenBucket
 from ..transport.messages import message
@@ -45,7 +49,7 @@ class ReadFinished:
 
     rid: int
     ok_blocks: int
-    nbytes: int
+    nbytes: int  # what crossed the SNIC (a block from the DRAM tier did not)
 
 
 class NodeStorage:
@@ -65,6 +69,7 @@ class NodeStorage:
         self.snic_read = TokenBucket(snic, 0, clock)
         self.snic_write = TokenBucket(snic, layout.full_block_bytes, clock)
         self.store = self._open(store_root)
+        self.dram = self._tier(cfg)
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{engine}", daemon=True)
@@ -77,10 +82,30 @@ class NodeStorage:
         return store_for(root, self._layout, self._fingerprint, self._cfg.kv_dtype, capacity_bytes=s.capacity_bytes,
                          num_threads=2, direct_io=s.direct_io, timeout_s=s.timeout_s)
 
+    @staticmethod
+    def _tier(cfg: RuntimeConfig) -> DramTier | None:
+        """The mode's DRAM tier, chosen once per mode: `+dram`'s, else none."""
+        return DramTier(int(cfg.store.dram_tier_mb * 2**20)) if cfg.features.dram_tier else None
+
     # 1. reads
     def read_blocks(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> None:
-        """Queue a FIFO read of Full Blocks into slots of `node`'s buffer; ReadFinished follows."""
+        """Queue a FIFO read of Full Blocks into slots of `node`'s buffer; ReadFinished follows. A read
+        the DRAM tier holds whole is copied now, ahead of the queue (it needs no SNIC)."""
+        if self.dram is not None and digests and self._from_dram(rid, digests, node, offsets):
+            return
         self._reads.put((rid, digests, node, offsets))
+
+    def _from_dram(self, rid: int, digests: list[bytes], node: int, offsets: list[int]) -> bool:
+        """Copy every block from the tier; False (nothing reported) if one is missing or bad by now."""
+        tier, fbb, buf = self.dram, self._layout.full_block_bytes, self._buffers[node]
+        assert tier is not None
+        read_s = self._timeline.now_s()
+        if not all(tier.read_into(bytes(d), buf[off : off + fbb]) for d, off in zip(digests, offsets)):
+            return False  # the reader reads it (the blocks still held come from the tier again)
+        self._tally().dram_read_bytes += len(digests) * fbb
+        self._timeline.until_now(self._read_track, "read", read_s, rid)
+        self._to_self(ReadFinished(rid, len(digests), 0))
+        return True
 
     def _read_loop(self) -> None:
         busy_since: float | None = None
@@ -101,8 +126,13 @@ class NodeStorage:
         read_s = self._timeline.now_s()
         buf = self._buffers[node]
         delay_s = self._cfg.faults.store_read_delay_s
-        ok = 0
+        tier = self.dram
+        ok = from_dram = 0
         for d, off in zip(digests, offsets):
+            if tier is not None and tier.read_into(bytes(d), buf[off : off + fbb]):
+                ok += 1  # from the node's DRAM: no SNIC
+                from_dram += 1
+                continue
             t0 = self._clock.now_s()
             due_s = t0 + self.snic_read.reserve(fbb)  # when the block's bytes have crossed the link
             if not ok and delay_s:
@@ -114,9 +144,12 @@ class NodeStorage:
             if got != 1:
                 break  # a block that fails its checksum is never used: the hit ends here
             ok += 1
-        self._tally().storage_read_bytes += ok * fbb
+            if tier is not None:
+                tier.put(bytes(d), buf[off : off + fbb])
+        self._tally().storage_read_bytes += (ok - from_dram) * fbb
+        self._tally().dram_read_bytes += from_dram * fbb
         self._timeline.until_now(self._read_track, "read", read_s, rid)
-        self._to_self(ReadFinished(rid, ok, ok * fbb))
+        self._to_self(ReadFinished(rid, ok, (ok - from_dram) * fbb))
 
     def _sample_latency(self, seconds: float) -> None:
         c = self._tally()
@@ -125,7 +158,10 @@ class NodeStorage:
 
     # 2. writes
     def persist(self, digest: bytes, payload: np.ndarray, queued_s: float) -> None:
-        """Write one Full Block (a private copy) to storage through the node's SNIC (announced at `queued_s`)."""
+        """Write one Full Block (a private copy) to storage through the node's SNIC (announced at `queued_s`);
+        with `+dram` it is in the node's tier from now on (the copy, shared: neither side writes it)."""
+        if self.dram is not None:
+            self.dram.put(bytes(digest), payload, private=True)
         self._writes.put((digest, payload, queued_s))
 
     def _write_loop(self) -> None:
@@ -153,6 +189,7 @@ class NodeStorage:
         self._cfg = cfg
         self.store.close()
         self.store = self._open(store_root)
+        self.dram = self._tier(cfg)
 
     def skipped_calls(self) -> int:
         """Calls a storage service's breaker skipped (store/breaker.py); 0 for a local store."""

@@ -11,6 +11,7 @@ class EngineTally:
     says what each one is)."""
 
     storage_read_bytes: int = 0
+    dram_read_bytes: int = 0
     storage_write_bytes: int = 0
     read_busy_s: float = 0.0
     read_latency_s: float = 0.0

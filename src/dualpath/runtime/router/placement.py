@@ -19,6 +19,7 @@ from ...core.blocks import chain_digests, salted_root
 from ...core.request import usable_hit_tokens
 from ...core.snapshot import ReadSide
 from ..transport.shm import BufferFull, HostBuffer, ShmRegion
+from .dram_index import DramIndex
 
 
 class Placement:
@@ -27,6 +28,7 @@ class Placement:
         self.buffers = buffers
         self.block_tokens = block_tokens
         self.persisting: dict[bytes, int] = {}  # digest -> writes queued on a DE and not yet ended
+        self.dram: DramIndex | None = None  # each node's DRAM tier as the router models it (`+dram`; the router sets it)
         self._persisting_on: dict[int, Counter[bytes]] = {}  # the same, per DE that queued them
 
     # 1. hit
@@ -66,7 +68,9 @@ class Placement:
 
     # 4. a dead DE
     def engine_lost(self, engine: int) -> None:
-        """Drop the dead `engine`'s queued writes: they will never report `Persisted`."""
+        """Drop the dead `engine`'s queued writes: they will never report `Persisted`; and its DRAM tier."""
+        if self.dram is not None:
+            self.dram.engine_lost(engine)
         for digest, n in list(self._persisting_on.pop(engine, Counter()).items()):
             self.persisted(digest, engine, n)
 
@@ -137,3 +141,5 @@ class Placement:
             buf.check_invariants()
         if any(n <= 0 for n in self.persisting.values()):
             raise AssertionError("a persist count is not positive")
+        if self.dram is not None:
+            self.dram.check_invariants()

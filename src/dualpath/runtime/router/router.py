@@ -45,6 +45,7 @@ from ..transport.shm import SlotLedger
 from .bookings import Bookings
 from .membership import Membership
 from .metrics import QueueGauges, RouterMetrics
+from .dram_index import DramIndex
 from .placement import Placement
 from .recovery import Recovery
 from .state import EngineState, RouterRequest, RouterView, Stream, build_scheduler, check_ledgers, kv_reservation_tokens
@@ -73,6 +74,7 @@ class Router:
         self.buffers: dict[int, SlotLedger] = self.membership.buffers  # node -> its host buffer's slots
         self.liveness = self.membership.liveness
         self.placement = Placement(store, self.buffers, config.block_tokens)
+        self.placement.dram = self._dram_index()
         self.requests: dict[int, RouterRequest] = {}
         self.view: ClusterView = RouterView(self.engines, self.placement, kv_bytes_per_token,
                                             lambda node: self.metrics.store_latency_s(node))
@@ -164,8 +166,15 @@ class Router:
         self.cfg = replace(self.cfg, mode=mode)
         self.features = self.cfg.features
         self.placement.store = store
+        self.placement.dram = self._dram_index()  # the engines' tiers start empty too
         self.metrics = RouterMetrics(self.clock, lambda: self.store)
         self.new_scheduler()
+
+    def _dram_index(self) -> DramIndex | None:
+        """The mode's model of the nodes' DRAM tiers (`+dram`), chosen once per mode."""
+        if not self.features.dram_tier:
+            return None
+        return DramIndex(int(self.cfg.store.dram_tier_mb * 2**20), self.full_block_bytes, self.cfg.block_tokens)
 
     # --- 1. requests ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -296,6 +305,8 @@ class Router:
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
         pe_side = rr.pe_side
+        if self.placement.dram is not None and hit_digests:
+            self._reads_sent(rr, hit_digests)
         pe_endpoint = "" if pe_side is None else pe_side.endpoint
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, pe_endpoint, de_offsets,
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
@@ -313,6 +324,19 @@ class Router:
                                         [r.offset_bytes for r in rr.pe_regions], p.temperature, p.top_p, seed,
                                         p.min_tokens > 0 or p.ignore_eos, self.features.layerwise_prefill, p.logprobs,
                                         p.n, rr.pe_part_tokens))
+
+    def _reads_sent(self, rr: RouterRequest, hit_digests: list[bytes]) -> None:
+        """Each reading node's tier will hold what it reads (dram_index.py): a split's PE part on the PE,
+        a local request's whole hit on its relay or DE, else the whole hit on the read side."""
+        dram = self.placement.dram
+        assert dram is not None
+        if rr.local:
+            dram.read_sent((rr.relay or rr.de).engine, hit_digests)
+            return
+        first = rr.pe_part_tokens // self.cfg.block_tokens
+        if first:
+            dram.read_sent(rr.pe.engine, hit_digests[:first])
+        dram.read_sent(rr.side_engine.engine, hit_digests[first:])
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
@@ -356,6 +380,8 @@ class Router:
 
     def _persisted(self, msg: Persisted) -> None:
         self.placement.persisted(msg.digest, msg.engine)
+        if self.placement.dram is not None:
+            self.placement.dram.persisted(msg.engine, msg.digest)
         self.metrics.persisted(msg.stored)
         self.kick()
 

@@ -249,6 +249,13 @@ class RouterView(ClusterView):
         """The hit the pass counts now; placement books what it finds then (Router._try_place)."""
         return self._placement.lookup(rr.req.prompt_ids, rr.digests)
 
+    def dram_tokens(self, rr: RouterRequest, node: int) -> int:
+        """What the router's model of `node`'s DRAM tier holds of the hit (`+dram`, dram_index.py)."""
+        dram = self._placement.dram
+        if dram is None:
+            return 0
+        return dram.held_tokens(node, rr.digests, self.read_tokens(rr))
+
     def store_latency_s(self, node: int) -> float:
         return self._latency_s(node)
 
@@ -303,7 +310,7 @@ def build_scheduler(cfg: RuntimeConfig, engines: list[EngineState], kv_bytes_per
     split = split_rule(cfg, kv_bytes_per_token) if features.split_reads else None
     local = cfg.scheduler.local_prefill_max_tokens if features.local_prefill else None
     rules = SchedulerRules(thresholds, features.dualpath_scheduler, features.de_read_path, cfg.scheduler.z_factor, forced,
-                           recompute, split, features.tail_share, local)
+                           recompute, split, features.tail_share, local, features.dram_tier)
     scheduler = GlobalScheduler(pes, des, rules)
     for g in pes:  # an idle engine is as the scheduler starts (a fresh cluster's first pass is unchanged)
         if by_id[g].num_tokens:
