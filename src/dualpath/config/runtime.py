@@ -145,8 +145,9 @@ class StoreConfig:
     timeout_s: float = 5.0
     persist_wait_s: float = 10.0  # most a lookup waits for a block being persisted (docs/paper.md §1.5; ~0.1 s each)
     # choice: `+dram` (core/dram.py), each engine's host memory kept for Full Blocks it read or
-    # persisted (every engine is its own node here). 64 MiB holds a few thousand of the embedded
-    # model's blocks (the demo's working set is smaller; set it lower to see evictions).
+    # persisted (every engine is its own node here). 64 MiB holds 22 of the embedded model's Full
+    # Blocks (2.8 MiB each: 64 tokens of float32 KV), a part of the demo's working set (its four
+    # agents read 1.9 GB in 68 turns, docs/results/runtime/demo_modes.json): a tier that evicts.
     dram_tier_mb: float = 64.0
 
     def __post_init__(self) -> None:

@@ -44,7 +44,7 @@ def demo(r: Results) -> str:
 
 
 @block("demo_modes", reads=("runtime/demo_modes.json",),
-       command="dualpath demo --modes basic,dualpath,dualpath+split,selective,dualpath+selective "
+       command="dualpath demo --modes basic,dualpath,dualpath+split,selective,dualpath+selective,basic+dram,dualpath+dram "
                "--json docs/results/runtime/demo_modes.json --plot docs/results/runtime/demo_modes.png")
 def demo_modes(r: Results) -> str:
     d = r.json("runtime/demo_modes.json")
@@ -56,12 +56,15 @@ def demo_modes(r: Results) -> str:
 
 
 def _demo_table(d: Node) -> str:
+    """One row per mode; a DRAM column when a mode has a tier (`+dram`: bytes its reads took from it)."""
+    dram = any(e.get("dram_read_bytes") for m in d["runs"] for _, e in m["snic"].items())
     rows = [[m["mode"], num(m["jct_s"], 1), num(m["ttft_s"]["p50"], 2), num(m["ttft_s"]["p90"], 2), ms(m["tpot_s"]["mean"], 0),
              pct(m["cached_tokens"] / m["prompt_tokens"], 1, False), mb(m["bytes"]["storage_to_prefill"], 0),
-             mb(m["bytes"]["storage_via_decode"], 0), _snic_util(m, "0"), _snic_util(m, "1"),
-             f"{m['pe_busy_s_per_turn']:.3f}"] for m in d["runs"]]
+             mb(m["bytes"]["storage_via_decode"], 0),
+             *([mb(sum(e.get("dram_read_bytes", 0) for _, e in m["snic"].items()), 0)] if dram else []),
+             _snic_util(m, "0"), _snic_util(m, "1"), f"{m['pe_busy_s_per_turn']:.3f}"] for m in d["runs"]]
     return table(["mode", "JCT s", "TTFT p50 s", "TTFT p90 s", "TPOT ms", "hit", "PE-path MB", "DE-path MB",
-                  "SNIC util PE node", "SNIC util DE node", "PE busy s per turn"], rows)
+                  *(["DRAM-tier MB"] if dram else []), "SNIC util PE node", "SNIC util DE node", "PE busy s per turn"], rows)
 
 
 @block("demo_robustness", reads=("runtime/demo_robustness.json",),
