@@ -36,10 +36,11 @@ def test_a_run_tier_merges_what_touches_and_evicts_whole_runs():
     assert t.held_tokens(0, 0, 64, True) == 64  # agent 0's run used now: agent 1's is the oldest
     t.fill(2, 0, 64)
     assert 1 not in t.runs and t.held_tokens(1, 0, 320, False) == 0 and t.held_tokens(0, 0, 320, False) == 320
-    t.fill(3, 0, 64 * 11)  # larger than the tier: not kept, nothing evicted for it
-    assert 3 not in t.runs and 0 in t.runs
     t.check_invariants()
-    t.runs[0][7] = 9  # a run the LRU does not have
+    t.fill(3, 0, 64 * 11)  # larger than the tier: its last 10 blocks, as a block LRU filled in order keeps
+    assert t.runs == {3: {1: 11}} and t.lru.used_bytes == 1000
+    t.check_invariants()
+    t.runs[3][20] = 21  # a run the LRU does not have
     with pytest.raises(AssertionError):
         t.check_invariants()
 

@@ -1,11 +1,12 @@
 """A node's host-DRAM tier as the simulator keeps it (`+dram`; the rule and the ledger: core/dram.py).
 
-Each node holds one tier, chosen once per run (`tier_for`): `NO_TIER` without `+dram`; otherwise the
-hit model's (hits.py: `HitModel.dram_tier`):
+Each node holds one tier, chosen once per run (simulator.py): `NO_TIER` without `+dram`; otherwise
+the hit model's (hits.py: `HitModel.dram_tier`):
   - `RunTier` (agent trajectories): an entry is a run of one agent's consecutive blocks, so a turn's
     read of 60K tokens is one LRU entry, not a thousand; runs that touch merge, and a run is
     evicted whole (coarser than the runtime's block-by-block LRU: an agent's context is read and
-    used as a unit, so its blocks age together).
+    used as a unit, so its blocks age together); a run larger than the tier keeps its last blocks,
+    as a block LRU filled in order would.
   - `BlockTier` (a Mooncake trace): an entry is a block id, as the runtime's digests.
 Ranges are in tokens of an agent's prompt (a request id names its agent), [first, last); a tier
 holds whole Full Blocks, so a range fills every block it touches and holds the tokens of the
@@ -87,6 +88,12 @@ class RunTier(NoTier):
                 lo, hi = min(lo, f), max(hi, e)
                 del runs[f]
                 self.lru.pop((agent, f))
+        # a run larger than the tier keeps its last blocks, the ones a block LRU filled in order keeps
+        lo = max(lo, hi - self.lru.capacity_bytes // self.block_bytes)
+        if lo >= hi:
+            if not runs:
+                del self.runs[agent]
+            return
         runs[lo] = hi
         for gone in self.lru.put((agent, lo), (hi - lo) * self.block_bytes):
             a, f = cast("tuple[int, int]", gone)
@@ -94,8 +101,6 @@ class RunTier(NoTier):
             del others[f]
             if not others and a != agent:
                 del self.runs[a]
-        if (agent, lo) not in self.lru:  # larger than the whole tier: not kept
-            del runs[lo]
         if not runs:
             del self.runs[agent]
 

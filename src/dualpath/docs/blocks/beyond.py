@@ -213,3 +213,27 @@ def _dram_summary(p: Node) -> str:
     base = p["modes"]
     return (f"- {p['point']} (binding without a tier: basic {base['basic']['binding']}, dualpath "
             f"{base['dualpath']['binding']}): " + "; ".join(parts) + ".")
+
+
+POLICIES_JSON = "beyond/policies.json"
+POLICIES_COMMAND = ("dualpath repro --only policies --out DIR --workers 2 (then DIR/policies.json and DIR/policies.png "
+                    "copied to docs/results/beyond/)")
+
+
+@block("policies", reads=(POLICIES_JSON,), command=POLICIES_COMMAND)
+def policies(r: Results) -> str:
+    """Every mode on the split-read grid (experiments/policies.py): per mode over the grid, then per point."""
+    d = r.json(POLICIES_JSON)
+    modes = d["modes"]
+    rows = [[m, ratio(s["jct_over_dualpath_geomean"], 3), ratio(s["jct_over_dualpath_max"], 3),
+             ratio(s["ttft_p99_over_dualpath_geomean"], 3), num(len(s["best_jct_points"]))]
+            for m, s in ((m, d["summary"][m]) for m in modes)]
+    points = [[p["point"], *(ratio(p["modes"][m]["jct_over_dualpath"], 3) for m in modes), p["best_jct_mode"],
+               p["modes"]["dualpath"]["binding"]] for p in d["table"]]
+    text = (f"Scale `{d['scale']}`, seed {d['seed']}, simulator code `{d['simulator_code']}`, {num(d['num_sims'])} "
+            f"simulations ({num(d['sim_wall_s'])} s), {num(d['table'][0]['agents'])} agents a point, offline. Over the "
+            f"grid's {num(len(d['table']))} points (geometric means; `best`: points where the mode's JCT is the lowest "
+            f"but the oracle's):")
+    return (text + "\n\n" + table(["mode", "JCT x dualpath", "worst JCT x dualpath", "TTFT p99 x dualpath", "best"], rows)
+            + "\n\nJCT over dualpath's per point:\n\n"
+            + table(["point", *modes, "lowest JCT", "dualpath's binding"], points))
