@@ -54,7 +54,8 @@ class _View(ClusterView):
     def read_tokens(self, ref):
         return self.hit
 
-    def dram_tokens(self, ref, node):
+    def dram_tokens(self, ref, node, hit_tokens):
+        assert hit_tokens == self.hit
         self.dram_asked += 1
         return self.held.get(node, 0)
 

@@ -108,9 +108,9 @@ class ClusterView:
         `ref` is the world's record given to `submit`."""
         raise NotImplementedError
 
-    def dram_tokens(self, ref: Any, node: int) -> int:
-        """Tokens of the request's hit that `node`'s DRAM tier holds (core/dram.py); asked only with
-        `+dram`, after `read_tokens`."""
+    def dram_tokens(self, ref: Any, node: int, hit_tokens: int) -> int:
+        """Tokens of the request's hit (`hit_tokens`, as `read_tokens` said) that `node`'s DRAM tier
+        holds (core/dram.py); asked only with `+dram`."""
         return 0
 
     def store_latency_s(self, node: int) -> float:
@@ -392,6 +392,7 @@ class GlobalScheduler:
             return self._decided_local(w, de_node, engine, view, reads)
         rules = self.rules
         pe_queue = de_queue = -1  # the queues the read-side rule compared (dualpath only)
+        tokens = -1  # the hit, once asked
         if rules.forced_side is not None:
             side = rules.forced_side
         elif not rules.de_read_path:
@@ -403,13 +404,14 @@ class GlobalScheduler:
                 de_queue += reads.get(de_node, 0)
             if rules.dram_tier:
                 tokens = view.read_tokens(ref)
-                side = choose_read_side(side_cost_tokens(pe_queue, tokens - view.dram_tokens(ref, pe_node)),
-                                        side_cost_tokens(de_queue, tokens - view.dram_tokens(ref, de_node)))
+                side = choose_read_side(side_cost_tokens(pe_queue, tokens - view.dram_tokens(ref, pe_node, tokens)),
+                                        side_cost_tokens(de_queue, tokens - view.dram_tokens(ref, de_node, tokens)))
             else:
                 side = choose_read_side(pe_queue, de_queue)
         else:
             side, self._rr_side = round_robin_read_side(self._rr_side)
-        tokens = view.read_tokens(ref)
+        if tokens < 0:
+            tokens = view.read_tokens(ref)
         if not tokens:
             return DecodeAssignment(req, ref, engine, side, 0)
         node = pe_node if side is ReadSide.PREFILL else de_node
@@ -423,7 +425,7 @@ class GlobalScheduler:
                 reads[de_node] = reads.get(de_node, 0) + tokens - pe_part
                 return DecodeAssignment(req, ref, engine, ReadSide.DECODE, tokens, False, pe_part)
             side, node = (ReadSide.PREFILL, pe_node) if pe_part else (ReadSide.DECODE, de_node)
-        reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(ref, node) if rules.dram_tier else tokens)
+        reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(ref, node, tokens) if rules.dram_tier else tokens)
         return DecodeAssignment(req, ref, engine, side, tokens)
 
     def _decided_local(self, w: _Entry, de_node: int, engine: int, view: ClusterView, reads: dict[int, int]) -> DecodeAssignment:
@@ -438,16 +440,16 @@ class GlobalScheduler:
         if tokens and rules.dualpath and rules.de_read_path and rules.forced_side is None:
             if dram:  # each side's queue plus what it must read from storage (policy/read_side.py)
                 de_queue = side_cost_tokens(view.read_queue_tokens(de_node) + reads.get(de_node, 0),
-                                            tokens - view.dram_tokens(w.ref, de_node))
+                                            tokens - view.dram_tokens(w.ref, de_node, tokens))
                 pe_queue, relay = min((side_cost_tokens(view.read_queue_tokens(g) + reads.get(g, 0),
-                                                        tokens - view.dram_tokens(w.ref, g)), g) for g in self._pe_groups)
+                                                        tokens - view.dram_tokens(w.ref, g, tokens)), g) for g in self._pe_groups)
             else:
                 de_queue = view.read_queue_tokens(de_node) + reads.get(de_node, 0)
                 pe_queue, relay = min((view.read_queue_tokens(g) + reads.get(g, 0), g) for g in self._pe_groups)
             if pe_queue < de_queue:
                 node, side = relay, ReadSide.PREFILL
         if tokens:
-            reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(w.ref, node) if dram else tokens)
+            reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(w.ref, node, tokens) if dram else tokens)
         return DecodeAssignment(w.req, w.ref, engine, side, tokens, local=True,
                                 relay_node=node if side is ReadSide.PREFILL else -1)
 

@@ -57,8 +57,8 @@ class SimView(ClusterView):
         self._life.resolve_hit(req)
         return self._io.tokens_to_read(req)
 
-    def dram_tokens(self, req: SimRequest, node: int) -> int:
-        return self._nodes[node].dram.held_tokens(req.rid.agent, 0, req.hit_tokens, False)
+    def dram_tokens(self, req: SimRequest, node: int, hit_tokens: int) -> int:
+        return self._nodes[node].dram.held_tokens(req.rid.agent, 0, hit_tokens, False)
 
     def store_latency_s(self, node: int) -> float:
         return self._latency_s

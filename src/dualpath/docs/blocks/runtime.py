@@ -10,7 +10,8 @@ from ..results import Node, Results
 # held-out workloads: no part of the `local` preset was developed on them (docs/results.md, fidelity);
 # the agents workload's first run and its rerun (the same command, no code changed between them)
 FIDELITY_RUNS = {"fidelity/heldout_agents_24k.json": "", "fidelity/heldout_mooncake_1000s.json": "",
-                 "fidelity/heldout_agents_24k_split.json": "", "fidelity/heldout_agents_64k_selective.json": ""}
+                 "fidelity/heldout_agents_24k_split.json": "", "fidelity/heldout_agents_64k_selective.json": "",
+                 "fidelity/heldout_agents_24k_dram.json": ""}
 
 
 def _plan(r: Node) -> str:
@@ -144,7 +145,7 @@ def _speeds(mode: Node) -> str:
        command=("dualpath fidelity --workload W --calibrate-on C [--calibrate-on C ...] --repeat R "
                 "--json docs/results/fidelity/heldout_F.json --plot docs/results/fidelity/heldout_F.png "
                 "(W, C, R and the modes per row below; F: agents_24k, mooncake_1000s, agents_24k_split, "
-                "agents_64k_selective)"))
+                "agents_64k_selective, agents_24k_dram)"))
 def fidelity(r: Results) -> str:
     rows, held, unresolved, missed = [], 0, [], []
     for rel in FIDELITY_RUNS:

@@ -3,9 +3,11 @@
 The read-side rule counts what each side's tier holds (core/policy/read_side.py), but the tiers
 live in the engines. The router keeps one LRU per node of the same capacity (core.dram.LruBytes),
 fed by the same events in the same order as the node's own: the hit blocks it sends a node to
-read (`read_sent`), and each block a DE reports persisted (`persisted`). It is a model, not a
-mirror: a read that ends early (a block failing its checksum) or a tier entry dropped for a bad
-CRC32 leaves the two apart until the blocks age out. Only the rule's choice depends on it; what
+read (`read_sent`), and each block a DE announces it persists (`persisted`, at `PersistQueued`:
+the DE's tier takes the block at its copy out of HBM, just after; at `Persisted`, after the slow
+write to storage, the model would think a block younger than the tier does, and keep it after the
+tier evicted it). It is a model, not a mirror: a read that ends early (a block failing its
+checksum) or a tier entry dropped for a bad CRC32 leaves the two apart until the blocks age out. Only the rule's choice depends on it; what
 a read takes from DRAM is always the engine's tier's own answer.
 """
 

@@ -377,11 +377,12 @@ class Router:
 
     def _persist_queued(self, msg: PersistQueued) -> None:
         self.placement.persist_queued(msg.digests, msg.engine)
+        if self.placement.dram is not None:  # in the DE's tier from its copy out of HBM, just after this
+            for d in msg.digests:
+                self.placement.dram.persisted(msg.engine, d)
 
     def _persisted(self, msg: Persisted) -> None:
         self.placement.persisted(msg.digest, msg.engine)
-        if self.placement.dram is not None:
-            self.placement.dram.persisted(msg.engine, msg.digest)
         self.metrics.persisted(msg.stored)
         self.kick()
 

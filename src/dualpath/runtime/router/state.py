@@ -249,12 +249,10 @@ class RouterView(ClusterView):
         """The hit the pass counts now; placement books what it finds then (Router._try_place)."""
         return self._placement.lookup(rr.req.prompt_ids, rr.digests)
 
-    def dram_tokens(self, rr: RouterRequest, node: int) -> int:
+    def dram_tokens(self, rr: RouterRequest, node: int, hit_tokens: int) -> int:
         """What the router's model of `node`'s DRAM tier holds of the hit (`+dram`, dram_index.py)."""
         dram = self._placement.dram
-        if dram is None:
-            return 0
-        return dram.held_tokens(node, rr.digests, self.read_tokens(rr))
+        return 0 if dram is None else dram.held_tokens(node, rr.digests, hit_tokens)
 
     def store_latency_s(self, node: int) -> float:
         return self._latency_s(node)
