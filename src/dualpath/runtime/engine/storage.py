@@ -70,6 +70,7 @@ class NodeStorage:
         self.snic_write = TokenBucket(snic, layout.full_block_bytes, clock)
         self.store = self._open(store_root)
         self.dram = self._tier(cfg)
+        self._dram_count = threading.Lock()  # the engine's thread and the reader both count DRAM reads
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{engine}", daemon=True)
@@ -102,7 +103,7 @@ class NodeStorage:
         read_s = self._timeline.now_s()
         if not all(tier.read_into(bytes(d), buf[off : off + fbb]) for d, off in zip(digests, offsets)):
             return False  # the reader reads it (the blocks still held come from the tier again)
-        self._tally().dram_read_bytes += len(digests) * fbb
+        self._counted_dram(len(digests))
         self._timeline.until_now(self._read_track, "read", read_s, rid)
         self._to_self(ReadFinished(rid, len(digests), 0))
         return True
@@ -147,9 +148,13 @@ class NodeStorage:
             if tier is not None:
                 tier.put(bytes(d), buf[off : off + fbb])
         self._tally().storage_read_bytes += (ok - from_dram) * fbb
-        self._tally().dram_read_bytes += from_dram * fbb
+        self._counted_dram(from_dram)
         self._timeline.until_now(self._read_track, "read", read_s, rid)
         self._to_self(ReadFinished(rid, ok, (ok - from_dram) * fbb))
+
+    def _counted_dram(self, num_blocks: int) -> None:
+        with self._dram_count:
+            self._tally().dram_read_bytes += num_blocks * self._layout.full_block_bytes
 
     def _sample_latency(self, seconds: float) -> None:
         c = self._tally()
