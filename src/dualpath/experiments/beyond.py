@@ -133,11 +133,7 @@ def run(ctx: Context) -> ExperimentOutput:
 
 
 def _row(point: GridPoint, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    modes = {m: mode_metrics(r, point.num_prefill_nodes) for m, r in results.items()}
-    base = modes[BASELINE]
-    for metrics in modes.values():
-        for key in ("jct_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s"):
-            metrics[f"{key[:-2]}_over_dualpath"] = ratio(metrics[key], base[key])
+    modes = over_dualpath({m: mode_metrics(r, point.num_prefill_nodes) for m, r in results.items()})
     return {"point": point.label, "model": point.model, "pd": point.pd, "max_len": point.max_len_tokens,
             "agents": point.num_agents, "origin": point.origin, "prefill_snic_scale": point.prefill_snic_scale,
             "unbalanced": point.unbalanced, "modes": modes, "goal": goal(point.unbalanced, modes),
@@ -158,12 +154,23 @@ def mode_metrics(result: dict[str, Any], num_prefill_nodes: int) -> dict[str, An
         "ttft_read_mean_s": result["ttft_breakdown_mean_s"]["read"],  # the hit's read, queue included
         "pe_path_bytes": result["bytes"]["storage_to_prefill"],
         "de_path_bytes": result["bytes"]["storage_via_decode"],
+        # taken from the nodes' DRAM tiers instead of storage (`+dram`; 0 without one)
+        "dram_bytes": result["bytes"].get("dram_to_prefill", 0.0) + result["bytes"].get("dram_via_decode", 0.0),
         "cached_tokens": result["cached_tokens"],
         "num_split_reads": result["scheduler"].get("split_reads", 0),
         "utilisation": utilisation,
         "de_busy": result["gpu_busy"]["decode_mean"],
         "binding": max(utilisation, key=lambda k: utilisation[k]),
     }
+
+
+def over_dualpath(modes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each mode's JCT, TTFT p50 and p99 and TPOT over dualpath's (`jct_over_dualpath`, ...), added in place."""
+    base = modes[BASELINE]
+    for metrics in modes.values():
+        for key in ("jct_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s"):
+            metrics[f"{key[:-2]}_over_dualpath"] = ratio(metrics[key], base[key])
+    return modes
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -89,8 +89,6 @@ def run(ctx: Context) -> ExperimentOutput:
 
 def _metrics(result: dict[str, Any], num_prefill_nodes: int) -> dict[str, Any]:
     m = mode_metrics(result, num_prefill_nodes)
-    b = result["bytes"]
-    m["dram_bytes"] = b.get("dram_to_prefill", 0.0) + b.get("dram_via_decode", 0.0)
     m["dram_share"] = ratio(m["dram_bytes"], m["dram_bytes"] + m["pe_path_bytes"] + m["de_path_bytes"])
     return m
 

@@ -24,13 +24,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .beyond import RESOURCES, GridPoint, grid, mode_metrics
-from .common import MODE_COLORS, Context, ExperimentOutput, md_table, pyplot, ratio, save_figure, scale_note
+from .beyond import RESOURCES, GridPoint, grid, mode_metrics, over_dualpath
+from .common import MODE_COLORS, Context, ExperimentOutput, md_table, pyplot, save_figure, scale_note
 from .simrun import simulate
 
 NAME = "policies"
 TITLE = "Beyond the paper: every mode on one grid"
-BASELINE = "dualpath"
 MODES = ("basic", "dualpath", "oracle", "dualpath+split", "dualpath+tail", "selective", "dualpath+selective",
          "basic+dram", "dualpath+dram")
 POLICIES = tuple(m for m in MODES if m not in ("basic", "dualpath", "oracle"))
@@ -52,16 +51,7 @@ def run(ctx: Context) -> ExperimentOutput:
 
 
 def _row(point: GridPoint, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    modes = {}
-    for m, r in results.items():
-        x = mode_metrics(r, point.num_prefill_nodes)
-        b = r["bytes"]
-        x["dram_bytes"] = b.get("dram_to_prefill", 0.0) + b.get("dram_via_decode", 0.0)
-        modes[m] = x
-    base = modes[BASELINE]
-    for x in modes.values():
-        for key in ("jct_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s"):
-            x[f"{key[:-2]}_over_dualpath"] = ratio(x[key], base[key])
+    modes = over_dualpath({m: mode_metrics(r, point.num_prefill_nodes) for m, r in results.items()})
     real = {m: x["jct_s"] for m, x in modes.items() if m != "oracle"}
     return {"point": point.label, "model": point.model, "pd": point.pd, "max_len": point.max_len_tokens,
             "agents": point.num_agents, "unbalanced": point.unbalanced, "modes": modes,

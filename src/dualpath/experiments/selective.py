@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.policy.local import LOCAL_PREFILL_MAX_TOKENS_DEFAULT
-from .beyond import mode_metrics
+from .beyond import mode_metrics, over_dualpath
 from .common import MODE_COLORS, Context, ExperimentOutput, fmt, md_table, pyplot, ratio, save_figure, scale_note
 from .simrun import SimSpec, simulate
 
@@ -99,11 +99,7 @@ def _metrics(result: dict[str, Any], num_prefill_nodes: int) -> dict[str, Any]:
 
 
 def _row(point: Point, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    modes = {m: _metrics(r, point.num_prefill_nodes) for m, r in results.items()}
-    base = modes["dualpath"]
-    for metrics in modes.values():
-        for key in ("jct_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s"):
-            metrics[f"{key[:-2]}_over_dualpath"] = ratio(metrics[key], base[key])
+    modes = over_dualpath({m: _metrics(r, point.num_prefill_nodes) for m, r in results.items()})
     return {"point": point.label, "model": point.model, "pd": point.pd, "max_len": point.max_len_tokens,
             "agents": point.num_agents, "modes": modes, "goal": goal(modes),
             "runs": {m: point.spec(m).run_id() for m in results}}
