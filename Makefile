@@ -1,9 +1,13 @@
 # Quickstart targets (README): `make demo` runs the main job, `make test` the tests.
-# Both create .venv with the project and its pinned dependencies on first use.
+# Both create .venv with the project and its pinned dependencies on first use, and compile the
+# simulator's hot path with mypyc where a C compiler is present (src/dualpath/_build.py; pure
+# Python otherwise, said in one line), again whenever one of its sources changed.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BUILT := $(VENV)/.simulator-built
+COMPILED_SOURCES := $(shell $(PYTHON) tools/compile_sim.py --list)
 
 .PHONY: demo sim-demo test test-slow bench-speed compiled clean-compiled test-compiled gpu-wheels clean mooncake-libs
 
@@ -29,36 +33,45 @@ mooncake-libs:
 	  echo "mooncake: apt-get could not install $(MOONCAKE_LIBS); --transfer mooncake needs them (its tests skip)"; \
 	else echo "mooncake: as root, apt-get install $(MOONCAKE_LIBS) for --transfer mooncake (its tests skip without them)"; fi
 
-demo: $(STAMP)
+# The set-up's build of the simulator: compiled where it can be, pure Python otherwise (one line says which).
+$(BUILT): $(STAMP) $(COMPILED_SOURCES) tools/compile_sim.py
+	@$(BIN)/python tools/compile_sim.py --auto
+	@touch $(BUILT)
+
+demo: $(BUILT)
 	$(BIN)/dualpath demo --json out/demo.json --plot out/demo.png
 
-sim-demo: $(STAMP)
+sim-demo: $(BUILT)
 	$(BIN)/dualpath sim --model ds-v3.2-660b --pd 2P4D --max-len 64k --agents 1024 \
 		--mode basic --mode dualpath --mode oracle --seed 1 --json out/sim.json --plot out/sim.png
 
-test: $(STAMP)
+test: $(BUILT)
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
-test-slow: $(STAMP)
+test-slow: $(BUILT)
 	$(BIN)/python -m pytest -q -m slow
 
-# Optional: the simulator's hot path compiled with mypyc (same numbers, faster; see _build.py).
+# The simulator's hot path compiled with mypyc now (same numbers, faster; see _build.py); or removed,
+# until a source changes: `DUALPATH_BUILD=pure` runs the sources without removing anything.
 compiled: $(STAMP)
 	$(BIN)/python tools/compile_sim.py
+	@touch $(BUILT)
 
 clean-compiled:
 	$(BIN)/python tools/compile_sim.py --clean
+	@touch $(BUILT)
 
-# The simulator and policy tests again on the compiled build, and its identity with pure Python.
+# The tests run the simulator's pure-Python reference (tests/conftest.py; test_compiled_build.py
+# compares both builds' numbers); this runs the simulator, core and CLI tests on the compiled build.
 test-compiled: compiled
-	$(BIN)/python -m pytest -q tests/sim tests/core tests/e2e/test_cli.py
+	DUALPATH_BUILD=compiled $(BIN)/python -m pytest -q -n 2 --dist worksteal tests/sim tests/core tests/e2e/test_cli.py
 
 # Wheels the GPU machine's image lacks, for tools/gpu_check.sh (carried there; it cannot download).
 gpu-wheels: $(STAMP)
 	$(BIN)/python -m pip download --quiet --only-binary=:all: --no-deps --python-version 3.12 \
 		--platform manylinux_2_28_x86_64 -d .gpu_wheels 'pyzmq>=25'
 
-bench-speed: $(STAMP)
+bench-speed: $(BUILT)
 	$(BIN)/dualpath bench sim-speed --agents 512,1024,2048,4096 --json out/sim_speed.json --plot out/sim_speed.png
 
 clean:

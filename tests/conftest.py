@@ -1,16 +1,25 @@
 """Suite-wide test settings.
 
+The suite runs the simulator's pure-Python reference (`DUALPATH_BUILD=pure`, set here before
+anything imports `dualpath`, inherited by the CLI processes tests start) unless the environment
+names a build: `make test-compiled` runs the simulator's tests on the compiled one, and
+tests/sim/test_compiled_build.py compares both builds' numbers in every run.
+
 Hypothesis' per-example deadline (200 ms by default) measures wall time, which a loaded 2-core CI
 machine can exceed for reasons that are not the code's; property tests here assert values and
 invariants, and the suite's own timing checks are explicit. So: no deadline, and no health check
 that fails a test because generating its examples was slow."""
 
-import fcntl
-import tempfile
-from pathlib import Path
+import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+os.environ.setdefault("DUALPATH_BUILD", "pure")  # before the imports below: see the docstring
+
+import fcntl  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("dualpath", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("dualpath")
@@ -66,3 +75,16 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def pytest_runtest_setup(item):
+    """`pure_only` tests skip where the compiled simulator runs (`make test-compiled`)."""
+    if item.get_closest_marker("pure_only") is not None:
+        import importlib
+
+        from dualpath._build import build_kind
+
+        importlib.import_module("dualpath.sim.simulator")  # build_kind reads the imported module
+
+        if build_kind() == "compiled":
+            pytest.skip("stands in for or instruments the simulator's classes: pure Python only")

@@ -4,8 +4,8 @@ Packages: `core` (pure policy and math shared by both worlds), `workloads`, `sim
 `metrics`, `experiments`. `core` imports nothing from the others.
 """
 
-from ._build import check_fresh
+from ._build import choose_build
 
-check_fresh()  # refuse compiled simulator modules older than their source (see _build.py)
+choose_build()  # the compiled simulator where it is fresh, else its sources (see _build.py)
 
 __version__ = "0.1.0"

@@ -1,14 +1,18 @@
-"""Which build of the simulator's hot path is running: pure Python, or compiled with mypyc.
+"""Which build of the simulator's hot path runs: compiled with mypyc, or pure Python.
 
-`make compiled` (tools/compile_sim.py) compiles `COMPILED_MODULES` with mypyc into extension
-modules beside their sources. Python imports an extension module before a `.py` of the same name,
-so the same source then runs as C: same arithmetic, same event order, the same numbers (checked by
-tests/sim/test_compiled_build.py), faster (docs/results/sim_speed_compiled.json against
-sim_speed.json). `make clean-compiled` removes them. The pure-Python build is the default and the reference.
+`tools/compile_sim.py` compiles `COMPILED_MODULES` with mypyc into extension modules beside their
+sources; the set-up (`make demo`, `make test`) runs it when a C compiler is present, `make compiled`
+runs it on demand and `make clean-compiled` removes it. Python imports an extension module before a
+`.py` of the same name, so the same source then runs as C: same arithmetic, same event order, the
+same numbers (checked by tests/sim/test_compiled_build.py), about three times faster
+(docs/results/sim_speed.json, both builds side by side). The pure-Python build is the reference.
 
 A stamp (`_compiled.json`, written by the build) records each compiled source's SHA-256.
-`check_fresh()` runs when `dualpath` is imported and refuses extension modules whose source has
-changed since they were built, so an edit is never silently shadowed by stale machine code.
+`choose_build()` runs when `dualpath` is imported. It keeps the compiled build only when every
+compiled source is unchanged since the build; otherwise (or with `DUALPATH_BUILD=pure` in the
+environment) it puts a finder ahead of Python's that loads those modules from their sources, so an
+edit is never shadowed by stale machine code, and `build_note()` says why. All of them or none run
+compiled: mypyc's modules call each other natively.
 
 This module is never compiled and imports nothing from the package.
 """
@@ -16,22 +20,29 @@ This module is never compiled and imports nothing from the package.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
+import importlib.util
 import json
+import os
 import sys
-from importlib.machinery import EXTENSION_SUFFIXES
+from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
 from pathlib import Path
+from typing import Mapping, Optional, Sequence
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 STAMP_PATH = PACKAGE_DIR / "_compiled.json"
 GROUP_NAME = "dualpath.simc"  # the mypyc shared library: dualpath/simc__mypyc.<suffix>
+BUILD_ENV = "DUALPATH_BUILD"  # "pure": run the sources even where a fresh compiled build exists
 
 # The simulator's event loop, links, engine groups and the policies they call per decision:
-# what a 48P96D run spends its time in (py-spy of `dualpath sim` at 48P96D); and the small
-# modules a compiled run still called into as Python on every turn (cProfile of a compiled run:
-# the turn recorder, phase checks, request ids, 9% of its time); and the timeline, whose null
-# recorder every component calls while nothing is recorded (metrics/timeline.py).
+# what a 48P96D run spends its time in (py-spy of `dualpath sim` at 48P96D); and the modules a
+# compiled run still called into as Python on every turn (cProfile of a compiled run: the turn
+# recorder, phase checks, request ids; the EP traffic, persists and DRAM tiers, 40% of a 2P4D
+# run's time before they joined); and the timeline, whose null recorder every component calls
+# while nothing is recorded (metrics/timeline.py).
 COMPILED_MODULES = (
     "dualpath/costmodel/cost.py",
+    "dualpath/core/dram.py",
     "dualpath/core/phase.py",
     "dualpath/core/request.py",
     "dualpath/core/scheduler.py",
@@ -47,11 +58,14 @@ COMPILED_MODULES = (
     "dualpath/sim/compute_measured.py",
     "dualpath/sim/cpu_share.py",
     "dualpath/sim/decode.py",
+    "dualpath/sim/dram.py",
+    "dualpath/sim/ep_comm.py",
     "dualpath/sim/events.py",
     "dualpath/sim/hits.py",
     "dualpath/sim/kv_io.py",
     "dualpath/sim/lifecycle.py",
     "dualpath/sim/links.py",
+    "dualpath/sim/persists.py",
     "dualpath/sim/prefill.py",
     "dualpath/sim/reads.py",
     "dualpath/sim/dispatch.py",
@@ -59,9 +73,7 @@ COMPILED_MODULES = (
     "dualpath/sim/state.py",
 )
 
-
-class StaleBuildError(ImportError):
-    pass
+_note = "pure Python (no compiled build: `make compiled` builds one where a C compiler is present)"
 
 
 def source_digest(rel_path: str, package_dir: Path = PACKAGE_DIR) -> str:
@@ -74,22 +86,79 @@ def extension_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
 
 
 def build_kind() -> str:
-    """'compiled' when the simulator module Python imports is a compiled one, else 'pure'.
+    """'compiled' when the simulator module Python imported is a compiled one, else 'pure'.
     Reported in every simulation result, since it changes wall times only."""
     mod = sys.modules.get("dualpath.sim.simulator")
     origin = getattr(mod, "__file__", None) or ""
     return "compiled" if any(origin.endswith(s) for s in EXTENSION_SUFFIXES) else "pure"
 
 
-def check_fresh(package_dir: Path = PACKAGE_DIR) -> None:
+def stale_reason(package_dir: Path = PACKAGE_DIR) -> Optional[str]:
+    """Why the compiled modules in `package_dir` must not run; None when they may (or there are none)."""
     exts = extension_files(package_dir)
     if not exts:
-        return
-    fix = "run `make compiled` to rebuild or `make clean-compiled` to go back to pure Python"
+        return None
     stamp_path = package_dir / STAMP_PATH.name
     if not stamp_path.exists():
-        raise StaleBuildError(f"compiled modules without a build stamp ({exts[0].name}, ...): {fix}")
-    stamp = json.loads(stamp_path.read_text())
-    changed = [m for m, digest in stamp["sources"].items() if source_digest(m, package_dir) != digest]
+        return f"compiled modules without a build stamp ({exts[0].name}, ...)"
+    built = json.loads(stamp_path.read_text())["sources"]
+    changed = [m for m, digest in built.items()
+               if not (package_dir.parent / m).is_file() or source_digest(m, package_dir) != digest]
     if changed:
-        raise StaleBuildError(f"compiled modules are stale: {', '.join(changed)} changed since the build; {fix}")
+        return f"the compiled build is stale: {', '.join(changed)} changed since it was built"
+    missing = [m for m in COMPILED_MODULES if m not in built]
+    if missing:
+        return f"the compiled build lacks {', '.join(missing)}"
+    return None
+
+
+class SourceFinder(importlib.abc.MetaPathFinder):
+    """Loads the named modules from their `.py` sources, ahead of the extension modules beside them."""
+
+    def __init__(self, sources: Mapping[str, Path]) -> None:
+        self.sources = dict(sources)
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
+                  target: object = None) -> Optional[ModuleSpec]:
+        source = self.sources.get(fullname)
+        return None if source is None else importlib.util.spec_from_file_location(fullname, source)
+
+
+def module_sources(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """Each compiled module's dotted name and its source."""
+    return {rel[:-3].replace("/", "."): package_dir.parent / rel for rel in COMPILED_MODULES}
+
+
+def choose_build(package_dir: Path = PACKAGE_DIR, environ: Mapping[str, str] = os.environ) -> str:
+    """Keep the compiled build where it is fresh and wanted, else load the sources (a `SourceFinder`
+    first on sys.meta_path). Returns the line `build_note()` gives from now on."""
+    global _note
+    if not extension_files(package_dir):
+        return _note
+    wanted = environ.get(BUILD_ENV, "")
+    reason: Optional[str]
+    if wanted == "pure":
+        reason = f"{BUILD_ENV}=pure"
+    elif wanted in ("", "compiled"):
+        reason = stale_reason(package_dir)
+        if reason is not None:
+            reason += "; `make compiled` rebuilds it"
+    else:
+        reason = f"{BUILD_ENV}={wanted!r} is neither pure nor compiled"
+    if reason is None:
+        _note = "compiled (mypyc)"
+        return _note
+    if not any(isinstance(f, SourceFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, SourceFinder(module_sources(package_dir)))
+    _note = f"pure Python ({reason})"
+    return _note
+
+
+def build_note() -> str:
+    """Which build runs and, if pure, why."""
+    return _note
+
+
+def build_line() -> str:
+    """What a command that simulates says before it starts (cli/io.py `say_build`, `repro`)."""
+    return f"simulator: {_note}"

@@ -30,6 +30,10 @@ from dualpath.sim.simulator import Simulator  # noqa: E402
 from dualpath.workloads.trajectory import Trajectory  # noqa: E402
 from fakes import RecordingOutbox  # noqa: E402
 
+# The recorder subclasses the scheduler and wraps the simulator's methods: Python cannot subclass or
+# patch mypyc's classes, so this runs on the pure-Python build (the suite's default, tests/conftest.py).
+pytestmark = pytest.mark.pure_only
+
 BLOCK_TOKENS = 64
 # slow storage reads (0.2 GB/s, a 250th of the paper's 50 GB/s SNIC), so that reads queue and
 # the read-side rule has both sides to choose from

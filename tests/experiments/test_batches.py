@@ -23,6 +23,9 @@ class Reversed:
     def __init__(self):
         self.batches = []
 
+    def starting(self):
+        pass
+
     def map(self, fn, args, on_done):
         self.batches.append(len(args))
         for i in reversed(range(len(args))):

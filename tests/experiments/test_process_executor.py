@@ -48,3 +48,23 @@ def test_the_plan_ranks_alike_in_processes(tmp_path):
         apart = make_plan(req, Context(tmp_path, seed=1, executor=ex))
     assert [(c.estimate.shape.pd, c.estimate.mode, c.predicted) for c in serial.ranked] == \
         [(c.estimate.shape.pd, c.estimate.mode, c.predicted) for c in apart.ranked]
+
+
+def test_announce_runs_once_when_work_first_begins_and_not_before():
+    """`open_executor(..., announce=)`: the CLI's build line comes with the first batch or the first
+    simulation a caller runs itself, once; a command that fails before any work prints nothing."""
+    said = []
+    with open_executor(None, None, announce=lambda: said.append("build")) as ex:
+        assert said == [] and not ex.parallel and ex.num_workers == 1
+        assert _run(ex, operator.mul, [(2, 3)]) == [6]
+        assert said == ["build"]
+        ex.starting()
+        assert _run(ex, operator.mul, [(4, 5)]) == [20]
+    assert said == ["build"]
+    with open_executor(None, None, announce=lambda: said.append("again")) as ex:
+        ex.starting()
+        ex.starting()
+    assert said == ["build", "again"]
+    with pytest.raises(InputError, match="--workers"), open_executor(None, 0, announce=lambda: said.append("no")):
+        pass
+    assert said == ["build", "again"]

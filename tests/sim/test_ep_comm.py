@@ -4,7 +4,6 @@ whole simulation shows: one FIFO class slows decode under a KV flood, the two cl
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -68,8 +67,7 @@ def test_a_step_is_retimed_when_kv_flows_come_and_go():
     loop = EventLoop()
     net = Network(loop)
     out, inn = _link(one_class=True), _link(one_class=True)
-    node = SimpleNamespace(engines=[SimpleNamespace(cnic_out=out, cnic_in=inn)])
-    ep = EpComm(net, node, bytes_per_token=1e6, ignores_kv=False)
+    ep = EpComm(net, [(out, inn)], bytes_per_token=1e6, ignores_kv=False)
     seen = []
     ep.watch(lambda gpu: seen.append(ep.gpu_changed(gpu, 10)))
     assert ep.extra_s([10]) == 0  # unloaded: the fixed EP latency already counts it

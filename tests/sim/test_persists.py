@@ -48,6 +48,7 @@ def _de():
     return SimpleNamespace(cnic_out=None, node=SimpleNamespace(nid=7, snic_out=None, write_track="SNIC node7 write", dram=NO_TIER))
 
 
+@pytest.mark.pure_only
 def test_one_writer_a_block_at_a_time_through_a_one_block_bucket():
     ctx = _ctx()
     log = _Log(ctx.loop)
@@ -60,6 +61,7 @@ def test_one_writer_a_block_at_a_time_through_a_one_block_bucket():
     assert writes.persisted_bytes == 6 * BT * KVB and writes.num_written == 6
 
 
+@pytest.mark.pure_only
 def test_untimed_writes_end_at_once():
     ctx = _ctx(timed=False)
     log = _Log(ctx.loop)
@@ -83,6 +85,7 @@ def test_a_generated_block_fills_when_the_step_after_its_last_token_ends():
     assert filled_at_s(_finished(7, 2, 0.5, 0.7, 0.7), BT) == [0.7]  # position 7 is the prefill's token
 
 
+@pytest.mark.pure_only
 def test_generated_blocks_are_written_from_when_they_filled():
     ctx = _ctx()
     log = _Log(ctx.loop)
@@ -176,6 +179,7 @@ def _gate(ctx, plan):
     return PlacementGate(ctx, _Hits(ctx.loop, plan), life, reads), placed
 
 
+@pytest.mark.pure_only
 def test_the_head_blocked_by_a_persist_holds_the_queue_until_the_write_ends():
     ctx = _ctx()
     node = SimpleNamespace(read_queue_tokens=0)
@@ -189,6 +193,7 @@ def test_the_head_blocked_by_a_persist_holds_the_queue_until_the_write_ends():
     assert node.read_queue_tokens == 0 and gate.num_waited == 1 and gate.num_gave_up == 0
 
 
+@pytest.mark.pure_only
 def test_after_persist_wait_s_placement_goes_on_with_what_is_stored():
     ctx = _ctx(wait_s=3.0)
     node = SimpleNamespace(read_queue_tokens=0)
@@ -200,6 +205,7 @@ def test_after_persist_wait_s_placement_goes_on_with_what_is_stored():
     assert gate.num_gave_up == 1
 
 
+@pytest.mark.pure_only
 def test_untimed_placement_is_immediate():
     ctx = _ctx(timed=False)
     node = SimpleNamespace(read_queue_tokens=0)
@@ -217,6 +223,7 @@ def _placed_on(nodes, aid, hit, side):
     return r
 
 
+@pytest.mark.pure_only
 def test_placement_takes_the_prompts_buffer_slots_all_or_nothing_and_waits_for_room():
     from dualpath.core.snapshot import ReadSide
     from dualpath.sim.state import Node

@@ -36,6 +36,7 @@ def test_the_mode_parses_and_both_worlds_take_it():
         parse_mode("basic+split")
 
 
+@pytest.mark.pure_only
 @pytest.mark.parametrize("waits", [False, True])
 def test_the_local_presets_placement_holds_both_parts_of_a_split_read(waits):
     """With host buffers taken at placement (the `local` preset, as the runtime's router does), a split
@@ -67,6 +68,7 @@ def test_the_local_presets_placement_holds_both_parts_of_a_split_read(waits):
     assert r["num_turns"] == dual["num_turns"]
 
 
+@pytest.mark.pure_only
 def test_split_reads_keep_every_ledger_and_move_dualpaths_bytes():
     cl = replace(paper_cluster("ds-27b", "1P2D"), prefill_snic_scale=0.5)
     cfg = SimConfig(cluster=cl, workload=WorkloadConfig(num_agents=len(SPEC)), check_invariants_every=10)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..config import RuntimeConfig, parse_mode
 from ..errors import InputError
-from .io import console, out
+from .io import console, out, say_build
 from .sim import _positive, _split_ints
 
 
@@ -23,26 +23,42 @@ def bench_sim_speed(
     max_len: Annotated[str, typer.Option()] = "64k",
     mode: Annotated[str, typer.Option(help="one mode")] = "dualpath",
     seed: Annotated[int, typer.Option()] = 1,
+    builds: Annotated[Optional[str], typer.Option(help="side by side, each in a child process: pure, compiled or "
+                                                  "pure,compiled (default: the build this process runs, alone)")] = None,
+    against: Annotated[Optional[Path], typer.Option(help="also another checkout's src/ folder, in the build it runs "
+                                                    "(older code: git worktree add DIR REV, then DIR/src)")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
     plot: Annotated[Optional[Path], typer.Option()] = None,
 ) -> None:
-    """Simulator speed: wall time and simulated turns per second by agent count."""
-    from .._build import build_kind
-    from ..bench.sim_speed import run_speed_bench
+    """Simulator speed: wall time and simulated turns per second by agent count; with --builds or
+    --against, several builds or checkouts side by side in one run."""
+    from .._build import PACKAGE_DIR, build_kind
+    from ..bench.sim_speed import run_speed_bench, side_by_side, variants
 
     counts = [_positive(int(a), "--agents") for a in _split_ints(agents)]
     parse_mode(mode)
-    rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
-    build = rows[0]["build"] if rows else build_kind()
-    table = Table(title=f"simulator speed: {model} {pd} {max_len} {mode} ({build} build)")
-    for col in ("agents", "turns", "events", "turns / M events", "wall s", "turns/s", "machine M heap ops/s",
-                "turns / M heap ops", "JCT s"):
+    columns = ["agents", "turns", "events", "turns / M events", "wall s", "turns/s", "machine M heap ops/s",
+               "turns / M heap ops", "JCT s"]
+    if builds is None and against is None:
+        say_build()
+        rows = run_speed_bench(model, pd, max_len, counts, mode, seed, json_path, plot)
+        title = f"simulator speed: {model} {pd} {max_len} {mode} ({rows[0]['build'] if rows else build_kind()} build)"
+    else:
+        vs = variants([b.strip() for b in (builds or build_kind()).split(",")], PACKAGE_DIR.parent,
+                      against.resolve() if against else None)
+        rows = side_by_side(model, pd, max_len, counts, mode, seed, vs, json_path, plot)["rows"]
+        title, columns = f"simulator speed: {model} {pd} {max_len} {mode}", ["variant", *columns]
+    table = Table(title=title)
+    for col in columns:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['turns_per_million_events']:.0f}",
+        table.add_row(*([r["variant"]] if "variant" in r else []),
+                      str(r["agents"]), str(r["num_turns"]), str(r["num_events"]), f"{r['turns_per_million_events']:.0f}",
                       f"{r['wall_s']:.1f}", f"{r['turns_per_wall_s']:.0f}", f"{r['heap_ops_per_s'] / 1e6:.2f}",
                       f"{r['turns_per_million_heap_ops']:.0f}", f"{r['jct_s']:.0f}")
     out.print(table)
+    if json_path:
+        console.print(f"wrote {json_path}")
 
 
 def bench_lanes(

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..experiments.cli import RAY_HELP
-from .io import console, out
+from .io import console, out, say_build
 from .sim import TOOL_TIME_HELP
 from .sweep import SweepLines
 
@@ -72,7 +72,7 @@ def plan(
     started = time.monotonic()
     if ray is None and workers is None:
         workers = len(os.sched_getaffinity(0))
-    with open_executor(ray, workers, code_fingerprint) as executor:
+    with open_executor(ray, workers, code_fingerprint, say_build) as executor:
         ctx = Context(cache or Path("."), seed=seed, progress=SweepLines(0, "plan"), use_disk_cache=cache is not None,
                       executor=executor)
         result = make_plan(req, ctx)

@@ -19,7 +19,7 @@ from ..config.overrides import apply_overrides
 from ..errors import InputError
 from ..experiments.cli import RAY_HELP, WORKERS_HELP
 from ..progress import reporter
-from .io import console, out
+from .io import console, out, say_build
 from .results import SIM_COLUMNS, print_runs
 
 
@@ -94,19 +94,18 @@ def sim(
         turns.parent.mkdir(parents=True, exist_ok=True)
     if ray is not None or workers is not None:
         result = _sim_apart(cfg, modes, replay, ray, workers, not quiet, turns, decisions, timeline)
-    elif quiet:
-        result = run_modes(cfg, modes, turns_csv=turns, replay=replay, decisions=decisions, timeline=timeline)
     else:
-        with reporter("sim", "agents", console) as progress:
-            result = run_modes(cfg, modes, progress.update, turns_csv=turns, replay=replay, decisions=decisions,
-                               timeline=timeline)
+        files = dict(turns_csv=turns, replay=replay, decisions=decisions, timeline=timeline, on_loaded=say_build)
+        if quiet:
+            result = run_modes(cfg, modes, **files)
+        else:
+            with reporter("sim", "agents", console) as progress:
+                result = run_modes(cfg, modes, progress.update, **files)
     print_runs(result, "simulated runs", 1e12, "TB", SIM_COLUMNS)
-    if turns is not None:
-        console.print(f"wrote {turns}")
-    for r in result["runs"]:
-        for key in ("decisions_file", "timeline_file"):
-            if key in r:
-                console.print(f"wrote {r[key]}")
+    written = [] if turns is None else [turns]
+    written += [r[key] for r in result["runs"] for key in ("decisions_file", "timeline_file") if key in r]
+    for path in written:
+        console.print(f"wrote {path}")
     if json_path:
         write_json(result, json_path)
         console.print(f"wrote {json_path}")
@@ -132,7 +131,7 @@ def _sim_apart(cfg: SimConfig, modes: list[str], replay, address: Optional[str],
         runs[i] = r
         console.print(f"sim {modes[i]}: done ({len(runs)}/{len(modes)}), {r['wall_s']:.1f} s")
 
-    with open_executor(address, workers, code_fingerprint) as executor:
+    with open_executor(address, workers, code_fingerprint, say_build) as executor:
         executor.map(run_mode, [(cfg, m, replay, with_progress) for m in modes], landed)
     return {"config": cfg.to_dict(), "workload": stats, "runs": [runs[i] for i in range(len(modes))]}
 

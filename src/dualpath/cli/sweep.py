@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..experiments.cli import RAY_HELP, WORKERS_HELP
-from .io import console, out
+from .io import console, out, say_build
 
 
 class SweepLines:
@@ -70,7 +70,7 @@ def sweep(
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} exists and is not a directory")
     lines = SweepLines(len(spec.points()))
-    with open_executor(ray, workers, code_fingerprint) as executor:
+    with open_executor(ray, workers, code_fingerprint, say_build) as executor:
         rows = run_sweep(spec, out_dir, executor, lines, use_cache=cache)
     paths = [*write_table(rows, out_dir), plot(rows, out_dir / "sweep.png")]
     _print(rows)

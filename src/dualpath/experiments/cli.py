@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .._build import build_line
 from ..errors import InputError, run_cli
 from ..pool.executor import open_executor
 from ..progress import PlainProgress
@@ -120,7 +121,7 @@ def repro(
         raise InputError(f"--out {out} exists and is not a directory")
     t0 = time.perf_counter()
     scale = "quick" if quick else "full"
-    with open_executor(ray, workers, code_fingerprint) as executor:
+    with open_executor(ray, workers, code_fingerprint, _say_build) as executor:
         outputs, sink = _run(Context(out, scale=scale, seed=seed, use_disk_cache=cache, executor=executor), names)
     table = Table(title=f"dualpath repro ({scale}) -> {out}")
     for col in ("experiment", "wall s", "simulations", "simulation wall s", "headlines met"):
@@ -135,6 +136,10 @@ def repro(
             Console().print(f"{o.name}: {o.extra['verdict']}")
     console.print(f"{sink.num_sims} simulations run, {sink.num_cached} from cache; total {time.perf_counter() - t0:.0f} s; "
                   f"wrote {out / 'report.md'} and {out / 'summary.json'}")
+
+
+def _say_build() -> None:
+    console.print(build_line(), markup=False, highlight=False)
 
 
 def _run(ctx: Context, names: list[str]) -> tuple[list[Any], RichProgress | PlainLinesProgress]:

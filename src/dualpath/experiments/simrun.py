@@ -176,6 +176,7 @@ def _load_or_run(ctx: "Context", spec: SimSpec, key: str) -> dict[str, Any]:
     cached = load_cached(ctx, spec, key)
     if cached is not None:
         return cached
+    ctx.executor.starting()
     task = ctx.progress.start_sim(spec.label(), spec.num_agents)
     result = run_spec(spec, ctx.seed, lambda done, total: ctx.progress.update_sim(task, done, total))
     ctx.progress.end_sim(task)

@@ -33,6 +33,10 @@ class Executor(Protocol):
         thread, as each finishes. A call that raises stops the batch and the exception propagates."""
         ...
 
+    def starting(self) -> None:
+        """Work begins: a batch goes out, or a caller runs a simulation itself (experiments/simrun.py)."""
+        ...
+
 
 class SerialExecutor:
     parallel = False
@@ -41,6 +45,9 @@ class SerialExecutor:
     def map(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], on_done: OnDone) -> None:
         for i, a in enumerate(args):
             on_done(i, fn(*a))
+
+    def starting(self) -> None:
+        pass
 
 
 class ProcessExecutor:
@@ -64,6 +71,9 @@ class ProcessExecutor:
             for f in futures:
                 f.cancel()
 
+    def starting(self) -> None:
+        pass
+
     def _open(self) -> Any:
         if self._pool is None:
             import multiprocessing
@@ -78,14 +88,43 @@ class ProcessExecutor:
             self._pool = None
 
 
+class Announcing:
+    """An executor that calls `announce()` once, when work first begins (`starting`: the CLI's line
+    saying which build of the simulator runs, after every input was checked, before any work)."""
+
+    def __init__(self, inner: Executor, announce: Callable[[], None]) -> None:
+        self.inner = inner
+        self.parallel = inner.parallel
+        self.num_workers = inner.num_workers
+        self._announce: Callable[[], None] | None = announce
+
+    def map(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], on_done: OnDone) -> None:
+        self.starting()
+        self.inner.map(fn, args, on_done)
+
+    def starting(self) -> None:
+        if self._announce is not None:
+            announce, self._announce = self._announce, None
+            announce()
+
+
 @contextlib.contextmanager
 def open_executor(ray_address: str | None, num_workers: int | None = None,
-                  identity: Callable[[], str] | None = None) -> Iterator[Executor]:
+                  identity: Callable[[], str] | None = None,
+                  announce: Callable[[], None] | None = None) -> Iterator[Executor]:
     """No address: the serial executor, or with `num_workers` > 1 that many processes of this host.
     An address: a Ray session for the block (deploy/ray/pool.py: `local` starts a local cluster of
     `num_workers` CPUs and stops it on exit, `auto` or HOST:PORT joins a running one); an unusable
     address or a missing Ray raises InputError before anything starts. `identity` (e.g. the
-    simulator's code fingerprint) must be the same in every worker."""
+    simulator's code fingerprint) must be the same in every worker; `announce` is called once
+    before the first batch (`Announcing`)."""
+    with _open(ray_address, num_workers, identity) as executor:
+        yield executor if announce is None else Announcing(executor, announce)
+
+
+@contextlib.contextmanager
+def _open(ray_address: str | None, num_workers: int | None,
+          identity: Callable[[], str] | None) -> Iterator[Executor]:
     if ray_address is None:
         if num_workers is not None and num_workers < 1:
             from ..errors import InputError

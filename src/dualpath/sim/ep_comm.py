@@ -25,16 +25,16 @@ from typing import Callable, Optional, Sequence
 
 from ..costmodel.ep_traffic import MOE_SHAPES, decode_bytes_per_token, prefill_bytes_per_token
 from ..core.lanes import Lane
-from .links import Network
+from .links import Link, Network
 from .state import Node
 
 _LC = Lane.LATENCY_CRITICAL
 
 
 class EpComm:
-    def __init__(self, net: Network, node: Node, bytes_per_token: float, ignores_kv: bool) -> None:
+    def __init__(self, net: Network, links: list[tuple[Link, Link]], bytes_per_token: float, ignores_kv: bool) -> None:
         self.net = net
-        self.links = [(e.cnic_out, e.cnic_in) for e in node.engines]
+        self.links = links  # each GPU's CNIC (out, in)
         self.bytes_per_token = bytes_per_token
         self.ignores_kv = ignores_kv
         self.booked_bytes = 0.0  # per direction, all GPUs
@@ -146,4 +146,4 @@ def ep_comm_for(cfg, net: Network, node: Node, prefill: bool) -> Optional[EpComm
     if not (cl.ep_over_cnic and cl.expert_parallel) or cfg.local is not None or nodes < 2:
         return None
     per_token = prefill_bytes_per_token(shape, nodes) if prefill else decode_bytes_per_token(shape, nodes)
-    return EpComm(net, node, per_token, cl.ep_ignores_kv)
+    return EpComm(net, [(e.cnic_out, e.cnic_in) for e in node.engines], per_token, cl.ep_ignores_kv)

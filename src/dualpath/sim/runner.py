@@ -112,16 +112,20 @@ def load_trajectories(cfg: SimConfig) -> tuple[tuple[Any, ...], tuple[float, ...
 
 def run_modes(cfg: SimConfig, modes: Sequence[str], progress: Progress | None = None,
               turns_csv: str | Path | None = None, replay: TraceReplay = TraceReplay(),
-              decisions: str | Path | None = None, timeline: str | Path | None = None) -> dict[str, Any]:
+              decisions: str | Path | None = None, timeline: str | Path | None = None,
+              on_loaded: Callable[[], None] | None = None) -> dict[str, Any]:
     """One simulation per mode on the same workload; `turns_csv` also writes every finished turn
     of every mode (TurnRecorder.write_csv); `decisions`, every scheduling decision of each mode
     (metrics/decisions.py: decisions_path); `timeline`, each mode's spans as a Chrome trace
-    (metrics/timeline.py: timeline_path); `replay` applies to a Mooncake trace."""
+    (metrics/timeline.py: timeline_path); `replay` applies to a Mooncake trace; `on_loaded` is
+    called once the workload is loaded and checked, before the first simulation."""
     from ..metrics.decisions import DecisionLog, decisions_path, write_jsonl
     from ..metrics.timeline import NULL_TIMELINE, Timeline, timeline_path, write_trace
 
     features = [(m, parse_mode(m)) for m in modes]
     work = load_workload(cfg, replay)
+    if on_loaded is not None:
+        on_loaded()
     runs = []
     for i, (name, feat) in enumerate(features):
         sim = Simulator(cfg, feat, work.agents, work.arrivals_s, NULL_TIMELINE if timeline is None else Timeline())

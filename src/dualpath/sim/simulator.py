@@ -23,6 +23,7 @@ Determinism: no wall clock, no global counters, no unseeded randomness; ties fol
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any, Sequence
 
@@ -382,8 +383,20 @@ class Simulator(TurnLifecycle):
                 self.loop.call_at(nxt, self._sample, None, PRIO_SAMPLE)
 
     def run(self, progress: Any = None) -> dict[str, Any]:
-        """Run until every agent finishes, or until the workload's horizon (online runs)."""
+        """Run until every agent finishes, or until the workload's horizon (online runs).
+
+        The workload and the cluster, built before, live as long as the run: they leave the cyclic
+        garbage collector's sight for it (`gc.freeze`). A 48P96D run's 49,152 agents hold millions of
+        objects that every full collection walked again: a third of its samples under `perf record`."""
         t0 = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        try:
+            return self._run(progress, t0)
+        finally:
+            gc.unfreeze()
+
+    def _run(self, progress: Any, t0: float) -> dict[str, Any]:
         for agent in self.agents:
             self.loop.call_at(agent.arrival_s, self._arrive, agent, PRIO_ARRIVAL)
         self.loop.call_at(0.0, self._sample, None, PRIO_SAMPLE)

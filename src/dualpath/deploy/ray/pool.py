@@ -182,6 +182,9 @@ class RayExecutor:
         self.num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._task = ray.remote(num_cpus=1)(_call)
 
+    def starting(self) -> None:
+        pass
+
     def map(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], on_done: OnDone) -> None:
         mine = self.identity()
         pending = {self._task.remote(self.identity, fn, a): i for i, a in enumerate(args)}

@@ -8,39 +8,58 @@ from ..registry import block
 from ..results import Results
 
 
-@block("sim_speed", reads=("sim_speed.json", "sim_speed_compiled.json"),
-       command=("dualpath bench sim-speed --agents 512,1024,2048 --json docs/results/sim_speed.json "
-                "--plot docs/results/sim_speed.png",
-                "make compiled, then the same into sim_speed_compiled.json / .png"))
+@block("sim_speed", reads=("sim_speed.json",),
+       command=("git worktree add /tmp/base REV (the code before this speed work), then "
+                "dualpath bench sim-speed --agents 512,1024,2048 --builds pure,compiled --against /tmp/base/src "
+                "--json docs/results/sim_speed.json --plot docs/results/sim_speed.png"))
 def sim_speed(r: Results) -> str:
-    pure, compiled = r.json("sim_speed.json"), r.json("sim_speed_compiled.json")
+    d = r.json("sim_speed.json")
+    labels = [v["label"] for v in d["variants"]]
+    code = {v["label"]: v["simulator_code"] for v in d["variants"]}
+    mine = [v["label"] for v in d["variants"] if v["src"] == "this tree"]
+    base = [v["label"] for v in d["variants"] if v["src"] != "this tree"]
+    built = {v["label"]: v["build"] for v in d["variants"]}
+    runs = {lab: [x for x in d["rows"] if x["variant"] == lab] for lab in labels}  # each in agent-count order
+    pairs = [(f"{b} / {a}", a, b) for a, b in zip(mine[:1] * len(mine[1:]), mine[1:])]  # compiled over pure
+    pairs += [(f"{m} / {b}", b, m) for b in base for m in mine if m == built[b]]  # the same build, older code
     rows, same = [], True
-    for p, c in zip(pure["rows"], compiled["rows"], strict=True):
-        same = same and p["jct_s"] == c["jct_s"] and p["num_events"] == c["num_events"]
-        rows.append([num(p["agents"]), num(p["num_turns"]), num(p["num_events"]), f"{p['wall_s']:.1f}",
-                     num(p["turns_per_wall_s"]), num(p["turns_per_million_heap_ops"]), f"{c['wall_s']:.1f}",
-                     num(c["turns_per_wall_s"]), num(c["turns_per_million_heap_ops"]), f"{p['wall_s'] / c['wall_s']:.2f}x",
-                     f"{min(x['heap_ops_per_s'] for x in (p, c)) / 1e6:.2f}-{max(x['heap_ops_per_s'] for x in (p, c)) / 1e6:.2f}"])
-    code = {pure.get("simulator_code", "unrecorded"), compiled.get("simulator_code", "unrecorded")}
-    return (f"{pure['model']}, {pure['pd']}, MaxLen {pure['max_len']}, {pure['mode']} mode, one process, simulator code "
-            f"`{', '.join(sorted(code))}`. JCTs and event counts equal in both builds: {'yes' if same else 'NO'}. Turns per "
-            "second depend on the machine and its load; \"per M heap ops\" divides them by the machine's own speed at "
-            "push and pop on a binary heap, measured around each run (`bench/sim_speed.py`), and compares runs made on "
-            "different machines or days.\n\n"
-            + table(["agents", "turns", "events", "pure wall s", "pure turns/s", "pure turns per M heap ops",
-                     "compiled wall s", "compiled turns/s", "compiled turns per M heap ops", "speed-up",
+    for i, first in enumerate(runs[mine[0]]):
+        at = {lab: runs[lab][i] for lab in labels}
+        same = same and all(at[lab]["jct_s"] == first["jct_s"] and at[lab]["num_events"] == first["num_events"]
+                            for lab in mine)
+        ups = [f"**{at[slow]['wall_s'] / at[fast]['wall_s']:.2f}x**" for _, slow, fast in pairs]
+        heap = [at[lab]["heap_ops_per_s"] / 1e6 for lab in labels]
+        rows.append([num(first["agents"]), num(first["num_turns"]), num(first["num_events"]),
+                     *[num(at[lab]["turns_per_wall_s"]) for lab in labels], *ups, f"{min(heap):.2f}-{max(heap):.2f}"])
+    other = ""
+    if base:
+        b0 = base[0]
+        same_base = all(x["jct_s"] == y["jct_s"] for x, y in zip(runs[b0], runs[mine[0]], strict=True))
+        other = (f" `{b0}` is another checkout (code `{code[b0]}`, its {built[b0]} build): the code "
+                 f"before this tree's speed work; its JCTs {'equal' if same_base else 'differ from'} this tree's.")
+    return (f"{d['model']}, {d['pd']}, MaxLen {d['max_len']}, {d['mode']} mode, one process per run, every variant at one "
+            f"agent count before the next (interleaved, so the machine's drift falls on all alike). This tree's code "
+            f"`{code[mine[0]]}`; JCTs and event counts equal in its builds: {'yes' if same else 'NO'}.{other} Turns per "
+            "second depend on the machine and its load; the ratios are of wall times measured side by side; the last "
+            "column is the machine's own speed at push and pop on a binary heap around each run (`bench/sim_speed.py`).\n\n"
+            + table(["agents", "turns", "events", *[f"{lab} turns/s" for lab in labels], *[p[0] for p in pairs],
                      "machine, M heap ops/s"], rows))
 
 
-@block("sim_48p96d", reads=("repro/table3.json",),
-       command="dualpath repro --out DIR (the table3 experiment; its 48P96D offline run)")
+@block("sim_48p96d", reads=("sim/48p96d_offline.json", "repro/table3.json"),
+       command="dualpath sim --model ds-v3.2-660b --pd 48P96D --max-len 64k --agents 49152 --mode dualpath --seed 1 "
+               "--quiet --json docs/results/sim/48p96d_offline.json")
 def sim_48p96d(r: Results) -> str:
+    run = r.json("sim/48p96d_offline.json")["runs"][0]
     t = r.json("repro/table3.json")
-    run = next(x for x in t["table"] if x["kind"] == "offline" and x["pd"] == "48P96D")
-    rows = [[", ".join(t["sim_builds"]), num(run["agents"]), num(run["turns"]), num(run["decisions"]),
-             f"{num(run['wall_s'])} ({run['wall_s'] / 60:.1f} min)", num(run["turns"] / run["wall_s"]),
-             f"{sig(run['cpu_us_per_decision'])} us per decision", num(run["jct_s"], 1)]]
-    return (f"Simulator code `{t['simulator_code']}`.\n\n"
+    old = next(x for x in t["table"] if x["kind"] == "offline" and x["pd"] == "48P96D")
+    decisions = run["scheduler"]["decisions"]
+    rows = [[run["build"], num(run["num_agents"]), num(run["num_turns"]), num(decisions),
+             f"{num(run['wall_s'])} ({run['wall_s'] / 60:.1f} min)", num(run["turns_per_wall_s"]),
+             f"{sig(run['policy_wall_s'] / decisions * 1e6)} us per decision", num(run["jct_s"], 1)]]
+    same = "equals" if round(run["jct_s"], 6) == round(old["jct_s"], 6) else "differs from"
+    return (f"Its JCT {same} the one the last full `repro` recorded for the same run (Table 3 below, {num(old['jct_s'], 1)} s, "
+            f"simulator code `{t['simulator_code']}`, {num(old['wall_s'])} s on its build and day).\n\n"
             + table(["build", "agents", "turns", "scheduling decisions", "simulation wall s", "turns/s", "policy",
                      "JCT s"], rows))
 
