@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._build import build_kind
 from ..parsing import format_tokens
 from .analytic import Estimate
 from .goodput import saturating_load
@@ -40,6 +41,7 @@ def to_json(plan: Plan, wall_s: float) -> dict[str, Any]:
         "pruned": [_estimate_json(e) for e in plan.pruned],
         "any_meets_slo": any(c.meets_slo for c in plan.ranked),
         "wall_s": wall_s,
+        "build": build_kind(),  # the simulator's build in this process: 'pure' or 'compiled' (wall_s only)
     }
 
 

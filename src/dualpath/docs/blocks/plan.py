@@ -88,7 +88,7 @@ def _example(d: Node, rel: str, command: str) -> str:
             f"{req['gpus']} GPUs, {what}, objective {req['objective']}: "
             f"{len(d['ranked'])} configurations simulated, {len(d['unconfirmed'])} estimated only, {len(d['pruned'])} "
             f"outside the bottleneck-free range, in **{sig(d['wall_s'])} s** on this machine "
-            f"({met(d['wall_s'] < PLAN_TIME_GOAL_S)} against {num(PLAN_TIME_GOAL_S)} s). "
+            f"({d.get('build', 'pure')} simulator; {met(d['wall_s'] < PLAN_TIME_GOAL_S)} against {num(PLAN_TIME_GOAL_S)} s). "
             f"{'Some' if d['any_meets_slo'] else 'No'} simulated configuration meets the SLOs. First choice: "
             f"`{best['commands']['sim']}`." + (f" The first {SHOWN}:" if len(d["ranked"]) > SHOWN else ""))
     header = ["#", "P/D", "mode", "simulated as", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "SLO", "binding"]
