@@ -285,15 +285,18 @@ class GlobalScheduler:
         start = self._pe_turn
         self._pe_turn = (start + 1) % n
         out: list[PrefillAssignment] = []
-        # Only the group being fetched changes during the walk, so the order is fixed up front.
-        order = [groups[(start + k) % n] for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open)]
-        cap = share_cap(len(self._pe_queue), len(order)) if self.rules.tail_share else None
-        if cap is None:
-            for group in order:
+        cap = share_cap(len(self._pe_queue), len(self._pe_open)) if self.rules.tail_share else None
+        if cap is None:  # the open groups in turn from `start`, until the queue is empty
+            is_open = self._pe_open  # only the group being fetched changes during the walk
+            for k in range(n):
                 if not self._pe_queue:
                     break
-                self._fetch_group(view, group, view.pe_loads(group), None, out)
+                group = groups[(start + k) % n]
+                if group in is_open:
+                    self._fetch_group(view, group, view.pe_loads(group), None, out)
             return out
+        # Only the group being fetched changes during the walk, so the order is fixed up front.
+        order = [groups[(start + k) % n] for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open)]
         # +tail (policy/tail.py): a capped sweep, then the groups still open take what is left
         added: dict[int, dict[int, int]] = {}
         for group in order:

@@ -30,13 +30,15 @@ def distribute_to_groups(group_tokens: Mapping[int, int], queue: Iterable[Queued
         raise ValueError("no DE groups")
     groups = list(group_tokens)
     totals = list(group_tokens.values())
+    n = len(groups)
     out: list[GroupAssignment] = []
     for req in queue:
-        least = min(totals)
-        if totals.count(least) == 1:
-            i = totals.index(least)
-        else:  # ties: the lower group id
-            i = min((g, j) for j, g in enumerate(groups) if totals[j] == least)[1]
+        i = 0  # the least (total, group id), in one pass
+        least, least_g = totals[0], groups[0]
+        for j in range(1, n):
+            t = totals[j]
+            if t < least or (t == least and groups[j] < least_g):
+                i, least, least_g = j, t, groups[j]
         totals[i] += req.num_tokens
         out.append(GroupAssignment(req.rid, groups[i]))
     return tuple(out)
