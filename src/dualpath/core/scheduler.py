@@ -202,7 +202,6 @@ class GlobalScheduler:
         self.rules = rules
         self._pe_groups = tuple(pe_groups)
         self._de_groups = tuple(de_groups)
-        self._pe_pos = {g: i for i, g in enumerate(self._pe_groups)}  # a group's place in the rotation
         self._de_pos = {g: i for i, g in enumerate(self._de_groups)}
         self._pe_queue: deque[_Entry] = deque()  # the global FIFO queue
         self._de_queue: deque[_Entry] = deque()  # PE chosen, no DE group yet
@@ -295,8 +294,8 @@ class GlobalScheduler:
                 if group in is_open:
                     self._fetch_group(view, group, view.pe_loads(group), None, out)
             return out
-        # Only the group being fetched changes during the walk, so the order is fixed up front.
-        order = [groups[(start + k) % n] for k in sorted((self._pe_pos[g] - start) % n for g in self._pe_open)]
+        # the open groups in turn from `start`, fixed up front: the second sweep visits the first's
+        order = [g for g in (groups[(start + k) % n] for k in range(n)) if g in self._pe_open]
         # +tail (policy/tail.py): a capped sweep, then the groups still open take what is left
         added: dict[int, dict[int, int]] = {}
         for group in order:
