@@ -238,14 +238,41 @@ def bench_cold(
 
 def bench_model_speed(
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,
-    json_path: Annotated[Optional[Path], typer.Option("--json")] = None,
+    repeats: Annotated[int, typer.Option(help="paired repeats: every run once each, the order alternating")] = 5,
+    prompt_tokens: Annotated[int, typer.Option(help="the prompt prefilled, and held by each decoded sequence")] = 1024,
+    decode_batch: Annotated[int, typer.Option(help="sequences per decode step")] = 8,
+    decode_tokens: Annotated[int, typer.Option(help="decode steps per run")] = 32,
+    profile: Annotated[bool, typer.Option(help="add torch.profiler's top operators of our prefill and decode step")] = False,
+    json_path: Annotated[Path, typer.Option("--json")] = Path("out/bench/model_speed.json"),
+    plot: Annotated[Optional[Path], typer.Option(help="a PNG of ours / transformers, median and min-max")] = None,
 ) -> None:
-    """Our SmolLM2 prefill and decode tokens/s against transformers' on the same weights, same
-    machine and threads, measured side by side."""
-    from ..bench.model_speed import model_speed
+    """Our SmolLM2 prefill and decode against transformers' on the same weights, machine and
+    threads, in paired repeats: each ratio's median with its min and max."""
+    from ..bench.model_speed import model_speed, plot_model_speed
 
-    if threads < 1:
-        raise InputError("--threads must be at least 1")
-    r = model_speed(threads=threads)
-    out.print_json(json.dumps(r))
+    if min(threads, repeats, prompt_tokens, decode_batch, decode_tokens) < 1:
+        raise InputError("--threads, --repeats, --prompt-tokens, --decode-batch and --decode-tokens must be at least 1")
+    r = model_speed(prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, batch=decode_batch, threads=threads,
+                    repeats=repeats, profile=profile)
+    _print_model_speed(r)
     _write_json(r, json_path)
+    if plot:
+        plot_model_speed(r, plot)
+        console.print(f"wrote {plot}")
+
+
+def _print_model_speed(r: dict) -> None:
+    from rich.table import Table
+
+    out.print(f"{r['model']}, {r['threads']} thread(s), {r['prompt_tokens']}-token prompt, decode batch "
+              f"{r['decode_batch']} x {r['decode_tokens']} steps, {r['repeats']} paired repeats, torch {r['torch']}, "
+              f"transformers {r['transformers']}")
+    out.print("tokens/s (median): " + ", ".join(f"{n} {v:,.1f}" for n, v in r["summary"]["tokens_per_s"].items()))
+    table = Table()
+    for col in ("ours", "over", "median", "min-max"):
+        table.add_column(col, justify="right")
+    for c in r["summary"]["ratios"]:
+        table.add_row(c["ours"], c["theirs"], f"{c['median']:.2f}", f"{c['min']:.2f}-{c['max']:.2f}")
+    out.print(table)
+    for run, ops in r.get("profile", {}).items():
+        out.print(f"{run}: " + ", ".join(f"{o['op']} {o['ms']:.1f} ms ({o['share']:.0%})" for o in ops))

@@ -114,6 +114,10 @@ class EngineConfig:
     # DE-path prefill waits up to one decode step per layer (the ablation; a run's `--timeline` shows
     # what it costs: the DE's `transfer` spans of the DE read path, metrics/timeline.py).
     de_serves_mid_step: bool = True
+    # A decode engine keeps its running batch's K,V dense and appends to it each step (runtime/model/
+    # decode_workspace.py: x1.2 decode steps on CPU, `dualpath bench model-speed`) at the price of a
+    # second copy of the batch's KV; False: every step gathers the batch's blocks (no second copy).
+    de_decode_workspace: bool = True
     # Compute quota (scheduler.compute_quota_s, 300 ms, docs/paper.md §3.5) kept as attention work at the
     # paper PE's rate (docs/hardware.md §1.2: FlashMLA sparse prefill, 640 TFLOPS). As 300 ms of a CPU's own
     # attention it chunked cold 3.8K-token prompts ~12 ways, each chunk reloading the earlier chunks' KV over the

@@ -89,10 +89,13 @@ _OPS = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=_OPS, block_tokens=st.sampled_from([1, 2, 4]), num_blocks=st.integers(1, 12))
-def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks):
+@given(ops=_OPS, block_tokens=st.sampled_from([1, 2, 4]), num_blocks=st.integers(1, 12), workspace=st.booleans())
+def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks, workspace):
+    """The ledger, every sequence's values and what a decode step reads hold under random adds,
+    writes, extends, steps and frees, with the decode workspace (whose rows check_invariants
+    compares with the blocks after every operation) and without."""
     cfg = tiny_config(0)
-    cache = PagedKVCache(cfg, num_blocks, block_tokens)
+    cache = PagedKVCache(cfg, num_blocks, block_tokens, workspace=workspace)
     shadow: dict[int, int] = {}  # seq -> tokens written so far, each holding the value seq*1000 + position
 
     def fill(seq, start, stop):
@@ -114,9 +117,14 @@ def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks
                 batch = sorted(shadow)[: n % len(shadow) + 1]
                 decode = cache.prepare_decode(batch)
                 kv_new = decode.positions.float() + 1000 * torch.tensor(batch, dtype=torch.float32)
-                cache.write_decode(decode, 1, kv_new[:, None, None, None].expand(-1, 2, cfg.num_kv_heads, cfg.head_dim))
+                for layer in range(cfg.num_layers):  # a step writes every layer
+                    cache.write_decode(decode, layer, kv_new[:, None, None, None].expand(-1, 2, cfg.num_kv_heads, cfg.head_dim))
                 for s in batch:
                     shadow[s] += 1
+                k, v = cache.gather_decode(decode, 1)  # what attention reads: each row's values, in order
+                for row, s in enumerate(batch):
+                    want = torch.arange(shadow[s], dtype=torch.float32) + 1000 * s
+                    assert torch.equal(k[row, 0, : shadow[s], 0], want) and torch.equal(v[row, 0, : shadow[s], 0], want)
             elif op == "free" and seq in shadow:
                 assert cache.free(seq) == cache.blocks_for_tokens(shadow.pop(seq))
         except OutOfBlocksError:
@@ -145,3 +153,89 @@ def test_after_layer_hook_runs_between_layers_and_changes_nothing(tiny):
             assert seen == list(range(model.config.num_layers))
     assert torch.equal(logits[0], logits[1])
     assert torch.equal(caches[0].kv, caches[1].kv)
+
+
+# ---- the decode workspace ---------------------------------------------------------------------
+
+
+def test_the_workspace_and_the_gather_give_attention_the_same_logits(tiny):
+    """Continuous batching (joins, leaves, reorders) with the batch's K,V kept in the workspace and
+    with every block gathered each step: the same logits, step for step."""
+    model = tiny.model
+    gen = torch.Generator().manual_seed(11)
+    prompts = {s: torch.randint(0, 256, (n,), generator=gen).tolist() for s, n in enumerate([5, 13, 2, 21])}
+    schedule = [[0, 1], [0, 1], [0, 1], [2, 0, 1], [1, 2], [1, 2, 3], [3, 1], [3, 1], [3]]
+    runs = {}
+    for workspace in (True, False):
+        cache = PagedKVCache(model.config, 48, 4, dtype=model.dtype, workspace=workspace)
+        tokens = {}
+        logits = []
+        for batch in schedule:
+            for s in batch:
+                if s not in tokens:
+                    res = model.prefill([(0, prompts[s])])
+                    cache.load_prompt(s, [kv[0] for kv in res.new_kv])
+                    tokens[s] = [int(res.logits[0].argmax())]
+            logits.append(model.decode_step(cache, batch, [tokens[s][-1] for s in batch]))
+            for s, row in zip(batch, logits[-1]):
+                tokens[s].append(int(row.argmax()))
+            cache.check_invariants()
+        runs[workspace] = logits
+    for with_ws, without in zip(runs[True], runs[False]):
+        torch.testing.assert_close(with_ws, without, atol=1e-6, rtol=0)
+
+
+def test_the_workspace_copies_only_the_sequences_that_join_or_change(tiny):
+    """A sequence is gathered from its blocks when it joins the batch, and again only after it was
+    written outside a step or left; a reorder or another sequence leaving moves no sequence's KV in
+    from the blocks."""
+    model = tiny.model
+    cfg = model.config
+    cache = PagedKVCache(cfg, 32, 4, dtype=model.dtype)
+    for s, prompt in enumerate([[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]):
+        cache.load_prompt(s, [kv[0] for kv in model.prefill([(0, prompt)]).new_kv])
+    ws = cache._workspace
+    b = cache.prepare_decode([0, 1])
+    assert ws.gathered == 2 and b.rows.tolist() == [0, 1] and ws.lengths == [4, 6]
+    assert cache.workspace_bytes == ws.nbytes > 0
+    cache.prepare_decode([0, 1])
+    b = cache.prepare_decode([1, 0])  # another order: the rows stay, the queries are permuted
+    assert ws.gathered == 2 and b.rows.tolist() == [1, 0]
+    cache.prepare_decode([1, 0, 2])  # a join: that one sequence gathered
+    assert ws.gathered == 3
+    b = cache.prepare_decode([2, 1])  # 0 left: its row taken by the last one
+    assert ws.gathered == 3 and sorted(b.rows.tolist()) == [0, 1]
+    cache.write(1, 0, 0, LayerKV(torch.ones(1, 2, cfg.num_kv_heads, cfg.head_dim)))  # outside a step
+    b = cache.prepare_decode([2, 1])
+    assert ws.gathered == 4  # 1 gathered again, with what was written
+    assert torch.equal(ws.kv[0, b.rows[1], 0], torch.ones(2, cfg.num_kv_heads, cfg.head_dim))
+    cache.check_invariants()
+    cache.free(2)
+    cache.check_invariants()
+    assert ws.seq_of == [1] and PagedKVCache(cfg, 4, 4, workspace=False).workspace_bytes == 0
+
+
+def test_a_batch_too_long_for_the_workspace_is_gathered_and_decodes_the_same(tiny):
+    """The rows never hold more positions than the block pool: a batch that would need more reads
+    by the gather that step (no rows), and gives the logits of a cache without a workspace."""
+    model = tiny.model
+    prompts = [list(range(1, 30)), [5, 6], [7, 8, 9]]
+    logits = {}
+    for workspace in (True, False):
+        cache = PagedKVCache(model.config, 12, 4, dtype=model.dtype, workspace=workspace)  # 48 positions
+        for s, p in enumerate(prompts):
+            cache.load_prompt(s, [kv[0] for kv in model.prefill([(0, p)]).new_kv])
+        solo = cache.prepare_decode([1])
+        assert (solo.rows is not None) == workspace  # 1 row of 3 positions (and spare blocks): fits
+        wide = cache.prepare_decode([0, 1, 2])
+        assert wide.rows is None  # 3 rows of 30 positions: over 48
+        assert cache.workspace_bytes <= cache.kv.numel() * cache.kv.element_size()
+        for s in range(3):
+            cache.free(s)
+        for s, p in enumerate(prompts):
+            cache.load_prompt(s, [kv[0] for kv in model.prefill([(0, p)]).new_kv])
+        logits[workspace] = [model.decode_step(cache, [1, 2], [3, 4]), model.decode_step(cache, [0, 1, 2], [5, 6, 7]),
+                             model.decode_step(cache, [2, 1], [8, 9])]
+        cache.check_invariants()
+    for a, b in zip(logits[True], logits[False]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

@@ -85,7 +85,8 @@ def test_the_ledger_holds_under_random_forks(ops, block_tokens, num_blocks):
                 batch = sorted(shadow)[: n % len(shadow) + 1]
                 decode = cache.prepare_decode(batch)
                 values = [float(next(stamp)) for _ in batch]
-                cache.write_decode(decode, 1, kv(values))
+                for layer in range(cfg.num_layers):  # a step writes every layer
+                    cache.write_decode(decode, layer, kv(values))
                 for s, v in zip(batch, values):
                     shadow[s].append(v)
             elif op == "free" and a in shadow:

@@ -100,7 +100,7 @@ class DecodeEngine(EngineBase):
         super().__init__(spec)
         bt = self.cfg.block_tokens
         self.cache = PagedKVCache(self.mcfg, num_blocks=-(-self.cfg.engines.de_kv_tokens // bt), block_tokens=bt,
-                                  dtype=self.dtype, device=self.device)
+                                  dtype=self.dtype, device=self.device, workspace=self.cfg.engines.de_decode_workspace)
         self.cache_bytes = self.cache.kv.view(-1).view(torch.uint8)
         self.reqs: dict[int, DecodeRequest] = {}
         self.eos = set(self.mcfg.eos_token_ids)

@@ -5,7 +5,8 @@ Module map:
   config.py              LlamaConfig (shape, KV bytes per token, fingerprint)
   llama.py               the model: forward / layerwise prefill / paged decode
   kv_layout.py           LayerKV and the Layer Block / Full Block byte conversions
-  paged_cache.py         PagedKVCache (block tables, conservation law)
+  paged_cache.py         PagedKVCache (block tables, conservation law, decode attention)
+  decode_workspace.py    the decoding sequences' K,V kept dense, appended to each step
   tokenizer.py           `tokenizers` wrapper + chat template
   weights.py             Hugging Face tensor names <-> parameters
   gguf_loader.py         GGUF files (dequantized to float32)

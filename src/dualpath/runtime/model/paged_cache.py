@@ -18,6 +18,14 @@ Conservation law (checked by `check_invariants`):
 Lifecycle of a sequence: add_sequence (or load_prompt, or fork) -> prepare_decode, once per step,
 which reserves the new token's slot -> free (its blocks return when no other sequence holds them).
 Failed allocations raise `OutOfBlocksError` and change nothing.
+
+A decode step's attention (`attend`) reads the batch's K,V through one of two strategies, chosen
+in the constructor: a `DecodeWorkspace` (decode_workspace.py: each decoding sequence's K,V kept
+dense in a row and appended to; a sequence that joins is gathered from its blocks once; the
+default) or a gather of every block of the batch each step (`workspace=False`: no second copy of
+the batch's KV). Both give attention the same values. Bytes written straight into `kv` (an
+engine's H2D copy of a prompt) must go to sequences outside the running batch, as they do: a
+sequence joins the batch after its prompt is in, and joining gathers its row.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from dualpath.runtime.model.config import LlamaConfig
+from dualpath.runtime.model.decode_workspace import DecodeWorkspace
 from dualpath.runtime.model.kv_layout import Buffer, LayerKV, layer_kv_from_bytes
 
 
@@ -39,9 +49,9 @@ class OutOfBlocksError(RuntimeError):
 class DecodeBatch:
     """Where one decode step writes and reads, built once per step and used by every layer.
 
-    B sequences; M = the most blocks any of them holds after this step's token; L = M * block_tokens
-    key positions. Reads gather whole blocks (block-sized copies, not per-token ones); padding
-    (table entries past a sequence's blocks point at block 0, and unused tail positions) is masked out.
+    B sequences; M = the most blocks any of them holds after this step's token; L = the longest
+    sequence's positions after this step's token. Positions past a shorter sequence's length are
+    padding, masked out (`read_mask`); padded table entries point at block 0.
     """
 
     seq_ids: tuple[int, ...]
@@ -50,6 +60,12 @@ class DecodeBatch:
     write_offsets: torch.Tensor  # [B] offset inside that block
     read_blocks: torch.Tensor  # [B, M] block tables, padded
     read_mask: torch.Tensor  # [B, L] True where the key position exists
+    rows: torch.Tensor | None  # [B] each sequence's workspace row (None: gather the blocks)
+    attn_mask: torch.Tensor  # [B, 1, 1, L] additive (0 or -inf), in row order (batch order without rows)
+
+    @property
+    def read_tokens(self) -> int:
+        return self.read_mask.shape[1]
 
 
 class PagedKVCache:
@@ -60,6 +76,7 @@ class PagedKVCache:
         block_tokens: int = 64,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        workspace: bool = True,
     ) -> None:
         if num_blocks <= 0 or block_tokens <= 0:
             raise ValueError("num_blocks and block_tokens must be positive")
@@ -73,12 +90,23 @@ class PagedKVCache:
         self._tables: dict[int, list[int]] = {}
         self._num_tokens: dict[int, int] = {}
         self._refs = [0] * num_blocks  # block -> how many block tables hold it
+        self._workspace = DecodeWorkspace(self.kv) if workspace else None
 
     # ---- bookkeeping -------------------------------------------------------------------------
 
     @property
     def device(self) -> torch.device:
         return self.kv.device
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the decode workspace's rows, the second copy of decoding sequences' K,V (0 without one)."""
+        return 0 if self._workspace is None else self._workspace.nbytes
+
+    def _touched(self, seq_id: int) -> None:
+        """A sequence's table or data changed other than by a decode step: its workspace row goes."""
+        if self._workspace is not None:
+            self._workspace.drop(seq_id)
 
     @property
     def num_free_blocks(self) -> int:
@@ -108,6 +136,7 @@ class PagedKVCache:
         if num_tokens < 0:
             raise ValueError("num_tokens must be >= 0")
         self._require_free_blocks(self.blocks_for_tokens(num_tokens))  # raises before any change
+        self._touched(seq_id)
         self._tables[seq_id] = []
         self._num_tokens[seq_id] = 0
         self.extend(seq_id, num_tokens)
@@ -151,6 +180,7 @@ class PagedKVCache:
 
     def free(self, seq_id: int) -> int:
         """Let a sequence go; the number of blocks that became free (shared ones stay held)."""
+        self._touched(seq_id)
         table = self._tables.pop(seq_id)
         del self._num_tokens[seq_id]
         freed = 0
@@ -178,6 +208,16 @@ class PagedKVCache:
                 raise AssertionError(f"sequence {seq_id}: {n} tokens in {len(table)} blocks")
             if any(self._refs[b] > 1 for b in table[n // self.block_tokens:]):
                 raise AssertionError(f"sequence {seq_id}: a shared block is not full (it would be written)")
+        ws = self._workspace
+        if ws is not None:
+            if sorted(ws.row_of.values()) != list(range(len(ws.seq_of))) or any(ws.row_of[s] != r for r, s in enumerate(ws.seq_of)):
+                raise AssertionError("the workspace's rows in use are not 0..n-1, one per sequence")
+            for row, (seq_id, n) in enumerate(zip(ws.seq_of, ws.lengths)):
+                if self._num_tokens.get(seq_id, -1) < n:
+                    raise AssertionError(f"the workspace holds {n} positions of sequence {seq_id}, the cache fewer")
+                blocks, offsets = self._slots(seq_id, 0, n)
+                if not torch.equal(ws.kv[:, row, :n], self.kv[blocks, :, offsets].transpose(0, 1)):
+                    raise AssertionError(f"the workspace's K,V of sequence {seq_id} differ from its blocks")
 
     # ---- data ------------------------------------------------------------------------------
 
@@ -197,6 +237,7 @@ class PagedKVCache:
         table = self._tables[seq_id][start // self.block_tokens : self.blocks_for_tokens(stop)]
         if any(self._refs[b] > 1 for b in table):
             raise ValueError(f"positions [{start}, {stop}) of sequence {seq_id} are in a block another sequence holds")
+        self._touched(seq_id)
         blocks, offsets = self._slots(seq_id, start, stop)
         self.kv[blocks, layer, offsets] = layer_kv.kv.to(self.kv.device, self.kv.dtype)
 
@@ -244,22 +285,46 @@ class PagedKVCache:
         width = max(len(t) for t in tables)
         table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=self.device)
         pos_new = torch.tensor(positions, dtype=torch.long, device=self.device)  # [B]
-        pos = torch.arange(width * self.block_tokens, device=self.device)  # [L]
+        read_mask = torch.arange(max(positions) + 1, device=self.device)[None, :] <= pos_new[:, None]  # [B, L]
+        rows = None
+        if self._workspace is not None and self._workspace.fits(len(seq_ids), max(positions) + 1):
+            rows = torch.tensor(self._workspace.sync(seq_ids, positions, tables), dtype=torch.long, device=self.device)
+        in_row_order = read_mask if rows is None else torch.empty_like(read_mask).index_copy_(0, rows, read_mask)
         return DecodeBatch(
             seq_ids=seq_ids,
             positions=pos_new,
             write_blocks=table.gather(1, (pos_new // self.block_tokens)[:, None]).squeeze(1),
             write_offsets=pos_new % self.block_tokens,
             read_blocks=table,
-            read_mask=pos[None, :] <= pos_new[:, None],
+            read_mask=read_mask,
+            rows=rows,
+            attn_mask=torch.zeros(in_row_order.shape, dtype=self.kv.dtype, device=self.device)
+            .masked_fill_(~in_row_order, float("-inf"))[:, None, None, :],
         )
 
     def write_decode(self, batch: DecodeBatch, layer: int, kv_new: torch.Tensor) -> None:
         """Store the step's new K,V of one layer: kv_new [B, 2, kvh, hd]."""
         self.kv[batch.write_blocks, layer, batch.write_offsets] = kv_new.to(self.kv.dtype)
+        if batch.rows is not None:
+            self._workspace.append(layer, batch.rows, batch.positions, kv_new)
 
-    def gather_decode(self, batch: DecodeBatch, layer: int) -> torch.Tensor:
-        """K,V of every position of the batch's sequences: [B, L, 2, kvh, hd] (padded, see read_mask)."""
+    def attend(self, batch: DecodeBatch, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of the step's queries q [B, kvh, R, hd] (the R query heads sharing a KV head as R
+        "query positions" of it) over each sequence's positions so far: [B, kvh, R, hd]."""
+        k, v = self.gather_decode(batch, layer)
+        mask = batch.attn_mask.to(q.dtype)
+        if batch.rows is None:
+            return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+        out = F.scaled_dot_product_attention(torch.empty_like(q).index_copy_(0, batch.rows, q), k.to(q.dtype),
+                                             v.to(q.dtype), attn_mask=mask)  # in row order
+        return out.index_select(0, batch.rows)
+
+    def gather_decode(self, batch: DecodeBatch, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the first L positions: [B, kvh, L, hd] each (padded, see read_mask), in the
+        batch's order when gathered, in row order from the workspace (`batch.rows`)."""
+        if batch.rows is not None:
+            return self._workspace.keys_values(layer, len(batch.seq_ids), batch.read_tokens)
         b, m = batch.read_blocks.shape
         blocks = self.kv.select(1, layer).index_select(0, batch.read_blocks.flatten())  # [B*M, bt, 2, kvh, hd]
-        return blocks.view(b, m * self.block_tokens, *blocks.shape[2:])
+        kv = blocks.view(b, m * self.block_tokens, *blocks.shape[2:])[:, : batch.read_tokens]  # [B, L, 2, kvh, hd]
+        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
