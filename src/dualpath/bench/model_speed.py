@@ -69,7 +69,25 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
         result["transformers"] = result_note
     if profile:
         result["profile"] = _profile(ours, ids, kv, batch)
+        mm_s = sum(o["ms"] for o in result["profile"]["prefill"] if o["op"] in ("aten::mm", "aten::addmm")) / 1e3
+        result["prefill_gemm_gflop_per_s"] = _prefill_gemm_flops(ours.config, prompt_tokens) / mm_s / 1e9
+        result["plain_gemm_gflop_per_s"] = _plain_gemm_gflop_per_s(prompt_tokens, ours.config)
     return result
+
+
+def _prefill_gemm_flops(cfg: Any, tokens: int) -> float:
+    """Multiply-adds x 2 of a prefill's projections and MLPs (every layer, every token) and of the
+    last token's logits."""
+    c, h, g, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    per_layer = c * h * d + c * 2 * g * d + h * d * c + 3 * c * i
+    return 2.0 * (tokens * per_layer * cfg.num_layers + c * cfg.vocab_size)
+
+
+def _plain_gemm_gflop_per_s(tokens: int, cfg: Any) -> float:
+    """The machine's rate at one plain GEMM of the MLP's shape ([tokens, C] x [C, I]), best of 5."""
+    a, b = torch.randn(tokens, cfg.hidden_size), torch.randn(cfg.hidden_size, cfg.intermediate_size)
+    best = min(_timed(lambda: a @ b) for _ in range(6))  # the first one warms up
+    return 2.0 * tokens * cfg.hidden_size * cfg.intermediate_size / best / 1e9
 
 
 def _timed(fn: Callable[[], Any]) -> float:

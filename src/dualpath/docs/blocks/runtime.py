@@ -97,6 +97,44 @@ def demo_cold(r: Results) -> str:
             + f"\n\n**JCT dualpath / basic = {ratio(jct_ratio(d))}.**")
 
 
+# ours over transformers, speed: the goal for prefill and decode (project choice: the engine is to be
+# faster than the library it replaces by a margin the machine's noise does not erase)
+MODEL_SPEED_GOAL = 1.2
+_MODEL_SPEED_LABELS = {
+    ("ours_prefill", "transformers_prefill"): "prefill, over transformers' forward (logits of every position)",
+    ("ours_prefill", "transformers_prefill_last_logits"): "prefill, over transformers as its `generate` runs it (last position's logits)",
+    ("ours_decode", "transformers_decode"): "decode, workspace (the default), over transformers' dense cache",
+    ("ours_gather_decode", "transformers_decode"): "decode, every block gathered each step, over transformers' dense cache",
+}
+
+
+@block("model_speed", reads=("runtime/model_speed.json",),
+       command="dualpath bench model-speed --profile --json docs/results/runtime/model_speed.json "
+               "--plot docs/results/runtime/model_speed.png")
+def model_speed(r: Results) -> str:
+    d = r.json("runtime/model_speed.json")
+    rows = [[_MODEL_SPEED_LABELS[(c["ours"], c["theirs"])], f"**{ratio(c['median'])}**", f"{ratio(c['min'])}-{ratio(c['max'])}",
+             "" if c["ours"] == "ours_gather_decode" else met(c["median"] >= MODEL_SPEED_GOAL)]
+            for c in d["summary"]["ratios"]]
+    rates = d["summary"]["tokens_per_s"]
+    prof = d["profile"]
+
+    def top(run: str) -> str:
+        return ", ".join(f"`{o['op'].removeprefix('aten::')}` {ms(o['ms'] / 1e3)} ms ({pct(o['share'], 0, signed=False)})" for o in prof[run][:3])
+
+    return (f"{d['model']}, fp32, {d['threads']} torch thread, a {num(d['prompt_tokens'])}-token prompt; decode: "
+            f"{d['decode_batch']} sequences of that prompt, {d['decode_tokens']} steps; {d['repeats']} paired repeats "
+            f"(torch {d['torch']}, transformers {d['transformers']}). Tokens/s, medians: ours prefill "
+            f"{num(rates['ours_prefill'])}, transformers {num(rates['transformers_prefill'])} (last-position logits: "
+            f"{num(rates['transformers_prefill_last_logits'])}); ours decode {num(rates['ours_decode'], 1)} (gathering: "
+            f"{num(rates['ours_gather_decode'], 1)}), transformers {num(rates['transformers_decode'], 1)}.\n\n"
+            + table(["ours / transformers, speed", "median", "min-max", f"goal >= {MODEL_SPEED_GOAL:g}"], rows)
+            + f"\n\nWhere the time goes (`--profile`, self CPU time): prefill {top('prefill')}; a decode step "
+              f"{top('decode_step')}; gathering instead, {top('gather_decode_step')}. The prefill's GEMMs ran at "
+              f"{num(d['prefill_gemm_gflop_per_s'])} GFLOP/s, one plain GEMM of the MLP's shape at "
+              f"{num(d['plain_gemm_gflop_per_s'])} GFLOP/s on the same thread.")
+
+
 @block("cuda_check", reads=("runtime/cuda_check.json",),
        command="PYTHONPATH=src python3 tools/cuda_check.py --json docs/results/runtime/cuda_check.json")
 def cuda_check(r: Results) -> str:
