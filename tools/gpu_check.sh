@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runtime on a GPU: one prepared run for a lent GPU machine (CI has none; the last
 # run's result is docs/results/runtime/cuda_check.json). Results go to $OUT (or out/gpu_check): gpu_check.log,
-# cuda_check.json, demo_cuda.json, demo_cuda.png, demo_cpu.json.
+# cuda_check.json, demo_cuda.json, demo_cuda.png, demo_cpu.json, model_speed_cuda.json, model_speed_cuda.png.
 #
 # Prepare here (the GPU machine cannot download; its image lacks pyzmq):
 #     make gpu-wheels            # .gpu_wheels/: pyzmq for the GPU image's Python 3.12 (git-ignored)
@@ -14,7 +14,9 @@
 #   2. the runtime cluster with its engines on the device (DUALPATH_TEST_DEVICE): the same tokens
 #      on the PE read path, the DE read path, basic and oracle as a CPU full recompute, over a
 #      multi-turn conversation (tests/runtime/cluster/test_kv_paths.py), plus the device tests;
-#   3. `dualpath demo --model tiny` on the device and on the CPU: bytes per read path, JCTs.
+#   3. `dualpath demo --model tiny` on the device and on the CPU: bytes per read path, JCTs;
+#   4. `dualpath bench model-speed --model tiny` on the device: our prefill and decode (workspace and
+#      gather) against transformers on the same weights, where the image has transformers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${GPU_CHECK_DEVICE:-cuda}
@@ -47,5 +49,7 @@ step runtime_paths env DUALPATH_TEST_DEVICE="$DEV" python3 -m pytest -q -p no:ca
 step demo_device python3 -m dualpath.cli demo --model tiny --device "$DEV" --json "$OUT/demo_$DEV.json" --plot "$OUT/demo_$DEV.png"
 [ "$DEV" = cpu ] || step demo_cpu python3 -m dualpath.cli demo --model tiny --device cpu --json "$OUT/demo_cpu.json" \
   --plot "$site/demo_cpu.png"
+step model_speed python3 -m dualpath.cli bench model-speed --model tiny --device "$DEV" --repeats 3 \
+  --json "$OUT/model_speed_$DEV.json" --plot "$OUT/model_speed_$DEV.png"
 echo "gpu_check on $DEV: $([ $fail -eq 0 ] && echo all steps passed || echo SOME STEP FAILED)" | tee -a "$LOG"
 exit $fail

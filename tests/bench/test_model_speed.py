@@ -7,7 +7,7 @@ import pytest
 from cli_helpers import cli_here
 from torch.utils.flop_counter import FlopCounterMode
 
-from dualpath.bench.model_speed import _prefill_gemm_flops, _summary
+from dualpath.bench.model_speed import _prefill_gemm_flops, _summary, model_speed
 from dualpath.runtime.model import load_model
 
 
@@ -43,3 +43,15 @@ def test_the_prefill_gemm_flops_are_the_ones_torch_counts():
 def test_bad_input_is_one_line_and_exit_2(args):
     p = cli_here("bench", "model-speed", *args)
     assert p.returncode == 2 and "must be at least 1" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_small_run_times_every_variant_each_repeat_and_summarises_them():
+    """The tiny model, transformers loading the same weights from the folder ours writes: every
+    repeat times the six runs, and the summary is made of those seconds."""
+    pytest.importorskip("transformers")
+    r = model_speed("tiny", prompt_tokens=24, decode_tokens=2, batch=2, repeats=2)
+    names = {"ours_prefill", "ours_decode", "ours_gather_decode", "transformers_prefill",
+             "transformers_prefill_last_logits", "transformers_decode"}
+    assert [set(p) for p in r["seconds"]] == [names, names] and all(t > 0 for p in r["seconds"] for t in p.values())
+    assert r["summary"] == _summary(r["seconds"], 24, 2 * 2)
+    assert len(r["summary"]["ratios"]) == 4

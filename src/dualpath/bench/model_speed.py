@@ -19,7 +19,9 @@ of one decode step under each strategy: where the time goes.
 from __future__ import annotations
 
 import copy
+import inspect
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,11 +33,14 @@ PROFILE_TOP_OPS = 6  # operators listed per profiled run (project choice: the re
 
 @torch.no_grad()
 def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, decode_tokens: int = 32,
-                batch: int = 8, threads: int = 1, repeats: int = 5, profile: bool = False) -> dict[str, Any]:
+                batch: int = 8, threads: int = 1, repeats: int = 5, profile: bool = False,
+                device: str = "cpu") -> dict[str, Any]:
+    """`device`: where both models run (CUDA is synchronised before each clock read)."""
     from ..runtime.model import load_model
 
     torch.set_num_threads(threads)
-    ours = load_model(model_name).model
+    loaded = load_model(model_name, device=device)
+    ours = loaded.model
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(16, ours.config.vocab_size, (prompt_tokens,), generator=g).tolist()
     kv = [layer[0] for layer in ours.prefill([(0, ids)]).new_kv]  # the prompt's KV, per layer
@@ -44,7 +49,7 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
         "ours_decode": lambda: _our_decode(ours, kv, ids[-1], batch, decode_tokens, workspace=True),
         "ours_gather_decode": lambda: _our_decode(ours, kv, ids[-1], batch, decode_tokens, workspace=False),
     }
-    theirs = _transformers_runs(model_name, ids, batch, decode_tokens)
+    theirs = _transformers_runs(loaded, ids, batch, decode_tokens, device)
     if isinstance(theirs, str):
         result_note = theirs
     else:
@@ -57,7 +62,7 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
         names = list(runs) if i % 2 == 0 else list(reversed(runs))
         pairs.append({name: runs[name]() for name in names})
     result: dict[str, Any] = {
-        "model": model_name, "threads": threads, "prompt_tokens": prompt_tokens, "decode_batch": batch,
+        "model": model_name, "device": device, "threads": threads, "prompt_tokens": prompt_tokens, "decode_batch": batch,
         "decode_tokens": decode_tokens, "repeats": repeats, "torch": torch.__version__,
         "seconds": pairs, "summary": _summary(pairs, prompt_tokens, batch * decode_tokens),
     }
@@ -69,9 +74,10 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
         result["transformers"] = result_note
     if profile:
         result["profile"] = _profile(ours, ids, kv, batch)
+    if profile and device == "cpu":  # the profile's CPU times are the GEMMs' own only on the CPU
         mm_s = sum(o["ms"] for o in result["profile"]["prefill"] if o["op"] in ("aten::mm", "aten::addmm")) / 1e3
         result["prefill_gemm_gflop_per_s"] = _prefill_gemm_flops(ours.config, prompt_tokens) / mm_s / 1e9
-        result["plain_gemm_gflop_per_s"] = _plain_gemm_gflop_per_s(prompt_tokens, ours.config)
+        result["plain_gemm_gflop_per_s"] = _plain_gemm_gflop_per_s(prompt_tokens, ours.config, device)
     return result
 
 
@@ -83,17 +89,25 @@ def _prefill_gemm_flops(cfg: Any, tokens: int) -> float:
     return 2.0 * (tokens * per_layer * cfg.num_layers + c * cfg.vocab_size)
 
 
-def _plain_gemm_gflop_per_s(tokens: int, cfg: Any) -> float:
+def _plain_gemm_gflop_per_s(tokens: int, cfg: Any, device: str) -> float:
     """The machine's rate at one plain GEMM of the MLP's shape ([tokens, C] x [C, I]), best of 5."""
-    a, b = torch.randn(tokens, cfg.hidden_size), torch.randn(cfg.hidden_size, cfg.intermediate_size)
+    a = torch.randn(tokens, cfg.hidden_size, device=device)
+    b = torch.randn(cfg.hidden_size, cfg.intermediate_size, device=device)
     best = min(_timed(lambda: a @ b) for _ in range(6))  # the first one warms up
     return 2.0 * tokens * cfg.hidden_size * cfg.intermediate_size / best / 1e9
 
 
 def _timed(fn: Callable[[], Any]) -> float:
+    _sync()
     t0 = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t0
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _our_decode(model: Any, kv: list, last_token: int, batch: int, steps: int, workspace: bool) -> float:
@@ -108,38 +122,44 @@ def _filled_cache(model: Any, kv: list, batch: int, steps: int, workspace: bool)
 
     bt = 64
     cache = PagedKVCache(model.config, num_blocks=batch * (-(-(kv[0].num_tokens + steps) // bt) + 1), block_tokens=bt,
-                         workspace=workspace)
+                         workspace=workspace, device=model.device)
     for s in range(batch):
         cache.load_prompt(s, kv)
     return cache
 
 
-def _transformers_runs(model_name: str, ids: list[int], batch: int, steps: int) -> dict[str, Callable[[], float]] | str:
-    """transformers' prefill and decode runs, or why there are none."""
+def _transformers_runs(loaded: Any, ids: list[int], batch: int, steps: int,
+                       device: str) -> dict[str, Callable[[], float]] | str:
+    """transformers' prefill and decode runs on our model's weights (written as a Hugging Face
+    folder and loaded by transformers itself), or why there are none."""
     try:
         from transformers import LlamaForCausalLM
     except ImportError:
         return "not installed"
-    from ..runtime.model.loader import smollm2_gguf_path
+    from ..runtime.model import save_hf_folder
 
-    if model_name != "smollm2-135m":
-        return "compared only for smollm2-135m"
-    path = smollm2_gguf_path()
-    hf = LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    x = torch.tensor([ids])
+    with tempfile.TemporaryDirectory() as folder:
+        save_hf_folder(loaded, folder)
+        hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    x = torch.tensor([ids], device=device)
+    # the cache's keyword: `cache` from transformers 5.x, `past_key_values` before (and deprecated since)
+    key = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     first = hf(x, use_cache=True)
-    prompt_cache = first.past_key_values  # one prompt's; each decode run repeats a copy over the batch
+    prompt_cache = first[key]  # one prompt's; each decode run repeats a copy over the batch
     token = first.logits[:, -1:].argmax(-1).repeat(batch, 1)
 
     def decode() -> float:
         past = copy.deepcopy(prompt_cache)
         past.batch_repeat_interleave(batch)
-        t0 = time.perf_counter()
-        tok = token
-        for _ in range(steps):
-            out = hf(tok, past_key_values=past, use_cache=True)
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        return time.perf_counter() - t0
+
+        def steps_() -> None:
+            nonlocal past
+            tok = token
+            for _ in range(steps):
+                out = hf(tok, use_cache=True, **{key: past})
+                past, tok = out[key], out.logits[:, -1:].argmax(-1)
+
+        return _timed(steps_)
 
     return {"transformers_prefill": lambda: _timed(lambda: hf(x, use_cache=True)),
             "transformers_prefill_last_logits": lambda: _timed(lambda: hf(x, use_cache=True, logits_to_keep=1)),

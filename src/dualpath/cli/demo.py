@@ -243,6 +243,8 @@ def bench_model_speed(
     decode_batch: Annotated[int, typer.Option(help="sequences per decode step")] = 8,
     decode_tokens: Annotated[int, typer.Option(help="decode steps per run")] = 32,
     profile: Annotated[bool, typer.Option(help="add torch.profiler's top operators of our prefill and decode step")] = False,
+    model: Annotated[str, typer.Option(help="a built-in model (transformers is compared for smollm2-135m)")] = "smollm2-135m",
+    device: DeviceOption = "cpu",
     json_path: Annotated[Path, typer.Option("--json")] = Path("out/bench/model_speed.json"),
     plot: Annotated[Optional[Path], typer.Option(help="a PNG of ours / transformers, median and min-max")] = None,
 ) -> None:
@@ -252,8 +254,12 @@ def bench_model_speed(
 
     if min(threads, repeats, prompt_tokens, decode_batch, decode_tokens) < 1:
         raise InputError("--threads, --repeats, --prompt-tokens, --decode-batch and --decode-tokens must be at least 1")
-    r = model_speed(prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, batch=decode_batch, threads=threads,
-                    repeats=repeats, profile=profile)
+    from ..runtime.model import BUILTIN_MODELS
+
+    if model not in BUILTIN_MODELS:
+        raise InputError(f"--model: one of {', '.join(sorted(BUILTIN_MODELS))}, got {model!r}")
+    r = model_speed(model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, batch=decode_batch, threads=threads,
+                    repeats=repeats, profile=profile, device=_device(device))
     _print_model_speed(r)
     _write_json(r, json_path)
     if plot:
