@@ -132,12 +132,12 @@ def demo(
     if testbed and timeline is not None:
         raise InputError("--timeline is not written on the testbed (the router runs in its own namespace)")
     remote = transfer_overrides(transfer)  # mooncake: KV as across hosts, on loopback
-    if testbed and remote:
-        raise InputError("--transfer mooncake is not wired on the testbed yet: run without --testbed")
+    if testbed and remote and (ray or tp_cfg.ranks > 1):
+        raise InputError("--transfer mooncake on the testbed runs engines as processes, one rank each: without --ray and --tp")
     if testbed:
         from .testbed import testbed_demo
 
-        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device, ray, tp_cfg.ranks)
+        return testbed_demo(json_path, plot, model, snic_mb_s, agents, rounds, seed, device, ray, tp_cfg.ranks, transfer)
 
     plan = _plan(model, device, agents, rounds, snic_mb_s)
     with reporter("demo", "turns", console, snic_bytes_per_s=plan.rates.snic_bytes_per_s) as progress:

@@ -47,6 +47,9 @@ def transfer_overrides(transfer: str) -> list[str]:
     from ..config.runtime import choice
 
     if choice(KvTransfer, transfer, "--transfer") is KvTransfer.MOONCAKE:
+        from ..runtime.transport.mooncake import require_mooncake
+
+        require_mooncake()  # a missing package: one line before any engine or namespace exists
         return ["transport.kind=tcp", f"transport.transfer={transfer}"]
     return []
 
@@ -235,8 +238,6 @@ def run(
     if testbed and ray is not None:
         raise InputError("run --testbed --ray is not wired: use demo --testbed --ray, or run --ray on your own cluster")
     overrides = transfer_overrides(transfer) + list(set_ or [])
-    if testbed and transfer != "remote-write":
-        raise InputError("--transfer mooncake is not wired on the testbed yet: run without --testbed")
     if testbed:
         from .testbed import testbed_run
 
@@ -244,7 +245,7 @@ def run(
             raise InputError("--testbed needs --snic-mb-s > 0: the kernel caps each node's SNIC link at it")
         if decisions is not None or timeline is not None:
             raise InputError("--decisions and --timeline are not written on the testbed (the router runs in its own namespace)")
-        return testbed_run(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device, json_path)
+        return testbed_run(trace, model, pd, mode, limit, max_len, time_scale, snic_mb_s, device, json_path, transfer)
     with contextlib.ExitStack() as stack:
         clusters, placement = local_cluster, {}
         if ray is not None:

@@ -97,7 +97,7 @@ def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
 
 
 def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents: int, rounds: Optional[int],
-                 seed: int, device: str, ray: bool = False, tp: int = 1) -> None:
+                 seed: int, device: str, ray: bool = False, tp: int = 1, transfer: str = "remote-write") -> None:
     """`demo --testbed` (deploy/testbed/demo.py): the demo across emulated hosts, the kernel's counters
     beside the runtime's ledger, the tokens beside a single-host run's."""
     from ..sim.runner import write_json
@@ -105,9 +105,9 @@ def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents
     from .results import print_runs
 
     result = run_testbed_demo(model, agents, rounds, None if snic_mb_s is None else snic_mb_s * MB, seed, device,
-                              run_id=_default_id(), log=console.print, ray=ray, tp=tp)
+                              run_id=_default_id(), log=console.print, ray=ray, tp=tp, transfer=transfer)
     r = result["config"]["rates"]
-    print_runs(result, f"testbed 1P1D{', tp=2' if tp > 1 else ''}, {model}, SNIC {r['snic_bytes_per_s'] / MB:.1f} MB/s per node (tc)", MB, "MB")
+    print_runs(result, f"testbed 1P1D{', tp=2' if tp > 1 else ''}, {model}, KV by {transfer}, SNIC {r['snic_bytes_per_s'] / MB:.1f} MB/s per node (tc)", MB, "MB")
     rows = result["ledger_vs_kernel"] = ledger_vs_kernel(result)
     out.print("bytes per link: the runtime's ledger (+ the block files' headers on reads) and the kernel's interface counters")
     for row in rows:
@@ -143,7 +143,7 @@ def testbed_demo(json_path, plot, model: str, snic_mb_s: Optional[float], agents
 
 
 def testbed_run(trace, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
-                snic_mb_s: float, device: str, json_path) -> None:
+                snic_mb_s: float, device: str, json_path, transfer: str = "remote-write") -> None:
     """`run TRACE --testbed` (deploy/testbed/run.py): the replay across emulated hosts, the
     kernel's counters beside the runtime's ledger, the tokens beside a single-host run's."""
     from ..deploy.testbed.demo import ledger_vs_kernel
@@ -154,7 +154,7 @@ def testbed_run(trace, model: str, pd: str, modes: list[str], limit: int, max_le
     for m in modes:
         parse_mode(m)  # an unknown mode: one line before any namespace exists
     result = run_testbed_trace(trace, model, pd, modes, limit, max_len, time_scale, snic_mb_s, device,
-                               run_id=_default_id(), log=console.print)
+                               run_id=_default_id(), log=console.print, transfer=transfer)
     print_runs(result, f"replay of {trace.name} on the testbed {pd}, SNIC {snic_mb_s:.1f} MB/s per node (tc)", MB, "MB",
                RUNTIME_COLUMNS)
     rows = result["ledger_vs_kernel"] = ledger_vs_kernel(result)

@@ -80,8 +80,9 @@ def _delta(before: list[dict], after: list[dict]) -> list[dict]:
     out = []
     for b, a in zip(before, after):
         row = dict(a)
-        for k in ("tx_bytes", "rx_bytes", "lc_class_bytes", "kv_class_bytes"):
-            row[k] = a[k] - b[k]
+        for k in ("tx_bytes", "rx_bytes", "tx_packets", "lc_class_bytes", "kv_class_bytes"):
+            if k in a:
+                row[k] = a[k] - b[k]
         out.append(row)
     return out
 
@@ -169,10 +170,12 @@ def single_host_reference(model: str, agents: int, rounds: int, seed: int, devic
 def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int | None = None,
                      snic_bytes_per_s: float | None = None, seed: int = 0, device: str = "cpu", run_id: str = "demo",
                      log: Callable[[str], None] = print, modes: tuple[str, ...] = ("basic", "dualpath"),
-                     ray: bool = False, tp: int = 1) -> dict[str, Any]:
+                     ray: bool = False, tp: int = 1, transfer: str = "remote-write") -> dict[str, Any]:
     """`ray`: one Ray node per host on the plan's management network (deploy/ray/testbed.py), engines as
     Ray actors; after the modes, the restart check (deploy/ray/driver.py) on a cluster of its own.
-    `tp`: ranks per engine (module doc, 6); the reference stays one process per engine."""
+    `tp`: ranks per engine (module doc, 6); the reference stays one process per engine. `transfer`:
+    who moves KV between the hosts (transport.transfer: remote-write, or mooncake, whose TCP
+    connections carry no DSCP mark and so fall in each link's default class, the KV lane's)."""
     from ...runtime.engine.cpus import available_cpus, plan_cpus
     from ...runtime.apps.demo import calibrate_for, plan_demo
 
@@ -197,7 +200,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
                 netns.run_command(cmd)
         with work_dir() as (work, token):
             spec = {"model": model, "agents": agents, "rounds": num_rounds, "seed": seed, "device": device,
-                    "token_file": str(token), "tp": tp}
+                    "token_file": str(token), "tp": tp, "transfer": transfer}
             runs, cpus, threads = [], cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine
             if ray:
                 nodes = RayNodes(plan, cpus, work)
@@ -216,7 +219,7 @@ def run_testbed_demo(model: str = "smollm2-135m", agents: int = 4, rounds: int |
         if nodes is not None:
             stragglers = nodes.stop()
         netns.down(plan.run_id)
-    return {"config": {"model": model, "pd": "1P1D", "tp": tp, "rates": rates.to_json(), "seed": seed, "device": device,
+    return {"config": {"model": model, "pd": "1P1D", "tp": tp, "transfer": transfer, "rates": rates.to_json(), "seed": seed, "device": device,
                        "full_block_bytes": kv_bytes * bt, "testbed": netns.plan_json(plan)},
             "reference_tokens_sha256": reference, "runs": runs,
             **({"ray": {"restart": restart, "stragglers_killed": stragglers, "host_netns": host_netns}} if ray else {})}
@@ -241,6 +244,7 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
             node_snic = next(x for x in snic if x["dev"] == "snic0")
             node_cnic = links[("cnic", host, "cnic0")]
             cnic_what, cnic_kernel = "CNIC out (KV to the peer)", node_cnic["tx_bytes"]
+            cnic_packets = node_cnic.get("tx_packets")
             if tp > 1:  # rank 1's host talks to rank 0 only: what its port received left the node for it
                 cnic_what, cnic_kernel = "CNIC out, less rank 1's (KV to the peer)", cnic_kernel - links[
                     ("cnic", tp_host_of(host), "cnic0")]["rx_bytes"]
@@ -252,7 +256,9 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
                 rows.append({"mode": r["mode"], "host": host, "what": what, "runtime_bytes": runtime, "kernel_bytes": kernel,
                              "stated_bytes": stated, "kernel_over_stated": kernel / stated if stated else None,
                              # what came in on the port, whose TCP acks leave on it
-                             "kernel_in_bytes": node_cnic["rx_bytes"] if what.startswith("CNIC") else None})
+                             "kernel_in_bytes": node_cnic["rx_bytes"] if what.startswith("CNIC") else None,
+                             # the packets the port sent (a GSO burst counted once): bytes per packet
+                             "kernel_packets": cnic_packets if what.startswith("CNIC") and tp == 1 else None})
     return rows
 
 

@@ -15,15 +15,18 @@ import sys
 from dataclasses import replace
 
 from ...config import RuntimeConfig
+from ...config.runtime import KvTransfer
 from ...config.overrides import set_fields
 from ...runtime.cluster import LocalCluster
 from ...runtime.apps.demo import demo_config, demo_workload, run_workload
 
 
 def _across_hosts(cfg: RuntimeConfig, spec: dict) -> RuntimeConfig:
-    """Engines on the testbed's hosts: tcp with the shared token, the storage service at its URL."""
+    """Engines on the testbed's hosts: tcp with the shared token, the storage service at its URL, KV
+    by the spec's transfer (our remote writes unless it says mooncake)."""
     return set_fields(cfg, {"transport.kind": "tcp", "transport.peer_token_file": spec["token_file"],
-                            "store.location": spec["store_url"]})
+                            "store.location": spec["store_url"],
+                            "transport.transfer": KvTransfer(spec.get("transfer", KvTransfer.REMOTE_WRITE))})
 
 
 async def drive(spec: dict) -> dict:

@@ -117,21 +117,29 @@ def class_bytes(ns: str, dev: str) -> dict[int, int]:
 
 def interface_bytes(ns: str, dev: str) -> tuple[int, int]:
     """(tx bytes, rx bytes) of `dev` as the kernel counts them (headers included)."""
+    tx, rx, _ = interface_stats(ns, dev)
+    return tx, rx
+
+
+def interface_stats(ns: str, dev: str) -> tuple[int, int, int]:
+    """(tx bytes, rx bytes, tx packets) of `dev`; a packet is what the stack handed the device,
+    a whole GSO burst as one (one set of headers counted for it)."""
     info = json.loads(run_command(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev]).stdout)[0]
     stats = info.get("stats64") or info["stats"]
-    return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+    return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"]), int(stats["tx"]["packets"])
 
 
 def link_counters(plan_or_json) -> list[dict]:
-    """Per link end: the lanes' bytes by class and the interface's tx / rx bytes."""
+    """Per link end: the lanes' bytes by class and the interface's tx / rx bytes and tx packets."""
     links = plan_or_json["links"] if isinstance(plan_or_json, dict) else [asdict(x) for x in plan_or_json.links]
     rows = []
     for link in links:
         for end in ("a", "b"):
             ns, dev = link[f"{end}_ns"], link[f"{end}_if"]
             by_class = class_bytes(ns, dev)
-            tx, rx = interface_bytes(ns, dev)
+            tx, rx, tx_packets = interface_stats(ns, dev)
             rows.append({"link": link["name"], "host": link["host"], "ns": ns, "dev": dev, "tx_bytes": tx, "rx_bytes": rx,
+                         "tx_packets": tx_packets,
                          "lc_class_bytes": by_class.get(CLASS_MINOR[Lane.LATENCY_CRITICAL], 0),
                          "kv_class_bytes": by_class.get(CLASS_MINOR[Lane.KV], 0)})
     return rows

@@ -48,7 +48,8 @@ def full_block_bytes(model: str, device: str) -> int:
 
 def run_testbed_trace(trace: Path, model: str, pd: str, modes: list[str], limit: int, max_len: int, time_scale: float,
                       snic_mb_s: float, device: str = "cpu", run_id: str = "run",
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
+                      log: Callable[[str], None] = print, transfer: str = "remote-write") -> dict[str, Any]:
+    """`transfer`: who moves KV between the hosts (deploy/testbed/demo.py `run_testbed_demo`)."""
     from ...runtime.engine.cpus import available_cpus, plan_cpus
 
     netns.check_can_run()
@@ -61,7 +62,7 @@ def run_testbed_trace(trace: Path, model: str, pd: str, modes: list[str], limit:
     netns.up(plan)
     try:
         with work_dir() as (work, token):
-            spec = {"model": model, "device": device, "token_file": str(token), "pd": pd,
+            spec = {"model": model, "device": device, "token_file": str(token), "pd": pd, "transfer": transfer,
                     "trace": {"path": str(trace.resolve()), "limit": limit, "max_len": max_len, "time_scale": time_scale}}
             runs = []
             for mode in modes:
@@ -70,7 +71,7 @@ def run_testbed_trace(trace: Path, model: str, pd: str, modes: list[str], limit:
                 runs.append(run_mode(plan, mode, spec, work, cpu_plan.cpus_by_engine, cpu_plan.threads_by_engine))
     finally:
         netns.down(plan.run_id)
-    return {"config": {"model": model, "pd": pd, "trace": str(trace), "limit": limit, "max_len": max_len,
+    return {"config": {"model": model, "pd": pd, "transfer": transfer, "trace": str(trace), "limit": limit, "max_len": max_len,
                        "time_scale": time_scale, "device": device, "snic_bytes_per_s": snic,
                        "cnic_bytes_per_s": CNIC_PER_SNIC * snic, "full_block_bytes": full_block_bytes(model, device),
                        "testbed": netns.plan_json(plan)},
