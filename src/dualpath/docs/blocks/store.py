@@ -124,14 +124,32 @@ def _kernel_over_stated(rows: list, prefix: str) -> str:
     return f"{min(xs):.3f}-{max(xs):.3f}" if xs else "-"
 
 
+TESTBED_TRACE_TRANSFERS = {"remote-write": "testbed/run_transfer_remote_write.json",
+                           "mooncake": "testbed/run_transfer_mooncake.json"}
+
+
 @block("testbed_transfers", reads=tuple(TESTBED_TRANSFERS.values()),
        command="dualpath demo --testbed --snic-mb-s 4.8 --rounds 6 [--transfer mooncake] --json "
                "docs/results/testbed/demo_transfer_T.json (T: remote_write, mooncake; one after the other)")
 def testbed_transfers(r: Results) -> str:
-    """The testbed demo, rates and rounds fixed, once per transfer: JCTs, the tokens against the
-    single-host run, and the kernel's link counters over the runtime's ledger."""
+    """The testbed demo, rates and rounds fixed, once per transfer."""
+    return _testbed_transfers(r, TESTBED_TRANSFERS)
+
+
+@block("testbed_trace_transfers", reads=tuple(TESTBED_TRACE_TRANSFERS.values()),
+       command="dualpath run src/dualpath/workloads/data/mooncake_conversation_slice.jsonl --testbed --snic-mb-s 4.8 "
+               "--mode basic --mode dualpath [--transfer mooncake] --json docs/results/testbed/run_transfer_T.json "
+               "(T: remote_write, mooncake; one after the other)")
+def testbed_trace_transfers(r: Results) -> str:
+    """The Mooncake trace's first requests replayed on the testbed, once per transfer."""
+    return _testbed_transfers(r, TESTBED_TRACE_TRANSFERS)
+
+
+def _testbed_transfers(r: Results, paths: dict[str, str]) -> str:
+    """Per transfer: JCTs, the tokens against the single-host run, and the kernel's link counters
+    over the runtime's ledger (bytes, and packets on the CNIC)."""
     rows, ratios, same, back = [], [], True, []
-    for t, path in TESTBED_TRANSFERS.items():
+    for t, path in paths.items():
         d = r.json(path)
         de = d["config"]["testbed"]["hosts"][1]
         back += [f"{num(x['kernel_bytes'] / 1e6, 2)} MB with {t}" for x in d["ledger_vs_kernel"]
