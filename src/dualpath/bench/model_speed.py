@@ -49,11 +49,8 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
         "ours_decode": lambda: _our_decode(ours, kv, ids[-1], batch, decode_tokens, workspace=True),
         "ours_gather_decode": lambda: _our_decode(ours, kv, ids[-1], batch, decode_tokens, workspace=False),
     }
-    theirs = _transformers_runs(loaded, ids, batch, decode_tokens, device)
-    if isinstance(theirs, str):
-        result_note = theirs
-    else:
-        result_note = None
+    theirs = _transformers_runs(loaded, ids, batch, decode_tokens, device)  # or why there are none
+    if not isinstance(theirs, str):
         runs.update(theirs)
     for run in runs.values():
         run()  # warm-up, untimed
@@ -64,14 +61,9 @@ def model_speed(model_name: str = "smollm2-135m", prompt_tokens: int = 1024, dec
     result: dict[str, Any] = {
         "model": model_name, "device": device, "threads": threads, "prompt_tokens": prompt_tokens, "decode_batch": batch,
         "decode_tokens": decode_tokens, "repeats": repeats, "torch": torch.__version__,
+        "transformers": theirs if isinstance(theirs, str) else _transformers_version(),
         "seconds": pairs, "summary": _summary(pairs, prompt_tokens, batch * decode_tokens),
     }
-    if result_note is None:
-        import transformers
-
-        result["transformers"] = transformers.__version__
-    else:
-        result["transformers"] = result_note
     if profile:
         result["profile"] = _profile(ours, ids, kv, batch)
     if profile and device == "cpu":  # the profile's CPU times are the GEMMs' own only on the CPU
@@ -93,8 +85,15 @@ def _plain_gemm_gflop_per_s(tokens: int, cfg: Any, device: str) -> float:
     """The machine's rate at one plain GEMM of the MLP's shape ([tokens, C] x [C, I]), best of 5."""
     a = torch.randn(tokens, cfg.hidden_size, device=device)
     b = torch.randn(cfg.hidden_size, cfg.intermediate_size, device=device)
-    best = min(_timed(lambda: a @ b) for _ in range(6))  # the first one warms up
+    _timed(lambda: a @ b)  # warm-up
+    best = min(_timed(lambda: a @ b) for _ in range(5))
     return 2.0 * tokens * cfg.hidden_size * cfg.intermediate_size / best / 1e9
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _timed(fn: Callable[[], Any]) -> float:
