@@ -32,6 +32,9 @@ def test_the_demo_across_emulated_hosts_gives_the_single_host_tokens_and_the_ker
     assert not netns.namespaces_with_prefix(f"dpt{os.getpid() % 9999}-")  # down left nothing
     (dual,) = result["runs"]
     assert dual["tokens_sha256"] == result["reference_tokens_sha256"]  # the tokens: identical to one host's
+    hosts = result["config"]["testbed"]["hosts"]
+    assert set(dual["tcp"]) == {result["config"]["testbed"]["storage_ns"], *hosts}  # every host's TCP counters
+    assert all(t["retrans_segs"] <= 0.01 * t["out_segs"] for t in dual["tcp"].values()), dual["tcp"]  # links that drop nothing
     # hits read on both hosts: through the PE's SNIC and through the DE's, then over the fabric
     assert dual["bytes"]["storage_to_prefill"] > 0 and dual["bytes"]["storage_via_decode"] > 0
     assert result["config"]["full_block_bytes"] == 64 * 1024  # tiny: 64 tokens x 1 KiB of KV per token

@@ -116,6 +116,7 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
         procs.append(store)
         wait_line(work / f"store-{name}.log", "listening on", store, 60)
         before = netns.link_counters(plan)
+        tcp_before = {ns: netns.tcp_counters(ns) for ns in (plan.storage_ns, *plan.hosts)}
         router_ip = plan.cnic_addr_of[plan.router_ns]
         url = lambda host: f"tcp://{plan.storage_addr_of[host]}:{STORE_PORT}?token_file={token}"
         spec = {**spec, "mode": mode, "listen": f"tcp://{router_ip}:{ROUTER_PORT}", "store_url": url(plan.router_ns)}
@@ -141,6 +142,8 @@ def run_mode(plan: TestbedPlan, mode: str, spec: dict, work: Path, cpus: dict[in
             p.wait(30)  # engines end on the cluster's Stop
         result = json.loads(out.read_text())
         result["links"] = _delta(before, netns.link_counters(plan))
+        # per host (and the storage host): TCP segments sent and retransmitted during the run
+        result["tcp"] = {ns: {k: v - tcp_before[ns][k] for k, v in netns.tcp_counters(ns).items()} for ns in tcp_before}
         return result
     finally:
         stop_all(procs)

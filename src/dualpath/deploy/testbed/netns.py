@@ -129,6 +129,14 @@ def interface_stats(ns: str, dev: str) -> tuple[int, int, int]:
     return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"]), int(stats["tx"]["packets"])
 
 
+def tcp_counters(ns: str) -> dict[str, int]:
+    """The namespace's TCP segments sent and retransmitted so far (/proc/net/snmp, read inside it)."""
+    out = run_command(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"]).stdout
+    names, values = [line.split()[1:] for line in out.splitlines() if line.startswith("Tcp:")][:2]
+    tcp = dict(zip(names, map(int, values)))
+    return {"out_segs": tcp["OutSegs"], "retrans_segs": tcp["RetransSegs"]}
+
+
 def link_counters(plan_or_json) -> list[dict]:
     """Per link end: the lanes' bytes by class and the interface's tx / rx bytes and tx packets."""
     links = plan_or_json["links"] if isinstance(plan_or_json, dict) else [asdict(x) for x in plan_or_json.links]
