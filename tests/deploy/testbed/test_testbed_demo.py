@@ -14,7 +14,6 @@ from dualpath.runtime.store.format import HEADER_BYTES
 from dualpath.runtime.transport.mooncake import mooncake_loads
 
 MB = 1e6
-PACKET_HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 20 + its timestamp option 12, as every packet here carries
 
 
 @pytest.mark.testbed_root
@@ -23,7 +22,7 @@ PACKET_HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 20 + its timestamp optio
 def test_the_demo_across_emulated_hosts_gives_the_single_host_tokens_and_the_kernel_sees_the_ledger(tmp_path, monkeypatch,
                                                                                                   transfer):
     from dualpath.deploy.testbed import netns
-    from dualpath.deploy.testbed.demo import ledger_vs_kernel, run_testbed_demo
+    from dualpath.deploy.testbed.demo import cnic_framing_bytes, ledger_vs_kernel, run_testbed_demo
 
     monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
     result = run_testbed_demo(model="tiny", agents=2, rounds=4, snic_bytes_per_s=2 * MB, run_id=f"t{os.getpid() % 9999}",
@@ -51,10 +50,10 @@ def test_the_demo_across_emulated_hosts_gives_the_single_host_tokens_and_the_ker
                                                               control if row["what"].startswith("CNIC") else 0)
         if row["what"].startswith("CNIC"):
             assert control > 0  # tokens and counters at the least
-        if row["kernel_packets"] is not None:
+        framing = cnic_framing_bytes(row)
+        if framing is not None:
             # the CNIC: less one 66-byte Ethernet + IPv4 + TCP header per packet the port sent (data
             # or ack; a GSO burst is one), the transport's own framing: within 2% for either transfer
-            framing = row["kernel_bytes"] - PACKET_HEADER_BYTES * row["kernel_packets"] - row["stated_bytes"]
             assert 0 <= framing <= 0.02 * row["stated_bytes"], row
             continue
         # what the kernel adds: TCP/IP and the storage protocol's frames, within 2%

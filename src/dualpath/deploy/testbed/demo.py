@@ -265,6 +265,20 @@ def ledger_vs_kernel(result: dict) -> list[dict]:
     return rows
 
 
+# Ethernet 14 + IPv4 20 + TCP 20 + its timestamp option 12 bytes: the headers of every packet on the
+# testbed's links (a GSO burst is one packet to the port that counts it)
+PACKET_HEADER_BYTES = 66
+
+
+def cnic_framing_bytes(row: dict) -> int | None:
+    """A `ledger_vs_kernel` CNIC row's bytes beyond what the runtime states once one header per
+    packet the port sent (data or ack) is taken off: the transport's own framing. None without a
+    packet count (not a CNIC row, or tp=2)."""
+    if row.get("kernel_packets") is None:
+        return None
+    return row["kernel_bytes"] - PACKET_HEADER_BYTES * row["kernel_packets"] - row["stated_bytes"]
+
+
 def collectives_vs_kernel(result: dict) -> list[dict]:
     """tp=2, per run and engine: its LC lane's bytes as it reported them (its rank 0's collectives'
     tensors, engine/tp.py: a broadcast's whole and an all_reduce's share, what rank 0 sends; + LC

@@ -3,6 +3,7 @@ store, KV between engine processes through shared memory, and remote writes over
 
 from __future__ import annotations
 
+from ...deploy.testbed.demo import cnic_framing_bytes
 from ..fmt import num, ratio, table
 from ..registry import block
 from ..results import Results
@@ -100,18 +101,12 @@ TESTBED_TRANSFERS = {"remote-write": "testbed/demo_transfer_remote_write.json",
                      "mooncake": "testbed/demo_transfer_mooncake.json"}
 
 
-# Ethernet 14 + IPv4 20 + TCP 20 + its timestamp option 12 bytes: the headers of every packet on the
-# testbed's links (tests/deploy/testbed/test_testbed_demo.py checks the framing that remains)
-PACKET_HEADER_BYTES = 66
-
-
 def _cnic_packets(rows: list) -> tuple[str, str]:
     """Over the CNIC rows that carried KV: bytes per packet sent, and the framing left once one
     header per packet is taken off, as a share of the stated bytes (ranges)."""
     cnic = [x for x in rows if x["what"].startswith("CNIC") and x["runtime_bytes"] > 0 and x.get("kernel_packets")]
     per = [x["kernel_bytes"] / x["kernel_packets"] for x in cnic]
-    framing = [(x["kernel_bytes"] - PACKET_HEADER_BYTES * x["kernel_packets"] - x["stated_bytes"]) / x["stated_bytes"]
-               for x in cnic]
+    framing = [cnic_framing_bytes(x) / x["stated_bytes"] for x in cnic]
     if not cnic:
         return "-", "-"
     return f"{num(min(per))}-{num(max(per))}", f"{100 * min(framing):.1f}-{100 * max(framing):.1f}%"
