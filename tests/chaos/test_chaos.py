@@ -28,7 +28,7 @@ def test_the_matrix_and_bad_input():
         f"store-{sig}-{m}" for sig in ("kill", "term", "stop") for m in ("read", "persist")}
     for args, needle in ((("--scenario", "de-kill-lunch"), "unknown scenario"), (("--policy", "pray"), "--policy"),
                          (("--requests", "0"), "positive"), (("--transfer", "pigeon"), "--transfer must be one of"),
-                         (("--transfer", "mooncake", "--testbed"), "on one host")):
+                         (("--transfer", "mooncake", "--corruptions", "3"), "not with --corruptions")):
         p = cli_here("chaos", *args)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from ..config.overrides import set_fields
+from ..config.runtime import KvTransfer
 
 from ..deploy.testbed import netns
 from ..deploy.testbed.plan import plan_testbed
@@ -145,7 +146,8 @@ async def testbed_cluster(spec: dict, cfg: Any, label: str, index: int) -> Async
 async def drive(spec: dict, emit: Callable[[dict], None]) -> dict:
     """In the router's host: the reference, then every scenario, each on fresh processes."""
     cfg = chaos_config(spec["model"], spec["policy"],
-                       changes={"transport.kind": "tcp", "transport.peer_token_file": spec["token_file"]})
+                       changes={"transport.kind": "tcp", "transport.peer_token_file": spec["token_file"],
+                                "transport.transfer": KvTransfer(spec.get("transfer", KvTransfer.REMOTE_WRITE))})
     n, gen = spec["num_requests"], spec["gen_tokens"]
     async with testbed_cluster(spec, cfg, "reference", 0) as (cluster, _):
         reference = await reference_run(cluster, n, gen)
@@ -162,8 +164,11 @@ async def drive(spec: dict, emit: Callable[[dict], None]) -> dict:
 
 def run_chaos_testbed(scenarios: list[str], model: str = "tiny", policy: str = "recompute", num_requests: int = 4,
                       gen_tokens: int = 48, on_result: Callable[[ChaosResult], None] | None = None,
-                      run_id: str | None = None, log: Callable[[str], None] = print) -> dict:
-    """Up, the driver in the router's host (results streamed back as JSON lines), down."""
+                      run_id: str | None = None, log: Callable[[str], None] = print,
+                      transfer: str = "remote-write") -> dict:
+    """Up, the driver in the router's host (results streamed back as JSON lines), down. `transfer`:
+    who moves KV between the hosts (our remote writes, or Mooncake Transfer Engine); the engines
+    learn it from the router when they join."""
     netns.check_can_run()
     log("reference on one host: the same two turns on a local 2P2D cluster")
     single = asyncio.run(_single_host_reference(model, policy, num_requests, gen_tokens))
@@ -173,14 +178,15 @@ def run_chaos_testbed(scenarios: list[str], model: str = "tiny", policy: str = "
     try:
         with work_dir() as (work, token):
             spec = {"model": model, "policy": policy, "num_requests": num_requests, "gen_tokens": gen_tokens,
-                    "scenarios": scenarios, "work": str(work), "token_file": str(token), "hosts": list(plan.hosts),
+                    "scenarios": scenarios, "transfer": transfer, "work": str(work), "token_file": str(token), "hosts": list(plan.hosts),
                     "roles": list(plan.roles), "storage_ns": plan.storage_ns, "router_ns": plan.router_ns,
                     "storage_addr_of": plan.storage_addr_of, "cnic_addr_of": plan.cnic_addr_of,
                     "testbed": {**netns.plan_json(plan), "snic_bytes_per_s": SNIC_BYTES_PER_S,
                                 "cnic_bytes_per_s": SLOW_CNIC_BYTES_PER_S}}
             (work / "spec.json").write_text(json.dumps(spec))
             log(f"testbed {plan.run_id}: 2P2D + router + storage host, SNIC {SNIC_BYTES_PER_S / 1e6:.0f} MB/s, "
-                f"CNIC {SLOW_CNIC_BYTES_PER_S / 1e6:.0f} MB/s (tc); the reference, then {len(scenarios)} scenario(s)")
+                f"CNIC {SLOW_CNIC_BYTES_PER_S / 1e6:.0f} MB/s (tc), KV through {transfer}; the reference, then "
+                f"{len(scenarios)} scenario(s)")
             report = _follow(plan.router_ns, work, len(scenarios), on_result)
     finally:
         netns.down(plan.run_id)

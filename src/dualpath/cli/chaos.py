@@ -46,7 +46,7 @@ def chaos(
         raise InputError("--corruptions and --torn-writes must be >= 0 and --flip-probability in (0, 1]")
     if (corruptions or torn_writes) and testbed:
         raise InputError("--testbed runs the engine and storage faults; --corruptions and --torn-writes run on one host")
-    overrides = _transfer(transfer, testbed or bool(corruptions or torn_writes))
+    overrides = _transfer(transfer, bool(corruptions or torn_writes))
     if corruptions or torn_writes:
         return integrity_acceptance(corruptions, torn_writes, model, flip_probability, json_path)
     from ..chaos.matrix import STORE_VICTIM, parse_scenarios, run_chaos
@@ -56,7 +56,7 @@ def chaos(
         raise InputError(f"--policy must be recompute or fail, got {policy!r}")
     if requests <= 0 or gen_tokens <= 0:
         raise InputError("--requests and --gen-tokens must be positive")
-    where = "across the testbed's hosts" if testbed else "on one host" + (f", KV through {transfer}" if overrides else "")
+    where = ("across the testbed's hosts" if testbed else "on one host") + (f", KV through {transfer}" if overrides else "")
     console.print(f"chaos: {len(names)} scenario(s) on a 2P2D cluster {where} ({model}, policy {policy}), "
                   f"each against a fault-free reference run")
     progress = lambda r: console.print(f"  {r.scenario}: {r.finished}/{r.requests} finished, {r.errored} errored, "
@@ -65,7 +65,7 @@ def chaos(
         from ..chaos.testbed import run_chaos_testbed
 
         report = run_chaos_testbed(names, model, policy, requests, gen_tokens, on_result=progress,
-                                   log=console.print)
+                                   log=console.print, transfer=transfer)
     else:
         report = asyncio.run(run_chaos(names, model, policy, requests, gen_tokens, on_result=progress, overrides=overrides))
     out.print(_table(report, f"chaos {where}, policy {policy}", STORE_VICTIM))
@@ -78,12 +78,12 @@ def chaos(
         console.print(f"wrote {json_path}")
 
 
-def _transfer(transfer: str, elsewhere: bool) -> list[str]:
+def _transfer(transfer: str, integrity: bool) -> list[str]:
     """`--transfer` as overrides of the chaos cluster, checked before anything starts (one line each)."""
     overrides = transfer_overrides(transfer)
-    if overrides and elsewhere:
-        raise InputError("--transfer mooncake runs the engine faults on one host (not with --testbed, --corruptions "
-                         "or --torn-writes yet)")
+    if overrides and integrity:
+        raise InputError("--transfer mooncake runs the engine and storage faults (not with --corruptions or "
+                         "--torn-writes yet)")
     if overrides:
         from ..runtime.transport.mooncake import require_mooncake
 

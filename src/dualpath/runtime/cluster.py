@@ -51,6 +51,11 @@ from .transport.shm import HostBuffer
 # it instead of a fresh interpreter importing torch: a tiny-model cluster's start fell from ~5.5 s
 # to ~2 s and its stop from ~2.1 s to ~0.6 s (2-core VM, 3 starts each, 2026-12-01).
 ENGINE_PRELOAD = ["torch", "dualpath.runtime.engine.main"]
+# shutdown: a stopping engine reports its counters every 0.5 s while its writer drains (engine/storage.py
+# STOP_REPORT_S); nothing from it for 10 s (20 periods: a loaded host's delays included) is an engine
+# that will not report again. One whose process here has exited gets 2 s for its last report to arrive
+FINAL_REPORT_STALL_S = 10.0
+EXITED_REPORT_S = 2.0
 
 
 def engine_context() -> Any:
@@ -122,7 +127,7 @@ class LocalCluster:
         self.router = Router(cfg, model_name=cfg.model, tokenizer=tokenizer, max_context_tokens=mcfg.max_position_tokens,
                              eos_token_ids=tuple(mcfg.eos_token_ids), kv_bytes_per_token=tbpl * mcfg.num_layers,
                              full_block_bytes=layout.full_block_bytes, store=self.store, endpoint=router_ep,
-                             clock=MonotonicClock())
+                             clock=MonotonicClock(), vocab_size=mcfg.vocab_size)
         self.router.start(asyncio.get_running_loop())
         if self.engines_listen:
             self.router.membership.on_join = self._welcome  # `dualpath engine`s join over the network (engine/join.py)
@@ -202,24 +207,46 @@ class LocalCluster:
             except ProcessLookupError:
                 pass  # already gone
 
+    async def _final_reports(self, router: Router, engines: list[int]) -> None:
+        """Wait for each stopped engine's last Counters, sent once its writer has drained its persists
+        (engine/storage.py `stop`, reporting as it goes): the ledger then holds every byte the
+        engines wrote, wherever they run. An engine is given up when nothing comes from it for
+        FINAL_REPORT_STALL_S, or for EXITED_REPORT_S once its process here has exited."""
+        clock, counters = router.clock, router.metrics.engine_counters
+        last = {e: (counters.get(e), clock.now_s()) for e in engines}
+        while last:
+            await asyncio.sleep(0.05)
+            now_s = clock.now_s()
+            for e, (seen, since_s) in list(last.items()):
+                c, p = counters.get(e), self.processes.get(e)
+                stall_s = EXITED_REPORT_S if p is not None and not p.is_alive() else FINAL_REPORT_STALL_S
+                if c is not None and c.final:
+                    del last[e]
+                elif c is not seen:
+                    last[e] = (c, now_s)
+                elif now_s - since_s > stall_s:
+                    del last[e]
+
     async def stop(self) -> None:
         router = self.router
         if self._watch is not None:
             self._watch.stop()  # planned exits are no faults
             self._watch = None
+        stopped: list[int] = []
         if router is not None:
             if router.membership.watch is not None:
                 router.membership.watch.cancel()  # engines that stop beating while they close are no faults
             for e in router.membership.live_engines():
                 if e.outbox is not None:
                     e.outbox.send(Stop("cluster shutdown"))
+                    stopped.append(e.engine)
+            await self._final_reports(router, stopped)
         loop = asyncio.get_running_loop()
         for p in self._procs:
             await loop.run_in_executor(None, p.join, 60)
             if p.is_alive():
                 p.terminate()
                 p.join(5)
-        await asyncio.sleep(0.2)  # last Counters messages
         if router is not None:
             router.stop()
         for b in (*self._buffers.values(), *self._landing.values()):

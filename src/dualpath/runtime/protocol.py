@@ -338,6 +338,9 @@ class Counters:
     # the engine's timeline spans since its last Counters (RuntimeConfig.record_timeline), each
     # [track, name, start_s, end_s, rid or None, args or None] on its CLOCK_MONOTONIC (metrics/timeline.py)
     spans: list = field(default_factory=list)
+    # the engine's last report: sent as it stops, once its writer has drained (engine/storage.py
+    # `stop`); the cluster's shutdown waits for it (runtime/cluster.py `_final_reports`)
+    final: bool = False
 
 
 # Counters' transfer-integrity fields, in order (engines fill them, the router's metrics sum them)

@@ -152,6 +152,34 @@ def test_close_fails_queued_transfers_joins_the_thread_and_refuses_new_ones():
     arb.close()  # idempotent
 
 
+def test_close_with_a_drain_sends_what_is_queued_and_runs_every_callback_first():
+    """An engine that stops lets its queued copies land (each callback hands a block to its
+    writer), within the drain's bound; what is left after it fails as without one."""
+    arb = LinkArbiter("drain", 1e6, LaneWeights(), MonotonicClock(), 4096)
+    landed = []
+
+    def slow_callback(result):
+        threading.Event().wait(0.05)  # idle only once the callback has returned
+        landed.append(result.nbytes)
+
+    handles = [arb.submit(KV, 20_000, noop, on_done=slow_callback) for _ in range(3)]  # ~60 ms at 1 MB/s
+    assert not arb.idle()
+    arb.close(drain_s=10.0)
+    assert landed == [20_000] * 3 and all(h.wait(0).nbytes == 20_000 for h in handles)
+    assert arb.idle()
+    arb.check_invariants()
+
+    bounded = LinkArbiter("bounded", 1e6, LaneWeights(), MonotonicClock(), 4096)
+    h = bounded.submit(KV, 10**9, noop)  # would take 1000 s: the drain gives up after its bound
+    t0 = MonotonicClock().now_s()
+    bounded.close(drain_s=0.2)
+    assert 0.2 <= MonotonicClock().now_s() - t0 < 5.0
+    with pytest.raises(TransferFailed):
+        h.wait(1.0)
+    assert bounded.idle()
+    bounded.check_invariants()
+
+
 def test_on_done_runs_after_completion_with_the_result():
     seen = []
     with LinkArbiter("cb", None, LaneWeights(), MonotonicClock(), CHUNK) as arb:

@@ -41,6 +41,10 @@ from .storage import NodeStorage, ReadFinished
 from .tally import EngineTally
 from .tp import start_engine_tp, tp_payload_bytes
 
+# at Stop or a mode switch: the CNIC's queued copies (the last steps' D2H persist copies, a few Full
+# Blocks; the cluster is idle) may take this long to land (at Stop, the rest are then failed)
+STOP_COPIES_DRAIN_S = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
@@ -148,6 +152,7 @@ class EngineBase:
 
     def reconfigure(self, msg: Reconfigure) -> None:
         """Switch mode and store (the router sends this only while idle; reads and writes drain first)."""
+        self.arbiter.drain(STOP_COPIES_DRAIN_S)  # the last persists' copies go to the old store, not the new
         self.cfg = replace(self.cfg, mode=msg.mode)
         self.features = self.cfg.features
         self.storage.reopen(self.cfg, msg.store_root)
@@ -242,7 +247,8 @@ class EngineBase:
             self._last_report_s = now
             self.report_counters()
 
-    def report_counters(self) -> None:
+    def report_counters(self, final: bool = False) -> None:
+        """What this engine moved and did, cumulative over the mode; `final`: its last report (it stops)."""
         st, c = self.arbiter.stats(), self.counters
         kv, lc = Lane.KV, Lane.LATENCY_CRITICAL
         self.mail.to_router(Counters(
@@ -256,13 +262,14 @@ class EngineBase:
             forward_items=int(c.forward_items), served_mid_step=int(c.served_mid_step),
             fit_terms=(float(c.fit_items), float(c.fit_ctx), float(c.fit_keys)),
             cnic_stalled_s=float(st.stalled_s - self._stalled_base_s),
-            control_bytes=self.mail.control_bytes_sent(), spans=self.timeline.drain()))
+            control_bytes=self.mail.control_bytes_sent(), spans=self.timeline.drain(), final=final))
 
     def close(self) -> None:
         self._stop = True
-        self.storage.stop()
-        self.arbiter.close()
-        self.report_counters()
+        # the queued copies first: a persist's D2H copy hands its block to the writer when it lands
+        self.arbiter.close(drain_s=STOP_COPIES_DRAIN_S)
+        self.storage.stop(on_wait=self.report_counters)
+        self.report_counters(final=True)
         if self.tp is not None:
             self.tp.close()
         self.peers.close()

@@ -40,6 +40,12 @@ STORED_OUTCOMES = (PutOutcome.WRITTEN, PutOutcome.ALREADY_PRESENT)
 # weight of the newest read in the store-latency EWMA (Counters.read_latency_s): a store that turns
 # slow is seen within two or three reads, one slow read does not flip the estimate on its own
 READ_LATENCY_EWMA_WEIGHT = 0.5
+# at shutdown (`stop`): the writer drains its queued persists while the engine reports its counters
+# every STOP_REPORT_S (the period of its reports while it serves, engine/base.py), for as long as one
+# persist ends at least every STOP_STALL_S. One store call gives up after `store.timeout_s` (5 s by
+# default) and a tripped breaker answers at once, so 30 s without one is a writer that hangs
+STOP_REPORT_S = 0.5
+STOP_STALL_S = 30.0
 
 
 @message
@@ -73,6 +79,7 @@ class NodeStorage:
         self._dram_count = threading.Lock()  # the engine's thread and the reader both count DRAM reads
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
+        self.writes_done = 0  # persists the writer finished (stored or not); only it counts
         self._reader = threading.Thread(target=self._read_loop, name=f"reader{engine}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"writer{engine}", daemon=True)
         self._reader.start()
@@ -184,6 +191,7 @@ class NodeStorage:
             self._tally().storage_write_bytes += len(payload)
             self._timeline.until_now(self._write_track, "persist", write_s, None, {"wait_s": write_s - queued_s})
             self._to_router(Persisted(self._engine, bytes(digest), stored))
+            self.writes_done += 1
             self._writes.task_done()
 
     # 3. a mode switch, and the end
@@ -200,11 +208,23 @@ class NodeStorage:
         """Calls a storage service's breaker skipped (store/breaker.py); 0 for a local store."""
         return sum(getattr(self.store, "skipped_calls", dict)().values())
 
-    def stop(self) -> None:
-        """End both threads once their queues are done (the writer's last blocks land first)."""
+    def stop(self, on_wait: Callable[[], None] = lambda: None) -> None:
+        """End both threads once their queues are done: the writer's queued persists land first, for
+        as long as they progress (a writer that completes none for STOP_STALL_S is left behind: a
+        dead store). `on_wait` runs every STOP_REPORT_S meanwhile (the engine reports its counters:
+        the router sees the drain go on, and every persist that landed is in its ledger)."""
         self._reads.put(None)
         self._writes.put(None)
-        self._writer.join(timeout=30)
+        done, since_s = self.writes_done, self._clock.now_s()
+        while True:
+            self._writer.join(timeout=STOP_REPORT_S)
+            if not self._writer.is_alive():
+                return
+            on_wait()
+            if self.writes_done != done:
+                done, since_s = self.writes_done, self._clock.now_s()
+            elif self._clock.now_s() - since_s > STOP_STALL_S:
+                return
 
     def close(self) -> None:
         self.store.close()

@@ -58,12 +58,13 @@ _SENDER = {FirstToken: EngineRole.PREFILL, Token: EngineRole.DECODE, PromptLoade
 class Router:
     def __init__(self, config: RuntimeConfig, *, model_name: str, tokenizer: Any, max_context_tokens: int,
                  eos_token_ids: tuple[int, ...], kv_bytes_per_token: int, full_block_bytes: int,
-                 store: Any, endpoint: str, clock: Any) -> None:
+                 store: Any, endpoint: str, clock: Any, vocab_size: int | None = None) -> None:
         self.cfg = config
         self.features = config.features
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.max_context_tokens = max_context_tokens
+        self.vocab_size = vocab_size  # a prompt's token ids must lie below it; None: not checked (stand-in models)
         self.eos_token_ids = eos_token_ids
         self.kv_bytes_per_token = kv_bytes_per_token
         self.full_block_bytes = full_block_bytes
@@ -197,6 +198,10 @@ class Router:
         n = len(request.prompt_ids)
         if n == 0:
             raise InputError("prompt is empty")
+        ids = request.prompt_ids
+        if self.vocab_size is not None and (min(ids) < 0 or max(ids) >= self.vocab_size):  # an engine would fail on it
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+            raise InputError(f"prompt: token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
         if n + request.params.max_tokens > self.max_context_tokens:
             raise InputError(f"prompt ({n} tokens) + max_tokens ({request.params.max_tokens}) exceeds the context window "
                              f"({self.max_context_tokens} tokens)")

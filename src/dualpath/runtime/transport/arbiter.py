@@ -11,7 +11,8 @@ Lifecycle of a transfer:
    shared-memory buffers that releases the GIL.
 5. After the last chunk, once real time has reached its delivery time, the handle completes with
    a `TransferResult` and the `on_done` callback runs on the link's thread (keep it short).
-6. `close()` lets decided chunks finish, fails queued transfers with `TransferFailed` and joins.
+6. `close(drain_s)` sends what is queued for up to `drain_s`, lets decided chunks finish, fails
+   queued transfers with `TransferFailed` and joins.
 
 Rate-limited links run on link time: the thread wakes, decides every chunk that starts between the
 last decision and now (all arrivals up to now are known, so this is the ideal link's schedule
@@ -58,6 +59,7 @@ DEFAULT_CHUNK_BYTES = 8 * 1024
 DEFAULT_MAX_RUN_BYTES = 64 * 1024 * 1024  # unlimited links: bytes granted per decision at most (bounds close())
 DEFAULT_MAX_LAG_S = 0.010  # host jitter (thread descheduled, GIL) the emulation absorbs before the link loses time
 _EPS_S = 1e-9
+DRAIN_POLL_S = 0.005  # close(drain_s): how often it looks whether the link is idle
 
 
 def _pair(xs: list[int] | list[float]) -> tuple:
@@ -106,6 +108,7 @@ class LinkArbiter:
         self._last_arrival_s = self._link_free_s
         self._submitted, self._sent, self._queued, self._in_flight, self._dropped = ([0, 0] for _ in range(5))
         self._completed = [0, 0]
+        self._open = 0  # transfers submitted whose handle has not completed (callback included)
         self._delay_sum = [0.0, 0.0]
         self._delay_max = [0.0, 0.0]
         self._busy_s = 0.0
@@ -134,6 +137,7 @@ class LinkArbiter:
             self._arrivals[sched_lane] += 1
             self._submitted[handle.lane] += nbytes
             self._queued[handle.lane] += nbytes
+            self._open += 1
             self._cv.notify()
         return handle
 
@@ -152,9 +156,28 @@ class LinkArbiter:
                 parts = (self._sent[i], self._queued[i], self._in_flight[i], self._dropped[i])
                 assert self._submitted[i] == sum(parts), f"byte ledger broken on lane {Lane(i).name}"
                 assert min(parts) >= 0, f"negative bytes on lane {Lane(i).name}"
+            assert self._open >= 0, "more transfers completed than submitted"
 
-    def close(self) -> None:
-        """Let decided chunks finish, fail queued transfers with `TransferFailed`, join the thread."""
+    def idle(self) -> bool:
+        """Nothing queued, decided or waiting for its delivery time: every transfer has completed."""
+        with self._cv:
+            return self._open == 0
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for every submitted transfer to complete (callbacks included);
+        whether they have. New submissions meanwhile are waited for too."""
+        deadline_s = self._clock.now_s() + timeout_s
+        while not self.idle():
+            if self._clock.now_s() >= deadline_s:
+                return False
+            self._clock.sleep_s(DRAIN_POLL_S)
+        return True
+
+    def close(self, drain_s: float = 0.0) -> None:
+        """Send what is queued for up to `drain_s` (an engine that stops lets its persists' copies
+        finish), then let decided chunks finish, fail what is still queued with `TransferFailed`
+        and join the thread."""
+        self.drain(drain_s)
         with self._cv:
             drained = [] if self._closing else self._sched.drain()
             self._closing = True
@@ -163,7 +186,7 @@ class LinkArbiter:
                 self._dropped[h.lane] += unsent_bytes
             self._cv.notify_all()
         for h, _ in drained:
-            h._finish(None, TransferFailed(f"link {self.name} closed before the transfer finished"))
+            self._finished(h, None, TransferFailed(f"link {self.name} closed before the transfer finished"))
         self._thread.join()
 
     def __enter__(self) -> "LinkArbiter":
@@ -332,7 +355,13 @@ class LinkArbiter:
             unsent = self._sched.drop(h)
             self._queued[h.lane] -= unsent
             self._dropped[h.lane] += in_flight_bytes + unsent
-        h._finish(None, error)
+        self._finished(h, None, error)
+
+    def _finished(self, h: TransferHandle, result: TransferResult | None, error: BaseException | None) -> None:
+        """Complete `h` (its callback run), then count it closed (once: a failing one may come twice)."""
+        if h._finish(result, error):
+            with self._cv:
+                self._open -= 1
 
     def _count_completion(self, h: TransferHandle) -> None:
         assert h._started_s is not None
@@ -349,4 +378,4 @@ class LinkArbiter:
             _, _, r = heapq.heappop(self._due)
             h = r.handle
             assert h._started_s is not None
-            h._finish(TransferResult(h.lane, h.nbytes, h.submitted_s, h._started_s, r.finish_s, now), None)
+            self._finished(h, TransferResult(h.lane, h.nbytes, h.submitted_s, h._started_s, r.finish_s, now), None)

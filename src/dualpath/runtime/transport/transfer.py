@@ -184,10 +184,11 @@ class TransferHandle:
         assert self._result is not None
         return self._result
 
-    def _finish(self, result: TransferResult | None, error: BaseException | None) -> None:
+    def _finish(self, result: TransferResult | None, error: BaseException | None) -> bool:
+        """Complete the handle (its `on_done` run); False if it was complete already."""
         with _FINISH_LOCK:  # close() and the link's thread may both finish a failing transfer
             if self._event.is_set():
-                return
+                return False
             self._result, self._error = result, error
             self._do_chunk = _no_chunk  # drop references to caller buffers
             self._event.set()
@@ -196,6 +197,7 @@ class TransferHandle:
                 self._on_done(result)
             except Exception:  # a callback must not kill the link; report it
                 log.exception("on_done callback of a transfer failed")
+        return True
 
 
 def _no_chunk(offset_bytes: int, nbytes: int) -> None:
