@@ -50,8 +50,7 @@ def test_generate_json_is_deterministic_and_matches_the_model():
     (["serve", "--set", "engines.max_decode_batch=many"], "engines.max_decode_batch: expected a number"),
     (["serve", "--set", "transport.kind=udp"], "transport.kind must be one of local, tcp, got 'udp'"),
     (["serve", "--transfer", "nccl"], "transport.transfer must be one of remote-write, mooncake, got 'nccl'"),
-    (["demo", "--testbed", "--transfer", "mooncake", "--ray"], "--transfer mooncake on the testbed runs engines as processes"),
-    (["demo", "--testbed", "--transfer", "mooncake", "--tp", "2"], "without --ray and --tp"),
+    (["demo", "--testbed", "--transfer", "mooncake", "--tp", "2"], "runs engines of one rank each: without --tp"),
     (["run", "src/dualpath/workloads/data/mooncake_conversation_slice.jsonl", "--set", "store.timeout_s=0"], "store.timeout_s must be positive"),
 ])
 def test_runtime_bad_input_exits_2(args, needle):

@@ -69,6 +69,8 @@ def bench_lanes(
     testbed: Annotated[bool, typer.Option("--testbed", help="across emulated hosts, through the kernel's classes (root)")] = False,
     cnic_mb_s: Annotated[float, typer.Option(help="--testbed: the CNIC rate, MB/s")] = 32.0,
     bursts: Annotated[int, typer.Option(help="--testbed: bursts per run")] = 400,
+    bulk: Annotated[str, typer.Option(help="--testbed: the KV load, tcp (a CS1-marked sender) or mooncake "
+                                      "(Mooncake Transfer Engine writes, unmarked)")] = "tcp",
     plot: Annotated[Optional[Path], typer.Option(help="--testbed / --sim: write a PNG figure here")] = None,
     sim: Annotated[bool, typer.Option("--sim", help="in the simulator: the MoE preset's EP bursts on the CNICs, "
                                       "TPOT with two classes vs one, with and without a KV flood")] = False,
@@ -84,7 +86,9 @@ def bench_lanes(
     if testbed:
         from .testbed import lanes_bench
 
-        return lanes_bench(cnic_mb_s, bursts, json_path, plot)
+        return lanes_bench(cnic_mb_s, bursts, json_path, plot, bulk)
+    if bulk != "tcp":
+        raise InputError("--bulk is a --testbed option")
     if sim:
         return _lanes_sim(model, pd, agents, max_len, json_path, plot)
 

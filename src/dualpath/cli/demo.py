@@ -132,8 +132,8 @@ def demo(
     if testbed and timeline is not None:
         raise InputError("--timeline is not written on the testbed (the router runs in its own namespace)")
     remote = transfer_overrides(transfer)  # mooncake: KV as across hosts, on loopback
-    if testbed and remote and (ray or tp_cfg.ranks > 1):
-        raise InputError("--transfer mooncake on the testbed runs engines as processes, one rank each: without --ray and --tp")
+    if testbed and remote and tp_cfg.ranks > 1:
+        raise InputError("--transfer mooncake on the testbed runs engines of one rank each: without --tp")
     if testbed:
         from .testbed import testbed_demo
 

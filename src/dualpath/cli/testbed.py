@@ -72,22 +72,30 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
                       f"classes LC {row['lc_class_bytes']} B, KV {row['kv_class_bytes']} B")
 
 
-def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot) -> None:
+def lanes_bench(cnic_mb_s: float, bursts: int, json_path, plot, bulk: str = "tcp") -> None:
     """`bench lanes --testbed` (deploy/testbed/lanes_bench.py): bursts unloaded, beside KV with the two
     classes, and with one class."""
     from ..deploy.testbed.lanes_bench import plot_lanes_testbed, run_lanes_testbed
     from ..sim.runner import write_json
     from ..deploy.testbed.netns import check_can_run
 
+    if bulk not in ("tcp", "mooncake"):
+        raise InputError(f"--bulk must be tcp or mooncake, got {bulk!r}")
     check_can_run()
     if cnic_mb_s <= 0 or bursts < 10:
         raise InputError("--cnic-mb-s must be positive and --bursts at least 10")
-    r = run_lanes_testbed(cnic_mb_s * MB, bursts)
+    if bulk == "mooncake":
+        from ..runtime.transport.mooncake import require_mooncake
+
+        require_mooncake()
+    r = run_lanes_testbed(cnic_mb_s * MB, bursts, bulk=bulk)
     out.print(f"64 KiB latency-critical bursts every 5 ms over a {cnic_mb_s:.0f} MB/s CNIC (wire time "
-              f"{r['wire_time_s'] * 1e3:.2f} ms), two shaped hops:")
+              f"{r['wire_time_s'] * 1e3:.2f} ms), two shaped hops, the KV load by {bulk}:")
     for name, s in r["runs"].items():
         out.print(f"  {name:12s} p50 {s['p50_s'] * 1e3:7.2f} ms  p99 {s['p99_s'] * 1e3:7.2f} ms  "
                   f"(x{r['p50_over_unloaded'][name]:.2f} / x{r['p99_over_unloaded'][name]:.2f} of unloaded)")
+    c = r["de_port_class_bytes"]
+    out.print(f"  the DE host's port, unloaded and two-class runs: LC class {c['lc'] / MB:.1f} MB, KV class {c['kv'] / MB:.1f} MB")
     if json_path:
         write_json(r, json_path)
         console.print(f"wrote {json_path}")

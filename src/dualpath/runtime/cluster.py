@@ -12,7 +12,10 @@ Start-up:
      `Hello`;
   5. an exit watch over the engine processes: an engine that dies is reported to the router at
      once, and one the router fences (frozen: no heartbeats) is killed (router/liveness.py).
-Shutdown stops the watch, sends `Stop`, joins the processes and unlinks every segment.
+Shutdown stops the watch and sends `Stop`; each engine lets its queued copies land and its writer drain
+(engine/storage.py `stop`), reporting as it goes, then sends its final `Counters`, which the cluster
+waits for from every engine it stopped, here or on another host (`_final_reports`), so the ledger
+holds every persist; then it joins the processes and unlinks every segment.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from dualpath.runtime.transport.mooncake import mooncake_loads
+
 from dualpath.deploy.testbed.plan import plan_testbed
 
 MB = 1e6
@@ -113,18 +115,22 @@ def test_a_chat_on_ray_nodes_one_per_emulated_host_and_nothing_left(tmp_path, mo
 
 @pytest.mark.testbed_root
 @pytest.mark.slow
-def test_the_demo_on_ray_nodes_gives_one_hosts_tokens_and_survives_a_killed_decode_actor(tmp_path, monkeypatch):
+@pytest.mark.parametrize("transfer", ["remote-write", "mooncake"])
+def test_the_demo_on_ray_nodes_gives_one_hosts_tokens_and_survives_a_killed_decode_actor(tmp_path, monkeypatch,
+                                                                                         transfer):
     """`demo --testbed --ray`, small (tiny model, dualpath mode): the engines are Ray actors, each in
     its host's namespace; the tokens equal one host's; the restart check's kill -9 of the decode
     actor's process is followed by a restart whose request and the next one get the baseline's
-    tokens; nothing is left."""
+    tokens; nothing is left. With either transfer (Mooncake's engine starts in each actor)."""
+    if transfer == "mooncake" and not mooncake_loads():
+        pytest.skip("Mooncake Transfer Engine does not load here")
     from dualpath.deploy.testbed.demo import check_result, run_testbed_demo
     from dualpath.deploy.testbed import netns
 
     monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
     run_id = f"z{os.getpid() % 9999}"
     result = run_testbed_demo(model="tiny", agents=2, rounds=4, snic_bytes_per_s=2 * MB, run_id=run_id,
-                              log=lambda line: None, modes=("dualpath",), ray=True)
+                              log=lambda line: None, modes=("dualpath",), ray=True, transfer=transfer)
     assert not netns.namespaces_with_prefix(f"dp{run_id}-")
     (dual,) = result["runs"]
     assert dual["tokens_sha256"] == result["reference_tokens_sha256"]

@@ -9,6 +9,10 @@ BURST_PERIOD_S. A burst's time runs from its first byte sent to the reply. Three
                  classes, 99:1;
   one class      the same load with the DSCP filters removed, so every packet shares the KV class:
                  one FIFO, what the lanes buy against.
+The bulk load is a plain TCP sender marked CS1 (`bulk="tcp"`), or Mooncake Transfer Engine writing
+4 MiB at a time from a registered buffer on the DE host into one on the PE host (`bulk="mooncake"`):
+what the engines' KV is with `--transfer mooncake`. Its TCP carries no DSCP mark, so it takes each
+port's default class, the KV class.
 Each burst crosses two shaped egresses (DE host -> switch, switch -> PE host), as a packet crosses
 a NIC and a switch port.
 """
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .netns import down, run_command, up
+from .netns import down, link_counters, run_command, up
 from .plan import plan_testbed
 
 BURST_BYTES = 64 * 1024  # a latency-critical message: the in-process lanes bench's burst size
@@ -68,6 +72,31 @@ while True:
     c.sendall(block)
 """
 
+# Mooncake's bulk: the sink registers a buffer on the PE host and prints its address; the source, on
+# the DE host, writes into it BULK_WRITE_BYTES at a time for as long as it runs
+BULK_WRITE_BYTES = 4 * 1024 * 1024
+MOONCAKE_SINK = r"""
+import sys, time
+import numpy as np
+from dualpath.runtime.transport.mooncake import MooncakeTransfer
+t = MooncakeTransfer.start(sys.argv[1])
+t.register("bulk", np.zeros(int(sys.argv[2]), dtype=np.uint8))
+print(t.address().to_text(), flush=True)
+while True:
+    time.sleep(60)
+"""
+MOONCAKE_SOURCE = r"""
+import sys
+import numpy as np
+from dualpath.runtime.transport.mooncake import MooncakeAddress, MooncakeTransfer, address_of
+t = MooncakeTransfer.start(sys.argv[1])
+src = np.full(int(sys.argv[3]), 0xA5, dtype=np.uint8)
+t.register("src", src)
+peer = MooncakeAddress.from_text(sys.argv[2])
+while True:
+    t.write(peer, [(address_of(src), "bulk", 0, src.nbytes)])
+"""
+
 _BURSTS = r"""
 import json, socket, sys, time
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
@@ -84,28 +113,53 @@ print(json.dumps(out))
 """
 
 
-def _bursts(plan, count: int, loaded: bool) -> list[float]:
+def _bursts(plan, count: int, bulk_kind: str | None) -> list[float]:
+    """The bursts' times, alone (`bulk_kind` None) or beside a bulk load of that kind."""
     de, pe = plan.hosts[1], plan.hosts[0]
     pe_ip = plan.cnic_addr_of[pe]
     exe = sys.executable
     server = subprocess.Popen(["ip", "netns", "exec", pe, exe, "-c", _SERVER, pe_ip, str(BURST_PORT), str(BULK_PORT),
                                str(BURST_BYTES)], stdout=subprocess.PIPE, text=True)
-    bulk = None
+    procs = [server]
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        if loaded:
-            bulk = subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", BULK_SOURCE, pe_ip, str(BULK_PORT)],
-                                    stderr=subprocess.DEVNULL)  # killed mid-send: its reset is expected
+        if bulk_kind == "tcp":
+            procs.append(subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", BULK_SOURCE, pe_ip, str(BULK_PORT)],
+                                          stderr=subprocess.DEVNULL))  # killed mid-send: its reset is expected
+        elif bulk_kind == "mooncake":
+            procs += _mooncake_bulk(de, pe, plan.cnic_addr_of[de], pe_ip)
+        if bulk_kind is not None:
             time.sleep(WARMUP_S)
         p = subprocess.run(["ip", "netns", "exec", de, exe, "-c", _BURSTS, pe_ip, str(BURST_PORT), str(BURST_BYTES),
                             str(count), str(BURST_PERIOD_S)], capture_output=True, text=True, check=True,
                            timeout=60 + count * 0.5)
         return json.loads(p.stdout)
     finally:
-        for proc in (bulk, server):
-            if proc is not None and proc.poll() is None:
+        for proc in procs:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _mooncake_bulk(de: str, pe: str, de_ip: str, pe_ip: str) -> list[subprocess.Popen]:
+    """Mooncake's sink on the PE host, then its source on the DE host writing into it."""
+    exe = sys.executable
+    sink = subprocess.Popen(["ip", "netns", "exec", pe, exe, "-c", MOONCAKE_SINK, pe_ip, str(BULK_WRITE_BYTES)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert sink.stdout is not None
+    address = sink.stdout.readline().strip()
+    if not address:
+        sink.kill()
+        raise RuntimeError("Mooncake's sink did not start on the PE host (is Mooncake Transfer Engine installed?)")
+    source = subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", MOONCAKE_SOURCE, de_ip, address,
+                               str(BULK_WRITE_BYTES)], stderr=subprocess.DEVNULL)
+    return [sink, source]
+
+
+def _kv_class_bytes(plan) -> dict[str, int]:
+    """The DE host's CNIC port: bytes its two classes sent (the unloaded and two-class runs so far)."""
+    row = next(x for x in link_counters(plan) if x["link"] == "cnic" and x["ns"] == plan.hosts[1] and x["dev"] == "cnic0")
+    return {"lc": int(row["lc_class_bytes"]), "kv": int(row["kv_class_bytes"])}
 
 
 def _one_class(plan) -> None:
@@ -122,17 +176,22 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "mean_s": float(a.mean())}
 
 
-def run_lanes_testbed(cnic_bytes_per_s: float, bursts: int, run_id: str | None = None) -> dict[str, Any]:
+def run_lanes_testbed(cnic_bytes_per_s: float, bursts: int, run_id: str | None = None,
+                      bulk: str = "tcp") -> dict[str, Any]:
+    """The three runs (module doc); `bulk`: the KV load, "tcp" or "mooncake"."""
     plan = plan_testbed(run_id or f"l{os.getpid() % 10000}", 1, 1, cnic_bytes_per_s / 8, cnic_bytes_per_s, run_index=248)
     up(plan)
     try:
-        runs = {"unloaded": _stats(_bursts(plan, bursts, False)), "two_classes": _stats(_bursts(plan, bursts, True))}
+        runs = {"unloaded": _stats(_bursts(plan, bursts, None)), "two_classes": _stats(_bursts(plan, bursts, bulk))}
+        kv_class = _kv_class_bytes(plan)  # the bulk load's bytes so far, every one in the KV class
         _one_class(plan)
-        runs["one_class"] = _stats(_bursts(plan, bursts, True))
+        runs["one_class"] = _stats(_bursts(plan, bursts, bulk))
     finally:
         down(plan.run_id)
     base = runs["unloaded"]["p99_s"]
     return {"cnic_bytes_per_s": cnic_bytes_per_s, "burst_bytes": BURST_BYTES, "burst_period_s": BURST_PERIOD_S,
+            "bulk": bulk, "bulk_write_bytes": BULK_WRITE_BYTES if bulk == "mooncake" else None,
+            "de_port_class_bytes": kv_class,
             "wire_time_s": BURST_BYTES / cnic_bytes_per_s, "runs": runs,
             "p50_over_unloaded": {k: v["p50_s"] / runs["unloaded"]["p50_s"] for k, v in runs.items()},
             "p99_over_unloaded": {k: v["p99_s"] / base for k, v in runs.items()}}

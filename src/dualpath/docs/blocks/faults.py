@@ -56,7 +56,17 @@ def chaos_mooncake(r: Results) -> str:
 @block("chaos_testbed", reads=("chaos/chaos_testbed.json",),
        command="dualpath chaos --testbed --scenario all --json docs/results/chaos/chaos_testbed.json")
 def chaos_testbed(r: Results) -> str:
-    d = r.json("chaos/chaos_testbed.json")
+    return _testbed(r.json("chaos/chaos_testbed.json"))
+
+
+@block("chaos_testbed_mooncake", reads=("chaos/chaos_testbed_mooncake.json",),
+       command="dualpath chaos --testbed --scenario all --transfer mooncake --json docs/results/chaos/chaos_testbed_mooncake.json")
+def chaos_testbed_mooncake(r: Results) -> str:
+    d = r.json("chaos/chaos_testbed_mooncake.json")
+    return f"KV between the hosts through `{d['config']['transport']['transfer']}`. " + _testbed(d)
+
+
+def _testbed(d: Node) -> str:
     tb = d["config"]["testbed"]
     return (f"Every engine and the storage service on an emulated host of its own: SNIC links "
             f"{num(tb['snic_bytes_per_s'] / 1e6)} MB/s, CNIC ports {num(tb['cnic_bytes_per_s'] / 1e6)} MB/s, capped by `tc`; "

@@ -48,7 +48,21 @@ def lanes_sim(r: Results) -> str:
 @block("lanes_testbed", reads=("testbed/lanes.json",),
        command="dualpath bench lanes --testbed --json docs/results/testbed/lanes.json --plot docs/results/testbed/lanes.png")
 def lanes_testbed(r: Results) -> str:
-    d = r.json("testbed/lanes.json")
+    return _lanes_testbed(r.json("testbed/lanes.json"))
+
+
+@block("lanes_testbed_mooncake", reads=("testbed/lanes_mooncake.json",),
+       command="dualpath bench lanes --testbed --bulk mooncake --json docs/results/testbed/lanes_mooncake.json "
+               "--plot docs/results/testbed/lanes_mooncake.png")
+def lanes_testbed_mooncake(r: Results) -> str:
+    d = r.json("testbed/lanes_mooncake.json")
+    c = d["de_port_class_bytes"]
+    return (_lanes_testbed(d) + f"\n\nThe KV load: Mooncake Transfer Engine writing {num(d['bulk_write_bytes'] / 2**20)} MiB at a time. The DE host's "
+            f"port sent {num(c['kv'] / 1e6, 1)} MB in the KV class and {num(c['lc'] / 1e6, 1)} MB in the LC class (the "
+            f"bursts) over the unloaded and two-class runs: Mooncake's unmarked TCP took the KV class.")
+
+
+def _lanes_testbed(d: Node) -> str:
     labels = {"unloaded": "unloaded", "two_classes": "KV saturating, two classes", "one_class": "KV saturating, one class"}
     rows = [[labels[name], ms(run["p50_s"], 2), ms(run["p99_s"], 2), ratio(d["p50_over_unloaded"][name]),
              f"**{ratio(d['p99_over_unloaded'][name])}**"] for name in labels for run in [d["runs"][name]]]

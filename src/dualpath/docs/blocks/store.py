@@ -140,6 +140,27 @@ def testbed_trace_transfers(r: Results) -> str:
     return _testbed_transfers(r, TESTBED_TRACE_TRANSFERS)
 
 
+TESTBED_RAY_TRANSFERS = {"remote-write": "testbed/demo_ray_transfer_remote_write.json",
+                         "mooncake": "testbed/demo_ray_transfer_mooncake.json"}
+
+
+@block("testbed_ray_transfers", reads=tuple(TESTBED_RAY_TRANSFERS.values()),
+       command="dualpath demo --testbed --ray --snic-mb-s 4.8 --rounds 6 [--transfer mooncake] --json "
+               "docs/results/testbed/demo_ray_transfer_T.json (T: mooncake, remote_write; one after the other)")
+def testbed_ray_transfers(r: Results) -> str:
+    """The testbed demo with the engines as Ray actors, once per transfer, and each run's restart check."""
+    rows = []
+    for t, path in TESTBED_RAY_TRANSFERS.items():
+        x = r.json(path)["ray"]["restart"]
+        rows.append([t, f"{x['before']['pid']} / {x['after']['pid']}",
+                     f"{'yes' if x['in_flight_same'] else '**NO**'}, {x['in_flight_s']:.1f} s",
+                     f"{'yes' if x['next_same'] else '**NO**'}, {x['next_done_s']:.1f} s"])
+    return (_testbed_transfers(r, TESTBED_RAY_TRANSFERS) + "\n\nThe restart check after each run (kill -9 of the "
+            "decode actor's process mid-request, then the next request):\n\n"
+            + table(["transfer", "decode actor pid before / after", "in-flight request: same tokens, done after",
+                     "next request: same tokens, done after"], rows))
+
+
 def _testbed_transfers(r: Results, paths: dict[str, str]) -> str:
     """Per transfer: JCTs, the tokens against the single-host run, and the kernel's link counters
     over the runtime's ledger (bytes, and packets on the CNIC)."""
@@ -153,9 +174,10 @@ def _testbed_transfers(r: Results, paths: dict[str, str]) -> str:
         ratios.append(by["dualpath"]["jct_s"] / by["basic"]["jct_s"])
         same = same and all(m["tokens_sha256"] == d["reference_tokens_sha256"] for m in d["runs"])
         rows.append([t, num(by["basic"]["jct_s"], 1), num(by["dualpath"]["jct_s"], 1), f"**{ratio(ratios[-1])}**",
+                     f"{num(by['basic']['cached_tokens'])} / {num(by['dualpath']['cached_tokens'])}",
                      _kernel_over_stated(d["ledger_vs_kernel"], "SNIC"), _kernel_over_stated(d["ledger_vs_kernel"], "CNIC"),
                      *_cnic_packets(d["ledger_vs_kernel"])])
-    return (table(["transfer", "JCT basic s", "JCT dualpath s", "dualpath / basic", "SNIC kernel / stated",
+    return (table(["transfer", "JCT basic s", "JCT dualpath s", "dualpath / basic", "cached tokens basic / dualpath", "SNIC kernel / stated",
                    "CNIC out kernel / stated", "CNIC out bytes per packet", "CNIC framing less packet headers"], rows)
             + f"\n\nBoth modes' tokens equal the single-host run's with both transfers: {'yes' if same else '**NO**'}; "
             f"the ratios differ by {max(ratios) - min(ratios):.2f} (goal: within 0.05). In `basic` the decode node "
