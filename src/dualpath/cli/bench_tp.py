@@ -30,6 +30,8 @@ def bench_tp_lanes(
                                               "no cap; 4: IB's MTU)")] = 64,
     bulk_copy: Annotated[bool, typer.Option("--bulk-copy", help="emulated KV flows that copy every byte through "
                                              "user space (CPU a NIC's DMA would not take) instead of zero-copy ones")] = False,
+    bulk_mooncake: Annotated[bool, typer.Option("--bulk-mooncake", help="the KV flows moved by Mooncake Transfer "
+                                                "Engine (as with --transfer mooncake; it copies through user space)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json")] = Path("out/tp-lanes.json"),
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG figure here")] = Path("out/tp-lanes.png"),
 ) -> None:
@@ -40,13 +42,20 @@ def bench_tp_lanes(
         raise InputError("--batch must be positive, --steps in 10..250, --rounds in 1..steps/5, --cnic-mb-s positive")
     if not 2 <= gso_kib <= 64:
         raise InputError("--gso-kib must be in 2..64")
+    if bulk_copy and bulk_mooncake:
+        raise InputError("--bulk-copy and --bulk-mooncake are two kinds of KV flow: give one")
+    if bulk_mooncake:
+        from ..runtime.transport.mooncake import require_mooncake
+
+        require_mooncake()
     from ..deploy.testbed.tp_lanes_bench import plot_tp_lanes, run_tp_lanes
     from ..sim.runner import write_json
     from ..deploy.testbed.netns import check_can_run
 
     check_can_run()
     r = run_tp_lanes(model, batch, steps, None if cnic_mb_s is None else cnic_mb_s * MB, rounds=rounds,
-                     gso_max_bytes=None if gso_kib == 64 else gso_kib * 1024, zero_copy=not bulk_copy)
+                     gso_max_bytes=None if gso_kib == 64 else gso_kib * 1024,
+                     bulk="mooncake" if bulk_mooncake else "copy" if bulk_copy else "zero_copy")
     how = "given" if cnic_mb_s is not None else (
         f"derived: {r['wire_bytes_per_step'] / 1e3:.1f} kB of collectives per {r['calibration_step_s'] * 1e3:.1f} ms step "
         f"at {r['collective_share']:.0%} of it")

@@ -114,6 +114,7 @@ def test_paired_ratios_are_taken_round_by_round():
 def test_bench_tp_lanes_bad_input_is_one_error_line():
     from cli_helpers import cli_here
 
-    for args in ((), ("--testbed", "--steps", "5"), ("--testbed", "--gso-kib", "1"), ("--testbed", "--rounds", "30")):
+    for args in ((), ("--testbed", "--steps", "5"), ("--testbed", "--gso-kib", "1"), ("--testbed", "--rounds", "30"),
+                 ("--testbed", "--bulk-copy", "--bulk-mooncake")):
         r = cli_here("bench", "tp-lanes", *args)
         assert r.returncode == 2 and r.stderr.startswith("error:") and r.stderr.strip().count("\n") == 0, (args, r.stderr)

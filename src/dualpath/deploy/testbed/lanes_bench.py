@@ -127,7 +127,7 @@ def _bursts(plan, count: int, bulk_kind: str | None) -> list[float]:
             procs.append(subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", BULK_SOURCE, pe_ip, str(BULK_PORT)],
                                           stderr=subprocess.DEVNULL))  # killed mid-send: its reset is expected
         elif bulk_kind == "mooncake":
-            procs += _mooncake_bulk(de, pe, plan.cnic_addr_of[de], pe_ip)
+            procs += mooncake_bulk(de, pe, plan.cnic_addr_of[de], pe_ip)
         if bulk_kind is not None:
             time.sleep(WARMUP_S)
         p = subprocess.run(["ip", "netns", "exec", de, exe, "-c", _BURSTS, pe_ip, str(BURST_PORT), str(BURST_BYTES),
@@ -141,19 +141,21 @@ def _bursts(plan, count: int, bulk_kind: str | None) -> list[float]:
                 proc.wait()
 
 
-def _mooncake_bulk(de: str, pe: str, de_ip: str, pe_ip: str) -> list[subprocess.Popen]:
-    """Mooncake's sink on the PE host, then its source on the DE host writing into it."""
+def mooncake_bulk(src_ns: str, dst_ns: str, src_ip: str, dst_ip: str,
+                  prefix: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """Mooncake's sink in dst_ns at dst_ip, then its source in src_ns at src_ip writing into it
+    (each command after `prefix`, e.g. a scheduling class)."""
     exe = sys.executable
-    sink = subprocess.Popen(["ip", "netns", "exec", pe, exe, "-c", MOONCAKE_SINK, pe_ip, str(BULK_WRITE_BYTES)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, *prefix, exe, "-c", MOONCAKE_SINK, dst_ip,
+                             str(BULK_WRITE_BYTES)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert sink.stdout is not None
     address = sink.stdout.readline().strip()
     if not address:
         sink.kill()
-        raise RuntimeError("Mooncake's sink did not start on the PE host (is Mooncake Transfer Engine installed?)")
-    source = subprocess.Popen(["ip", "netns", "exec", de, exe, "-c", MOONCAKE_SOURCE, de_ip, address,
+        raise RuntimeError(f"Mooncake's sink did not start in {dst_ns} (is Mooncake Transfer Engine installed?)")
+    source = subprocess.Popen(["ip", "netns", "exec", src_ns, *prefix, exe, "-c", MOONCAKE_SOURCE, src_ip, address,
                                str(BULK_WRITE_BYTES)], stderr=subprocess.DEVNULL)
-    return [sink, source]
+    return [source, sink]
 
 
 def _kv_class_bytes(plan) -> dict[str, int]:

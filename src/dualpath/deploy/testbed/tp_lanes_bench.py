@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .netns import class_bytes, down, run_command, up
-from .lanes_bench import BULK_SOURCE
+from .lanes_bench import BULK_SOURCE, mooncake_bulk
 from .plan import _bits, plan_testbed
 from .tp_hosts import cnic_ends, gso_commands, rate_commands, tp_filter_commands, tp_host_of, with_tp_hosts
 
@@ -120,11 +120,21 @@ class TpDecode:
                 self.proc.wait()
 
 
-def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int, zero_copy: bool = True) -> list[subprocess.Popen]:
-    """A saturating CS1 (KV-class) flow from src_ns to a sink at dst_addr in dst_ns. Both ends run
-    at the lowest CPU priority (BULK_SCHED) and, with `zero_copy`, copy no byte through user space
-    (the zero-copy source and sink above): in the paper's node the NICs move KV by RDMA without the
-    host CPU, so the emulation's senders and sinks should take only what the ranks leave."""
+BULK_KINDS = ("zero_copy", "copy", "mooncake")
+
+
+def start_bulk(src_ns: str, dst_ns: str, dst_addr: str, port: int, kind: str = "zero_copy",
+               src_addr: str = "") -> list[subprocess.Popen]:
+    """A saturating KV-class flow from src_ns to a sink at dst_addr in dst_ns. Both ends run at the
+    lowest CPU priority (BULK_SCHED). `kind`: "zero_copy" copies no byte through user space (the
+    zero-copy source and sink above: in the paper's node the NICs move KV by RDMA without the host
+    CPU, so the emulation's senders and sinks should take only what the ranks leave); "copy", a
+    CS1 sender and sink that copy every byte; "mooncake", Mooncake Transfer Engine writing from a
+    registered buffer at `src_addr` into one at `dst_addr` (unmarked TCP: the default class, KV's),
+    as the engines' KV moves with `--transfer mooncake`."""
+    if kind == "mooncake":
+        return mooncake_bulk(src_ns, dst_ns, src_addr, dst_addr, BULK_SCHED)
+    zero_copy = kind == "zero_copy"
     sink = subprocess.Popen(["ip", "netns", "exec", dst_ns, *BULK_SCHED, sys.executable, "-c", _SINK,
                              dst_addr, str(port), str(SINK_LOWAT_BYTES if zero_copy else 0)],
                             stdout=subprocess.PIPE, text=True)
@@ -165,24 +175,25 @@ def _stats(step_s: list[float]) -> dict[str, float]:
 LOADS = ("idle", "kv_elsewhere", "saturated")
 
 
-def _start_load(plan, load: str, zero_copy: bool) -> list[subprocess.Popen]:
+def _start_load(plan, load: str, kind: str) -> list[subprocess.Popen]:
     """The bulk flows of `load` (module doc, 3)."""
     pe, de = plan.hosts
     if load == "saturated":  # both directions of the DE's CNIC: PE -> DE (layer streams' way) and DE -> PE (PD's)
-        return (start_bulk(pe, de, plan.cnic_addr_of[de], BULK_PORT, zero_copy)
-                + start_bulk(de, pe, plan.cnic_addr_of[pe], BULK_PORT + 1, zero_copy))
+        pe_ip, de_ip = plan.cnic_addr_of[pe], plan.cnic_addr_of[de]
+        return (start_bulk(pe, de, de_ip, BULK_PORT, kind, pe_ip) + start_bulk(de, pe, pe_ip, BULK_PORT + 1, kind, de_ip))
     if load == "kv_elsewhere":  # the same two flows over the PE's SNIC link, storage <-> PE
         snic = next(x for x in plan.links if x.name == "snic" and x.host == pe)
-        return (start_bulk(snic.a_ns, pe, snic.b_addr.split("/")[0], BULK_PORT, zero_copy)
-                + start_bulk(pe, snic.a_ns, snic.a_addr.split("/")[0], BULK_PORT + 1, zero_copy))
+        st_ip, pe_ip = snic.a_addr.split("/")[0], snic.b_addr.split("/")[0]
+        return (start_bulk(snic.a_ns, pe, pe_ip, BULK_PORT, kind, st_ip)
+                + start_bulk(pe, snic.a_ns, st_ip, BULK_PORT + 1, kind, pe_ip))
     return []
 
 
-def _measure(dec: TpDecode, plan, name: str, steps: int, load: str, zero_copy: bool) -> dict[str, Any]:
+def _measure(dec: TpDecode, plan, name: str, steps: int, load: str, kind: str) -> dict[str, Any]:
     de = plan.hosts[1]
     bulk: list[subprocess.Popen] = []
     try:
-        bulk = _start_load(plan, load, zero_copy)
+        bulk = _start_load(plan, load, kind)
         if bulk:
             time.sleep(BULK_WARMUP_S)
         before = de_class_bytes(plan, de)
@@ -206,7 +217,7 @@ def _merge(parts: list[dict]) -> dict[str, Any]:
 
 
 def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s: float,
-                 zero_copy: bool) -> tuple[dict, dict]:
+                 kind: str) -> tuple[dict, dict]:
     """Every load with two classes, then with one; the loads interleaved over `rounds` rounds of
     steps // rounds steps each, so that a slow spell of a shared machine spreads over all of them.
     (The runs by load and classes, the ratios paired by round by classes.)"""
@@ -217,7 +228,7 @@ def _measure_all(dec: TpDecode, plan, steps: int, rounds: int, rate_bytes_per_s:
         parts: dict[str, list] = {load: [] for load in LOADS}
         for _ in range(rounds):
             for load in LOADS:
-                parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load, zero_copy))
+                parts[load].append(_measure(dec, plan, f"{load}_{classes}", max(1, steps // rounds), load, kind))
         runs.update({f"{load}_{classes}": _merge(parts[load]) for load in LOADS})
         paired[classes] = {f"{load}_over_{base}": paired_ratio(parts[load], parts[base])
                                      for load, base in (("saturated", "idle"), ("saturated", "kv_elsewhere"),
@@ -267,9 +278,12 @@ def _derive_rate(dec: TpDecode, plan, steps: int) -> dict[str, float]:
 
 
 def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, cnic_bytes_per_s: float | None = None,
-                 run_id: str | None = None, rounds: int = 2, gso_max_bytes: int | None = None, zero_copy: bool = True) -> dict[str, Any]:
+                 run_id: str | None = None, rounds: int = 2, gso_max_bytes: int | None = None,
+                 bulk: str = "zero_copy") -> dict[str, Any]:
     """The six measurements (module doc), in `rounds` interleaved rounds; `cnic_bytes_per_s`
-    given: that rate (CNIC and SNIC), not derived."""
+    given: that rate (CNIC and SNIC), not derived; `bulk`: the KV flows' kind (BULK_KINDS, `start_bulk`)."""
+    if bulk not in BULK_KINDS:
+        raise ValueError(f"bulk must be one of {', '.join(BULK_KINDS)}, got {bulk!r}")
     base = plan_testbed(run_id or f"tp{os.getpid() % 1000}", 1, 1, SNIC_BYTES_PER_S,
                         cnic_bytes_per_s or PROVISIONAL_CNIC_BYTES_PER_S, run_index=RUN_INDEX)
     de = base.hosts[1]
@@ -281,13 +295,13 @@ def run_tp_lanes(model: str = "smollm2-135m", batch: int = 8, steps: int = 40, c
             run_command(cmd)
         dec = TpDecode(plan, de, model, batch)
         rate = ({"cnic_bytes_per_s": cnic_bytes_per_s} if cnic_bytes_per_s else _derive_rate(dec, plan, steps))
-        runs, paired = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"], zero_copy)
+        runs, paired = _measure_all(dec, plan, steps, rounds, rate["cnic_bytes_per_s"], bulk)
     finally:
         if dec is not None:
             dec.close()
         down(plan.run_id)
     return {"model": model, "batch": batch, "steps": steps, "rounds": rounds, "gso_max_bytes": gso_max_bytes,
-            "bulk": "zero_copy" if zero_copy else "copy",
+            "bulk": bulk,
             "same_tokens": dec.ready["same_tokens"],
             **rate, "runs": runs, "paired_by_round": paired, "tpot_saturated_over_idle": _ratio(runs, "saturated", "idle"),
             "tpot_saturated_over_kv_elsewhere": _ratio(runs, "saturated", "kv_elsewhere"),

@@ -8,7 +8,8 @@ from ..registry import block
 from ..results import Node, Results
 
 TP_RUNS = tuple(f"testbed/tp_lanes_{name}.json" for name in
-                ("zerocopy_a", "zerocopy_b", "zerocopy_e", "zerocopy_gso16k", "copy_s28", "zerocopy_f", "zerocopy_g"))
+                ("zerocopy_a", "zerocopy_b", "zerocopy_e", "zerocopy_gso16k", "copy_s28", "zerocopy_f", "zerocopy_g",
+                 "mooncake"))
 TESTBED_DEMOS = {"testbed/demo.json": "one process per engine", "testbed/demo_ray.json": "engines as Ray actors (`--ray`)",
                  "testbed/demo_tp2.json": "tensor-parallel engines (`--tp 2`)"}
 
@@ -76,8 +77,8 @@ def _tp_flags(d: Node) -> str:
     flags = [f"--rounds {d['rounds']}"]
     if d["gso_max_bytes"] is not None:
         flags.append(f"--gso-kib {d['gso_max_bytes'] // 1024}")
-    if d["bulk"] == "copy":
-        flags.append("--bulk-copy")
+    if d["bulk"] in ("copy", "mooncake"):
+        flags.append(f"--bulk-{d['bulk']}")
     return " ".join(flags)
 
 
