@@ -97,8 +97,12 @@ def demo_transfers(r: Results) -> str:
             f"the ratios differ by {max(ratios) - min(ratios):.2f} (goal: within 0.05).")
 
 
-TESTBED_TRANSFERS = {"remote-write": "testbed/demo_transfer_remote_write.json",
-                     "mooncake": "testbed/demo_transfer_mooncake.json"}
+def _by_transfer(stem: str) -> dict[str, str]:
+    """A testbed run's JSON per transfer: testbed/STEM_remote_write.json and testbed/STEM_mooncake.json."""
+    return {t: f"testbed/{stem}_{t.replace('-', '_')}.json" for t in ("remote-write", "mooncake")}
+
+
+TESTBED_TRANSFERS = _by_transfer("demo_transfer")
 
 
 def _cnic_packets(rows: list) -> tuple[str, str]:
@@ -119,8 +123,7 @@ def _kernel_over_stated(rows: list, prefix: str) -> str:
     return f"{min(xs):.3f}-{max(xs):.3f}" if xs else "-"
 
 
-TESTBED_TRACE_TRANSFERS = {"remote-write": "testbed/run_transfer_remote_write.json",
-                           "mooncake": "testbed/run_transfer_mooncake.json"}
+TESTBED_TRACE_TRANSFERS = _by_transfer("run_transfer")
 
 
 @block("testbed_transfers", reads=tuple(TESTBED_TRANSFERS.values()),
@@ -140,8 +143,7 @@ def testbed_trace_transfers(r: Results) -> str:
     return _testbed_transfers(r, TESTBED_TRACE_TRANSFERS)
 
 
-TESTBED_RAY_TRANSFERS = {"remote-write": "testbed/demo_ray_transfer_remote_write.json",
-                         "mooncake": "testbed/demo_ray_transfer_mooncake.json"}
+TESTBED_RAY_TRANSFERS = _by_transfer("demo_ray_transfer")
 
 
 @block("testbed_ray_transfers", reads=tuple(TESTBED_RAY_TRANSFERS.values()),
