@@ -42,12 +42,7 @@ def bench_tp_lanes(
         raise InputError("--batch must be positive, --steps in 10..250, --rounds in 1..steps/5, --cnic-mb-s positive")
     if not 2 <= gso_kib <= 64:
         raise InputError("--gso-kib must be in 2..64")
-    if bulk_copy and bulk_mooncake:
-        raise InputError("--bulk-copy and --bulk-mooncake are two kinds of KV flow: give one")
-    if bulk_mooncake:
-        from ..runtime.transport.mooncake import require_mooncake
-
-        require_mooncake()
+    bulk = _bulk_kind(bulk_copy, bulk_mooncake)
     from ..deploy.testbed.tp_lanes_bench import plot_tp_lanes, run_tp_lanes
     from ..sim.runner import write_json
     from ..deploy.testbed.netns import check_can_run
@@ -55,7 +50,29 @@ def bench_tp_lanes(
     check_can_run()
     r = run_tp_lanes(model, batch, steps, None if cnic_mb_s is None else cnic_mb_s * MB, rounds=rounds,
                      gso_max_bytes=None if gso_kib == 64 else gso_kib * 1024,
-                     bulk="mooncake" if bulk_mooncake else "copy" if bulk_copy else "zero_copy")
+                     bulk=bulk)
+    _print(r, model, batch, cnic_mb_s, gso_kib)
+    if json_path:
+        write_json(r, json_path)
+        console.print(f"wrote {json_path}")
+    if plot:
+        plot_tp_lanes(r, plot)
+        console.print(f"wrote {plot}")
+
+
+def _bulk_kind(bulk_copy: bool, bulk_mooncake: bool) -> str:
+    """The KV flows' kind (deploy/testbed/tp_lanes_bench.py BULK_KINDS) from the flags, checked."""
+    if bulk_copy and bulk_mooncake:
+        raise InputError("--bulk-copy and --bulk-mooncake are two kinds of KV flow: give one")
+    if bulk_mooncake:
+        from ..runtime.transport.mooncake import require_mooncake
+
+        require_mooncake()
+        return "mooncake"
+    return "copy" if bulk_copy else "zero_copy"
+
+
+def _print(r: dict, model: str, batch: int, cnic_mb_s: Optional[float], gso_kib: int) -> None:
     how = "given" if cnic_mb_s is not None else (
         f"derived: {r['wire_bytes_per_step'] / 1e3:.1f} kB of collectives per {r['calibration_step_s'] * 1e3:.1f} ms step "
         f"at {r['collective_share']:.0%} of it")
@@ -74,9 +91,3 @@ def bench_tp_lanes(
         for what, x in r["paired_by_round"][classes].items():
             out.print(f"  paired by round, {classes.replace('_', ' ')}, TPOT {what.replace('_', ' ')}: median x{x['median']:.3f} "
                       f"(95% interval {x['ci95'][0]:.3f}-{x['ci95'][1]:.3f}; rounds {', '.join(f'{v:.2f}' for v in x['per_round'])})")
-    if json_path:
-        write_json(r, json_path)
-        console.print(f"wrote {json_path}")
-    if plot:
-        plot_tp_lanes(r, plot)
-        console.print(f"wrote {plot}")
