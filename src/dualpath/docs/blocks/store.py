@@ -143,6 +143,18 @@ def testbed_trace_transfers(r: Results) -> str:
     return _testbed_transfers(r, TESTBED_TRACE_TRANSFERS)
 
 
+TESTBED_TRACE_SPREAD_TRANSFERS = _by_transfer("run_transfer_ts2")
+
+
+@block("testbed_trace_transfers_spread", reads=tuple(TESTBED_TRACE_SPREAD_TRANSFERS.values()),
+       command="dualpath run src/dualpath/workloads/data/mooncake_conversation_slice.jsonl --testbed --snic-mb-s 4.8 "
+               "--time-scale 2 --mode basic --mode dualpath [--transfer mooncake] --json "
+               "docs/results/testbed/run_transfer_ts2_T.json (T: remote_write, mooncake; one after the other)")
+def testbed_trace_transfers_spread(r: Results) -> str:
+    """The same replay with the trace's arrivals twice as far apart, once per transfer."""
+    return _testbed_transfers(r, TESTBED_TRACE_SPREAD_TRANSFERS)
+
+
 TESTBED_RAY_TRANSFERS = _by_transfer("demo_ray_transfer")
 
 
