@@ -123,9 +123,6 @@ def _kernel_over_stated(rows: list, prefix: str) -> str:
     return f"{min(xs):.3f}-{max(xs):.3f}" if xs else "-"
 
 
-TESTBED_TRACE_TRANSFERS = _by_transfer("run_transfer")
-
-
 @block("testbed_transfers", reads=tuple(TESTBED_TRANSFERS.values()),
        command="dualpath demo --testbed --snic-mb-s 4.8 --rounds 6 [--transfer mooncake] --json "
                "docs/results/testbed/demo_transfer_T.json (T: remote_write, mooncake; one after the other)")
@@ -134,25 +131,18 @@ def testbed_transfers(r: Results) -> str:
     return _testbed_transfers(r, TESTBED_TRANSFERS)
 
 
-@block("testbed_trace_transfers", reads=tuple(TESTBED_TRACE_TRANSFERS.values()),
-       command="dualpath run src/dualpath/workloads/data/mooncake_conversation_slice.jsonl --testbed --snic-mb-s 4.8 "
-               "--mode basic --mode dualpath [--transfer mooncake] --json docs/results/testbed/run_transfer_T.json "
-               "(T: remote_write, mooncake; one after the other)")
-def testbed_trace_transfers(r: Results) -> str:
-    """The Mooncake trace's first requests replayed on the testbed, once per transfer."""
-    return _testbed_transfers(r, TESTBED_TRACE_TRANSFERS)
+def _trace_block(name: str, stem: str, flags: str) -> None:
+    """Register block `name`: the Mooncake trace's first requests replayed on the testbed once per
+    transfer (`run ... --testbed` with `flags`), from testbed/STEM_T.json."""
+    paths = _by_transfer(stem)
+    block(name, reads=tuple(paths.values()),
+          command=f"dualpath run src/dualpath/workloads/data/mooncake_conversation_slice.jsonl --testbed --snic-mb-s 4.8 "
+                  f"{flags}--mode basic --mode dualpath [--transfer mooncake] --json docs/results/testbed/{stem}_T.json "
+                  "(T: remote_write, mooncake; one after the other)")(lambda r: _testbed_transfers(r, paths))
 
 
-TESTBED_TRACE_SPREAD_TRANSFERS = _by_transfer("run_transfer_ts2")
-
-
-@block("testbed_trace_transfers_spread", reads=tuple(TESTBED_TRACE_SPREAD_TRANSFERS.values()),
-       command="dualpath run src/dualpath/workloads/data/mooncake_conversation_slice.jsonl --testbed --snic-mb-s 4.8 "
-               "--time-scale 2 --mode basic --mode dualpath [--transfer mooncake] --json "
-               "docs/results/testbed/run_transfer_ts2_T.json (T: remote_write, mooncake; one after the other)")
-def testbed_trace_transfers_spread(r: Results) -> str:
-    """The same replay with the trace's arrivals twice as far apart, once per transfer."""
-    return _testbed_transfers(r, TESTBED_TRACE_SPREAD_TRANSFERS)
+_trace_block("testbed_trace_transfers", "run_transfer", "")  # at the trace's own timing
+_trace_block("testbed_trace_transfers_spread", "run_transfer_ts2", "--time-scale 2 ")  # arrivals twice as far apart
 
 
 TESTBED_RAY_TRANSFERS = _by_transfer("demo_ray_transfer")
