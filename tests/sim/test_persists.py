@@ -37,6 +37,8 @@ def _ctx(timed=True, wait_s=10.0, buffers=False):
 
 
 class _Log:
+    instant_writes = False  # the writer times each block (`HitModel.instant_writes`)
+
     def __init__(self, loop):
         self.loop, self.got = loop, []
 
@@ -61,12 +63,44 @@ def test_one_writer_a_block_at_a_time_through_a_one_block_bucket():
     assert writes.persisted_bytes == 6 * BT * KVB and writes.num_written == 6
 
 
+class _InstantLog(_Log):
+    instant_writes = True
+
+    def stored_now(self, keys):
+        self.got += [(self.loop.now_s, k) for k in keys]
+
+
 @pytest.mark.pure_only
 def test_untimed_writes_end_at_once():
     ctx = _ctx(timed=False)
-    log = _Log(ctx.loop)
+    log = _InstantLog(ctx.loop)
     PersistWrites(ctx, log, lambda: None).submit([1, 2], _de())
     assert log.got == [(0.0, 1), (0.0, 2)]  # inside submit: no event
+    with pytest.raises(AssertionError, match="disagree"):  # a hit model that waits for writes no writer times
+        PersistWrites(ctx, _Log(ctx.loop), lambda: None)
+
+
+def _agent_turn(aid, input_tokens):
+    agent = Agent(aid, (TurnSpec(input_tokens, 1),), 0.0)
+    return SimRequest(agent, 0, input_tokens, 1, 0, 0.0)
+
+
+def test_instant_writes_store_a_turn_at_once_as_its_blocks_one_by_one():
+    """`stored_now` (untimed persists) leaves every agent's stored prefix where the same keys
+    queued and written one by one leave it: in order, a short hit's blocks written again, a run
+    past a gap that an earlier one fills."""
+    b = 4
+    timed, instant = TrajectoryHits(b), TrajectoryHits(b, instant_writes=True)
+    turns = [(0, 0, 3), (0, 1, 5), (1, 2, 4), (1, 0, 2), (0, 5, 6), (2, 1, 3)]  # (agent, first block, last)
+    for aid, first, last in turns:
+        req = _agent_turn(aid, last * b)
+        keys = timed._persist(req, first, last)
+        for k in keys:
+            timed.written(k)
+        instant.stored_now(instant._persist(_agent_turn(aid, last * b), first, last))
+        assert not instant.persisting and not timed.persisting
+        assert instant._written_prefix == timed._written_prefix  # agent -> blocks 0.. all written
+    assert instant._written_prefix == {0: 6, 1: 4, 2: 0} and instant._written[2] == {1, 2}
 
 
 def _finished(input_tokens, gen, t_first, t_second, t_finish):

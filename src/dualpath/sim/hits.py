@@ -11,7 +11,9 @@ simulator asks it, at a turn's hooks (simulator.py, persists.py):
                               the blocks that start persisting now;
   4. `turn_finished(req)`     the turn's last token (`Simulator._finish`): the same, for the
                               blocks the generation filled;
-  5. `written(key)`           a block's write ended (persists.py: `PersistWrites`).
+  5. `written(key)`           a block's write ended (persists.py: `PersistWrites`); or, where a
+                              write takes no time (`instant_writes`), `stored_now(keys)` as they
+                              are queued.
 A key is an int; `UNNAMED_BLOCK` is a block that is written but never looked up.
 
 The blocks a DE persists are the runtime's (`runtime/engine/decode.py:_persist_full_blocks`):
@@ -37,7 +39,9 @@ from .dram import BlockTier, NoTier, RunTier
 from .state import SimRequest
 
 UNNAMED_BLOCK = -1  # a block that is written (it costs SNIC time) but never looked up
-_AGENT_KEY_STRIDE = 1 << 24  # TrajectoryHits keys: agent * stride + block index (2^24 blocks an agent)
+_AGENT_KEY_BITS = 24  # TrajectoryHits keys: agent << bits | block index (2^24 blocks an agent)
+_AGENT_KEY_STRIDE = 1 << _AGENT_KEY_BITS
+_BLOCK_INDEX_MASK = _AGENT_KEY_STRIDE - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +58,17 @@ class TraceRequest:
 
 
 class HitModel:
-    def __init__(self, block_tokens: int) -> None:
+    def __init__(self, block_tokens: int, instant_writes: bool = False) -> None:
         self.block_tokens = block_tokens
+        # A write ends the moment it is queued (persists.py: untimed, the paper presets and the
+        # oracle): nothing is ever in flight, so no key enters `persisting` and the writer stores
+        # each turn's keys with one `stored_now`.
+        self.instant_writes = instant_writes
         self.persisting: dict[int, int] = {}  # key -> writes queued and not yet ended
 
     def _queue(self, keys: list[int]) -> list[int]:
+        if self.instant_writes:
+            return keys
         for k in keys:
             if k != UNNAMED_BLOCK:
                 self.persisting[k] = self.persisting.get(k, 0) + 1
@@ -71,6 +81,13 @@ class HitModel:
         if left:
             self.persisting[key] = left
         self._stored(key)
+
+    def stored_now(self, keys: list[int]) -> None:
+        """Keys just queued, written at once (`instant_writes`): the same as each one's `written`."""
+        assert self.instant_writes
+        for k in keys:
+            if k != UNNAMED_BLOCK:
+                self._stored(k)
 
     def _stored(self, key: int) -> None:
         raise NotImplementedError
@@ -112,8 +129,8 @@ class TrajectoryHits(HitModel):
     rule, a turn's last token has no KV until the next turn computes it, so the block it ends is
     written then (the `local` preset); False, the paper's client: the whole earlier context."""
 
-    def __init__(self, block_tokens: int, last_token_next_turn: bool = False) -> None:
-        super().__init__(block_tokens)
+    def __init__(self, block_tokens: int, last_token_next_turn: bool = False, instant_writes: bool = False) -> None:
+        super().__init__(block_tokens, instant_writes)
         self.last_token_next_turn = last_token_next_turn
         self._written: dict[int, set[int]] = {}  # agent -> written block indices past its prefix
         self._written_prefix: dict[int, int] = {}  # agent -> blocks 0.. all written
@@ -126,15 +143,35 @@ class TrajectoryHits(HitModel):
         left = persisting.pop(key) - 1
         if left:
             persisting[key] = left
-        aid, index = divmod(key, _AGENT_KEY_STRIDE)
+        aid, index = key >> _AGENT_KEY_BITS, key & _BLOCK_INDEX_MASK
         if index == self._written_prefix.get(aid, -1) and not self._written.get(aid):
             self._written_prefix[aid] = index + 1  # the block after the prefix, nothing written past it
             return
         self._stored(key)
 
-    def _stored(self, key: int) -> None:
-        aid, index = divmod(key, _AGENT_KEY_STRIDE)
+    def stored_now(self, keys: list[int]) -> None:
+        """`HitModel.stored_now` for one agent's consecutive blocks (what `_persist` queues): the
+        written prefix moves to their end in one step when they start at or before it and nothing
+        is written past it; else block by block."""
+        assert self.instant_writes
+        if not keys:
+            return
+        first = keys[0]
+        aid, lo = first >> _AGENT_KEY_BITS, first & _BLOCK_INDEX_MASK
+        hi = lo + len(keys)
         n = self._written_prefix.get(aid, 0)
+        if lo <= n and keys[-1] == first + len(keys) - 1 and not self._written.get(aid):
+            if hi > n:
+                self._written_prefix[aid] = hi
+            return
+        for k in keys:
+            self._stored(k)
+
+    def _stored(self, key: int) -> None:
+        aid, index = key >> _AGENT_KEY_BITS, key & _BLOCK_INDEX_MASK
+        n = self._written_prefix.get(aid, 0)
+        if index < n:  # written again (a short hit left it out): the prefix holds it already
+            return
         done = self._written.get(aid)
         if index == n:  # the block after the prefix (blocks are mostly written in order): no set entry
             n += 1
@@ -195,8 +232,8 @@ class StoreHits(HitModel):
     - Nothing is evicted (the runtime's store is unbounded unless `store_capacity_bytes` is set).
     """
 
-    def __init__(self, requests: Sequence[TraceRequest], block_tokens: int) -> None:
-        super().__init__(block_tokens)
+    def __init__(self, requests: Sequence[TraceRequest], block_tokens: int, instant_writes: bool = False) -> None:
+        super().__init__(block_tokens, instant_writes)
         rechunker = Rechunker(block_tokens, requests[0].record.block_tokens if requests else 512)  # one id space per run
         self.blocks: list[tuple[int, ...]] = [rechunker.rechunk(r.record) for r in requests]  # by agent id
         self.stored: set[int] = set()
@@ -229,12 +266,14 @@ class StoreHits(HitModel):
         return prompt + [UNNAMED_BLOCK] * generated
 
 
-def hit_model_for(workload: Sequence[Any], block_tokens: int, runtime_rule: bool = False) -> HitModel:
+def hit_model_for(workload: Sequence[Any], block_tokens: int, runtime_rule: bool = False,
+                  instant_writes: bool = False) -> HitModel:
     """`StoreHits` for a Mooncake trace (every item a `TraceRequest`), else `TrajectoryHits`
-    (`runtime_rule`: the runtime's last-token rule, `TrajectoryHits.last_token_next_turn`)."""
+    (`runtime_rule`: the runtime's last-token rule, `TrajectoryHits.last_token_next_turn`);
+    `instant_writes`: `HitModel.instant_writes`."""
     num_trace = sum(1 for w in workload if isinstance(w, TraceRequest))
     if num_trace == 0:
-        return TrajectoryHits(block_tokens, runtime_rule)
+        return TrajectoryHits(block_tokens, runtime_rule, instant_writes)
     if num_trace != len(workload):
         raise InputError("a workload is either agent trajectories or one Mooncake trace, not a mix")
-    return StoreHits(workload, block_tokens)
+    return StoreHits(workload, block_tokens, instant_writes)

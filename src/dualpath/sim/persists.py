@@ -64,6 +64,7 @@ class PersistWrites:
         self.on_written = on_written
         self.modelled = cl.persist_waits_for_snic_write  # the `local` preset; else a persist is only booked
         self.timed = self.modelled and ctx.io.persists_take_time()
+        assert hits.instant_writes != self.timed, "the hit model and the writer disagree on whether writes take time"
         self.copies_on_de_cnic = cl.cnic_as_runtime_arbiter  # a block's copy out of HBM crosses the DE's arbiter
         self.block_bytes = float(cl.block_tokens * ctx.kv_bytes_per_token)
         self.rate_bytes_per_s = cl.node.snic_bytes_per_s
@@ -83,9 +84,9 @@ class PersistWrites:
             return
         self.persisted_bytes += ctx.io.persist(de.node.snic_out, len(keys) * self.block_bytes, d2h)
         if not self.timed:  # stored at once: each block's span takes no time
-            written, span, track, now = self.hits.written, ctx.timeline.span, de.node.write_track, ctx.loop.now_s
-            for k in keys:
-                written(k)
+            self.hits.stored_now(keys)
+            span, track, now = ctx.timeline.span, de.node.write_track, ctx.loop.now_s
+            for _ in keys:
                 span(track, "persist", now, now)
         else:
             self._write(keys, de.node)

@@ -80,7 +80,8 @@ class Simulator(TurnLifecycle):
         self.prefill_groups = {n.nid: PrefillGroup(ctx, self, n) for n in self.prefill_nodes}
         self.decode_groups = {n.nid: DecodeGroup(ctx, self, n) for n in self.decode_nodes}
         self.agents = [Agent(i, tuple(t.turns), float(a)) for i, (t, a) in enumerate(zip(trajectories, arrivals_s))]
-        self.hits = hit_model_for(trajectories, self.block_tokens, cl.persist_waits_for_snic_write)  # the workload's, once
+        self.hits = hit_model_for(trajectories, self.block_tokens, cl.persist_waits_for_snic_write,  # the workload's, once
+                                  not (cl.persist_waits_for_snic_write and self.io.persists_take_time()))
         if features.dram_tier:  # each node's host-DRAM tier (`+dram`, dram.py), GB = 1e9 bytes
             for n in self.nodes:
                 n.dram = self.hits.dram_tier(int(cl.dram_tier_gb_per_node * 1e9), self.block_tokens * self.kv_bytes_per_token)
@@ -387,13 +388,21 @@ class Simulator(TurnLifecycle):
 
         The workload and the cluster, built before, live as long as the run: they leave the cyclic
         garbage collector's sight for it (`gc.freeze`). A 48P96D run's 49,152 agents hold millions of
-        objects that every full collection walked again: a third of its samples under `perf record`."""
+        objects that every full collection walked again: a third of its samples under `perf record`.
+        And the collector stays off while it runs: the run's objects die by their reference counts
+        (a collection after a 512-agent 2P4D run finds a few hundred in cycles;
+        tests/sim/test_simulator.py bounds it), and the collections of what it allocates were still
+        5-9% of a 48P96D run's time."""
         t0 = time.perf_counter()
         gc.collect()
         gc.freeze()
+        was_enabled = gc.isenabled()
+        gc.disable()
         try:
             return self._run(progress, t0)
         finally:
+            if was_enabled:
+                gc.enable()
             gc.unfreeze()
 
     def _run(self, progress: Any, t0: float) -> dict[str, Any]:
