@@ -182,7 +182,15 @@ def test_trajectory_hits_follow_the_runtimes_last_token_rule():
     assert hits.prompt_in_cache(t1) == [1]  # block 1 has KV now, written by this turn
     paper = TrajectoryHits(b)  # the paper's client: the whole earlier context
     a2 = Agent(1, agent.turns, 0.0)
-    assert paper.turn_finished(SimRequest(a2, 0, 6, 2, 0, 0.0)) == [(1 << 24) + 1]  # 8 tokens fill block 1
+    t2 = SimRequest(a2, 0, 6, 2, 0, 0.0)
+    assert paper.prompt_in_cache(t2) == [1 << 24]
+    assert paper.turn_finished(t2) == [(1 << 24) + 1]  # 8 tokens fill block 1
+    # a turn that ends at its first token never joins a DE's batch: its prompt blocks go at its end,
+    # as the runtime's DE persists them at the H2D copy it still makes (a 64-token round, then 1 token)
+    a3 = Agent(2, (TurnSpec(2 * b, 1), TurnSpec(3, 2)), 0.0)
+    one = SimRequest(a3, 0, 2 * b, 1, 0, 0.0)
+    assert hits.turn_finished(one) == [(2 << 24) + 0, (2 << 24) + 1]  # KV of 8 tokens (the last: next turn's)
+    assert paper.turn_finished(one) == [(2 << 24) + 0, (2 << 24) + 1]  # 9 tokens: block 2 not full
 
 
 class _Hits:

@@ -65,6 +65,7 @@ class HitModel:
         # each turn's keys with one `stored_now`.
         self.instant_writes = instant_writes
         self.persisting: dict[int, int] = {}  # key -> writes queued and not yet ended
+        self._in_cache: set[int] = set()  # agents whose turn's prompt blocks are queued (`prompt_in_cache`)
 
     def _queue(self, keys: list[int]) -> list[int]:
         if self.instant_writes:
@@ -208,12 +209,19 @@ class TrajectoryHits(HitModel):
     def prompt_in_cache(self, req: SimRequest) -> list[int]:
         """The prompt's full blocks beyond the hit (blocks a short hit left out are written again)."""
         b = self.block_tokens
+        self._in_cache.add(req.agent.aid)
         return self._persist(req, req.hit_tokens // b, req.input_tokens // b)
 
     def turn_finished(self, req: SimRequest) -> list[int]:
+        """The blocks the generation filled; with them, for a turn that ended at its first token
+        (simulator.py: it never joins a DE's batch, so `prompt_in_cache` never ran), its prompt's
+        blocks beyond the hit, as the runtime's DE persists them at the H2D copy that it still makes."""
         b = self.block_tokens
+        aid = req.agent.aid
+        first = req.input_tokens // b if aid in self._in_cache else req.hit_tokens // b
+        self._in_cache.discard(aid)
         last_kv = req.input_tokens + req.gen_tokens - (1 if self.last_token_next_turn else 0)
-        return self._persist(req, req.input_tokens // b, last_kv // b)
+        return self._persist(req, first, last_kv // b)
 
 
 class StoreHits(HitModel):
@@ -237,7 +245,6 @@ class StoreHits(HitModel):
         rechunker = Rechunker(block_tokens, requests[0].record.block_tokens if requests else 512)  # one id space per run
         self.blocks: list[tuple[int, ...]] = [rechunker.rechunk(r.record) for r in requests]  # by agent id
         self.stored: set[int] = set()
-        self._in_cache: set[int] = set()  # agents (one turn each) whose prompt blocks are queued
 
     def _stored(self, key: int) -> None:
         self.stored.add(key)
