@@ -9,7 +9,7 @@ from ..results import Results
 
 
 @block("sim_speed", reads=("sim_speed.json",),
-       command=("git worktree add /tmp/base REV (the code before this speed work), then "
+       command=("git worktree add /tmp/base 438c27d (the code before this speed work, its pure build), then "
                 "dualpath bench sim-speed --agents 512,1024,2048 --builds pure,compiled --against /tmp/base/src "
                 "--json docs/results/sim_speed.json --plot docs/results/sim_speed.png"))
 def sim_speed(r: Results) -> str:
