@@ -8,15 +8,28 @@ gen_tokens tokens (docs/paper.md §4.2, the paper's A.3).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, final
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class RequestId:
-    agent: int
-    turn: int
+    """An agent's turn. Read-only with value equality: a slotted class, not a frozen dataclass,
+    because one is built per turn on the simulator's hot path (core/snapshot.py says why)."""
 
-    def __hash__(self) -> int:  # the dataclass's own hash, written out so the compiled build runs it natively
+    __slots__ = ("agent", "turn")
+
+    def __init__(self, agent: int, turn: int) -> None:
+        self.agent: Final = agent
+        self.turn: Final = turn
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestId) and self.agent == other.agent and self.turn == other.turn
+
+    def __hash__(self) -> int:
         return hash((self.agent, self.turn))
+
+    def __repr__(self) -> str:
+        return f"RequestId(agent={self.agent}, turn={self.turn})"
 
     def __str__(self) -> str:
         return f"a{self.agent}t{self.turn}"

@@ -47,7 +47,7 @@ Engines pull periodically in the paper; an event-driven pass is the limit of a s
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final, Iterable, Sequence, final
 
@@ -174,12 +174,16 @@ class DecodeAssignment:
 _NONE: tuple = ()
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class SchedulePass:
-    """The decisions of one pass, in the order made; the world applies them in this order."""
+    """The decisions of one pass, in the order made; the world applies them in this order.
+    Read-only, like the assignments (core/snapshot.py says why not a frozen dataclass)."""
 
-    prefill: tuple[PrefillAssignment, ...]  # PE choices, in global FIFO order
-    decode: tuple[DecodeAssignment, ...]  # DE choices with their read sides
+    __slots__ = ("prefill", "decode")
+
+    def __init__(self, prefill: tuple[PrefillAssignment, ...], decode: tuple[DecodeAssignment, ...]) -> None:
+        self.prefill: Final = prefill  # PE choices, in global FIFO order
+        self.decode: Final = decode  # DE choices with their read sides
 
 
 _EMPTY_PASS = SchedulePass(_NONE, _NONE)
@@ -307,7 +311,8 @@ class GlobalScheduler:
                 break
             if group in self._pe_open:
                 more = added.get(group, {})
-                loads = [replace(e, num_tokens=e.num_tokens + more.get(e.engine, 0)) for e in view.pe_loads(group)]
+                loads = [EngineLoad(e.engine, e.node, e.num_seqs, e.num_tokens + more.get(e.engine, 0), e.free_hbm_bytes)
+                         for e in view.pe_loads(group)]
                 self._fetch_group(view, group, loads, None, out)
         return out
 
