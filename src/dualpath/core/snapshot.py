@@ -4,18 +4,17 @@ Engines report three values when their group fetches (docs/paper.md §3.1): `num
 assigned but unfinished requests), `num_tokens` (tok_e, total tokens of those requests) and, for
 the node they sit on, the disk-read queue in tokens. DEs also report free HBM in bytes.
 
-The five built on every pass or request (EngineLoad, GroupLoad, QueuedRequest, Assignment,
-GroupAssignment) are slotted classes with read-only (Final) attributes and value equality rather
-than frozen dataclasses: under mypyc a frozen dataclass's generated `__init__` stays Python code
-(it sets each field through `object.__setattr__`), about 14 times the cost of a native constructor
-(a three-field class built a million times in a loop compiled with mypyc: 0.34 s against 0.025 s
-on this project's 2-core machine).
+The records built on every pass, request or forward (EngineLoad, GroupLoad, QueuedRequest,
+Assignment, GroupAssignment, BatchCandidate, BatchEntry) are slotted classes with read-only (Final)
+attributes and value equality rather than frozen dataclasses: under mypyc a frozen dataclass's
+generated `__init__` stays Python code (it sets each field through `object.__setattr__`), about 14
+times the cost of a native constructor (a three-field class built a million times in a loop
+compiled with mypyc: 0.34 s against 0.025 s on this project's 2-core machine).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Final, final
 
 from .request import RequestId
@@ -155,18 +154,46 @@ class GroupAssignment:
         return f"GroupAssignment(rid={self.rid!r}, group={self.group})"
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class BatchCandidate:
     """A request waiting in a PE's batch queue: `cached_tokens` already have KV (hit plus earlier
-    chunks); `remaining_tokens` still need computing."""
+    chunks); `remaining_tokens` still need computing. Built per queued request at every forward."""
 
-    rid: RequestId
-    cached_tokens: int
-    remaining_tokens: int
+    __slots__ = ("rid", "cached_tokens", "remaining_tokens")
+
+    def __init__(self, rid: RequestId, cached_tokens: int, remaining_tokens: int) -> None:
+        self.rid: Final = rid
+        self.cached_tokens: Final = cached_tokens
+        self.remaining_tokens: Final = remaining_tokens
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchCandidate) and (self.rid, self.cached_tokens, self.remaining_tokens) == (
+            other.rid, other.cached_tokens, other.remaining_tokens)
+
+    def __hash__(self) -> int:
+        return hash((self.rid, self.cached_tokens, self.remaining_tokens))
+
+    def __repr__(self) -> str:
+        return f"BatchCandidate(rid={self.rid!r}, cached_tokens={self.cached_tokens}, remaining_tokens={self.remaining_tokens})"
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class BatchEntry:
-    rid: RequestId
-    cached_tokens: int
-    compute_tokens: int
+    """A request in a PE forward: `compute_tokens` of it computed on top of `cached_tokens`."""
+
+    __slots__ = ("rid", "cached_tokens", "compute_tokens")
+
+    def __init__(self, rid: RequestId, cached_tokens: int, compute_tokens: int) -> None:
+        self.rid: Final = rid
+        self.cached_tokens: Final = cached_tokens
+        self.compute_tokens: Final = compute_tokens
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchEntry) and (self.rid, self.cached_tokens, self.compute_tokens) == (
+            other.rid, other.cached_tokens, other.compute_tokens)
+
+    def __hash__(self) -> int:
+        return hash((self.rid, self.cached_tokens, self.compute_tokens))
+
+    def __repr__(self) -> str:
+        return f"BatchEntry(rid={self.rid!r}, cached_tokens={self.cached_tokens}, compute_tokens={self.compute_tokens})"

@@ -12,15 +12,29 @@ and the functions return updated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Final, Iterable, Sequence, final
 
 from ..snapshot import Assignment, EngineLoad, QueuedRequest, ReadSide
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class RoundRobinCursor:
-    position: int = 0
+    """Where the next rotation starts; a new one per decision, read-only (a slotted class: see
+    core/snapshot.py for why not a frozen dataclass)."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int = 0) -> None:
+        self.position: Final = position
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RoundRobinCursor) and self.position == other.position
+
+    def __hash__(self) -> int:
+        return hash(self.position)
+
+    def __repr__(self) -> str:
+        return f"RoundRobinCursor(position={self.position})"
 
 
 def _rotation(engines: Sequence[int], start: int) -> list[int]:
