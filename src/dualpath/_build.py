@@ -4,7 +4,7 @@
 sources; the set-up (`make demo`, `make test`) runs it when a C compiler is present, `make compiled`
 runs it on demand and `make clean-compiled` removes it. Python imports an extension module before a
 `.py` of the same name, so the same source then runs as C: same arithmetic, same event order, the
-same numbers (checked by tests/sim/test_compiled_build.py), about three times faster
+same numbers (checked by tests/sim/test_compiled_build.py), about three and a half times faster
 (docs/results/sim_speed.json, both builds side by side). The pure-Python build is the reference.
 
 A stamp (`_compiled.json`, written by the build) records each compiled source's SHA-256.
