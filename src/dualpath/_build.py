@@ -44,6 +44,7 @@ COMPILED_MODULES = (
     "dualpath/costmodel/cost.py",
     "dualpath/core/dram.py",
     "dualpath/core/phase.py",
+    "dualpath/core/record.py",
     "dualpath/core/request.py",
     "dualpath/core/scheduler.py",
     "dualpath/core/snapshot.py",

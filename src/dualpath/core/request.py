@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, final
 
+from .record import Record
+
 
 @final
-class RequestId:
-    """An agent's turn. Read-only with value equality: a slotted class, not a frozen dataclass,
-    because one is built per turn on the simulator's hot path (core/snapshot.py says why)."""
+class RequestId(Record):
+    """An agent's turn (a `Record`: one is built per turn on the simulator's hot path)."""
 
     __slots__ = ("agent", "turn")
 
@@ -22,14 +23,8 @@ class RequestId:
         self.agent: Final = agent
         self.turn: Final = turn
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RequestId) and self.agent == other.agent and self.turn == other.turn
-
-    def __hash__(self) -> int:
-        return hash((self.agent, self.turn))
-
-    def __repr__(self) -> str:
-        return f"RequestId(agent={self.agent}, turn={self.turn})"
+    def _key(self) -> tuple[int, int]:
+        return (self.agent, self.turn)
 
     def __str__(self) -> str:
         return f"a{self.agent}t{self.turn}"

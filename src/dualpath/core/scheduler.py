@@ -177,7 +177,7 @@ _NONE: tuple = ()
 @final
 class SchedulePass:
     """The decisions of one pass, in the order made; the world applies them in this order.
-    Read-only, like the assignments (core/snapshot.py says why not a frozen dataclass)."""
+    Read-only, like the assignments (core/record.py says why not a frozen dataclass)."""
 
     __slots__ = ("prefill", "decode")
 

@@ -4,12 +4,8 @@ Engines report three values when their group fetches (docs/paper.md §3.1): `num
 assigned but unfinished requests), `num_tokens` (tok_e, total tokens of those requests) and, for
 the node they sit on, the disk-read queue in tokens. DEs also report free HBM in bytes.
 
-The records built on every pass, request or forward (EngineLoad, GroupLoad, QueuedRequest,
-Assignment, GroupAssignment, BatchCandidate, BatchEntry) are slotted classes with read-only (Final)
-attributes and value equality rather than frozen dataclasses: under mypyc a frozen dataclass's
-generated `__init__` stays Python code (it sets each field through `object.__setattr__`), about 14
-times the cost of a native constructor (a three-field class built a million times in a loop
-compiled with mypyc: 0.34 s against 0.025 s on this project's 2-core machine).
+The records built on every pass, request or forward are `Record`s (core/record.py says why not
+frozen dataclasses).
 """
 
 from __future__ import annotations
@@ -17,11 +13,12 @@ from __future__ import annotations
 import enum
 from typing import Final, final
 
+from .record import Record
 from .request import RequestId
 
 
 @final
-class EngineLoad:
+class EngineLoad(Record):
     """One engine's counters as its group reports them. No validation here: built on the
     scheduler's hot path from counters whose ledgers the owner's check_invariants() checks."""
 
@@ -37,19 +34,9 @@ class EngineLoad:
     def _key(self) -> tuple[int, int, int, int, int]:
         return (self.engine, self.node, self.num_seqs, self.num_tokens, self.free_hbm_bytes)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EngineLoad) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return (f"EngineLoad(engine={self.engine}, node={self.node}, num_seqs={self.num_seqs}, "
-                f"num_tokens={self.num_tokens}, free_hbm_bytes={self.free_hbm_bytes})")
-
 
 @final
-class GroupLoad:
+class GroupLoad(Record):
     """An engine group: all engines of one node, all PEs or all DEs (docs/paper.md §3.1)."""
 
     __slots__ = ("group", "engines")
@@ -62,18 +49,12 @@ class GroupLoad:
     def num_tokens(self) -> int:
         return sum([e.num_tokens for e in self.engines])
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GroupLoad) and (self.group, self.engines) == (other.group, other.engines)
-
-    def __hash__(self) -> int:
-        return hash((self.group, self.engines))
-
-    def __repr__(self) -> str:
-        return f"GroupLoad(group={self.group}, engines={self.engines!r})"
+    def _key(self) -> tuple[int, tuple[EngineLoad, ...]]:
+        return (self.group, self.engines)
 
 
 @final
-class QueuedRequest:
+class QueuedRequest(Record):
     """A request as the policy sees it.
 
     `num_tokens` is len(r) as the policies read it (the prompt length), the tokens a PE's tok_e
@@ -83,7 +64,6 @@ class QueuedRequest:
     to its per-group totals. `uncached_tokens` is the prompt less the hit the world expects at
     arrival (None: not known), which `+selective` reads (policy/local.py).
     """
-
 
     __slots__ = ("rid", "num_tokens", "hbm_bytes", "decode_tokens", "uncached_tokens")
 
@@ -98,16 +78,6 @@ class QueuedRequest:
     def _key(self) -> tuple[RequestId, int, int, int, int | None]:
         return (self.rid, self.num_tokens, self.hbm_bytes, self.decode_tokens, self.uncached_tokens)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, QueuedRequest) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return (f"QueuedRequest(rid={self.rid!r}, num_tokens={self.num_tokens}, hbm_bytes={self.hbm_bytes}, "
-                f"decode_tokens={self.decode_tokens}, uncached_tokens={self.uncached_tokens})")
-
 
 class ReadSide(enum.IntEnum):
     PREFILL = 0  # storage -> PE node SNIC -> PE buffer (the conventional path)
@@ -115,7 +85,7 @@ class ReadSide(enum.IntEnum):
 
 
 @final
-class Assignment:
+class Assignment(Record):
     """A request to an engine (a PE, or a DE inside its group)."""
 
     __slots__ = ("rid", "engine")
@@ -124,18 +94,12 @@ class Assignment:
         self.rid: Final = rid
         self.engine: Final = engine
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Assignment) and (self.rid, self.engine) == (other.rid, other.engine)
-
-    def __hash__(self) -> int:
-        return hash((self.rid, self.engine))
-
-    def __repr__(self) -> str:
-        return f"Assignment(rid={self.rid!r}, engine={self.engine})"
+    def _key(self) -> tuple[RequestId, int]:
+        return (self.rid, self.engine)
 
 
 @final
-class GroupAssignment:
+class GroupAssignment(Record):
     """A request to a DE group's private queue (phase 1)."""
 
     __slots__ = ("rid", "group")
@@ -144,18 +108,12 @@ class GroupAssignment:
         self.rid: Final = rid
         self.group: Final = group
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GroupAssignment) and (self.rid, self.group) == (other.rid, other.group)
-
-    def __hash__(self) -> int:
-        return hash((self.rid, self.group))
-
-    def __repr__(self) -> str:
-        return f"GroupAssignment(rid={self.rid!r}, group={self.group})"
+    def _key(self) -> tuple[RequestId, int]:
+        return (self.rid, self.group)
 
 
 @final
-class BatchCandidate:
+class BatchCandidate(Record):
     """A request waiting in a PE's batch queue: `cached_tokens` already have KV (hit plus earlier
     chunks); `remaining_tokens` still need computing. Built per queued request at every forward."""
 
@@ -166,19 +124,12 @@ class BatchCandidate:
         self.cached_tokens: Final = cached_tokens
         self.remaining_tokens: Final = remaining_tokens
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BatchCandidate) and (self.rid, self.cached_tokens, self.remaining_tokens) == (
-            other.rid, other.cached_tokens, other.remaining_tokens)
-
-    def __hash__(self) -> int:
-        return hash((self.rid, self.cached_tokens, self.remaining_tokens))
-
-    def __repr__(self) -> str:
-        return f"BatchCandidate(rid={self.rid!r}, cached_tokens={self.cached_tokens}, remaining_tokens={self.remaining_tokens})"
+    def _key(self) -> tuple[RequestId, int, int]:
+        return (self.rid, self.cached_tokens, self.remaining_tokens)
 
 
 @final
-class BatchEntry:
+class BatchEntry(Record):
     """A request in a PE forward: `compute_tokens` of it computed on top of `cached_tokens`."""
 
     __slots__ = ("rid", "cached_tokens", "compute_tokens")
@@ -188,12 +139,5 @@ class BatchEntry:
         self.cached_tokens: Final = cached_tokens
         self.compute_tokens: Final = compute_tokens
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BatchEntry) and (self.rid, self.cached_tokens, self.compute_tokens) == (
-            other.rid, other.cached_tokens, other.compute_tokens)
-
-    def __hash__(self) -> int:
-        return hash((self.rid, self.cached_tokens, self.compute_tokens))
-
-    def __repr__(self) -> str:
-        return f"BatchEntry(rid={self.rid!r}, cached_tokens={self.cached_tokens}, compute_tokens={self.compute_tokens})"
+    def _key(self) -> tuple[RequestId, int, int]:
+        return (self.rid, self.cached_tokens, self.compute_tokens)

@@ -14,27 +14,21 @@ from __future__ import annotations
 
 from typing import Final, Iterable, Sequence, final
 
+from ..record import Record
 from ..snapshot import Assignment, EngineLoad, QueuedRequest, ReadSide
 
 
 @final
-class RoundRobinCursor:
-    """Where the next rotation starts; a new one per decision, read-only (a slotted class: see
-    core/snapshot.py for why not a frozen dataclass)."""
+class RoundRobinCursor(Record):
+    """Where the next rotation starts; a new one per decision, read-only (a `Record`)."""
 
     __slots__ = ("position",)
 
     def __init__(self, position: int = 0) -> None:
         self.position: Final = position
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RoundRobinCursor) and self.position == other.position
-
-    def __hash__(self) -> int:
-        return hash(self.position)
-
-    def __repr__(self) -> str:
-        return f"RoundRobinCursor(position={self.position})"
+    def _key(self) -> tuple[int]:
+        return (self.position,)
 
 
 def _rotation(engines: Sequence[int], start: int) -> list[int]:
