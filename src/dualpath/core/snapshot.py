@@ -1,4 +1,4 @@
-"""Frozen views of cluster state handed to the policy, and the frozen decisions it returns.
+"""Read-only views of cluster state handed to the policy, and the read-only decisions it returns.
 
 Engines report three values when their group fetches (docs/paper.md §3.1): `num_seqs` (seq_e,
 assigned but unfinished requests), `num_tokens` (tok_e, total tokens of those requests) and, for
