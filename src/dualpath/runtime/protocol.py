@@ -24,7 +24,8 @@ A request prefilled on its DE (+selective) has no PE: R -> D `DecodeAssign` with
 the hit (or, with `read_side` PREFILL, R -> P `RelayAssign`: P reads it into its buffer, writes it
 into D's region, P -> D `HitReady` with the write's sums, P -> R `RelayDone`), computes the rest of
 the prompt, D -> R `FirstToken`, then 5.
-Engines report loads with every state change they own (`EngineReport`). Every engine sends a
+Engines report loads with every state change they own (`EngineReport`), and with `+dram` their
+DRAM tier's changes after each read job and persist (`DramChanged`). Every engine sends a
 `Heartbeat` from a thread of its own; when the router fences a dead or silent engine it tells
 the others (`EngineDown`), so none waits for that engine's reply (router/liveness.py). A joined
 engine that restarts (a Ray actor, deploy/ray/engines.py) asks for its place again; the
@@ -286,6 +287,18 @@ class Persisted:
     engine: int
     digest: bytes
     stored: bool
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DramChanged:
+    """Engine -> R (`+dram`): what the engine node's DRAM tier came to hold and dropped since its last
+    report (store/dram_tier.py `drain_changes`), in the order the tier changed: the router's copy of
+    the tier (router/dram_index.py) applies `dropped`, then `held`."""
+
+    engine: int
+    held: list  # bytes, block digests
+    dropped: list  # bytes, block digests
 
 
 @message

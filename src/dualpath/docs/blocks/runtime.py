@@ -213,3 +213,28 @@ def fidelity(r: Results) -> str:
             + (f"; missed: {'; '.join(missed)}." if missed else "."))
     return (table(["workload, mode", "calibrated on", "runs", *GOAL_LABELS.values(), "bytes PE / DE path",
                    "predicted speed: prefill; decode"], rows) + "\n\n" + text)
+
+
+DRAM_COPY_RUNS = {"fidelity/dev_agents_24k_dram_model.json": "a model: an LRU fed by the reads it sent",
+                  "fidelity/dev_agents_24k_dram_copy.json": "a copy: the tiers' own reports (`DramChanged`)",
+                  "fidelity/heldout_agents_24k_dram.json": "a copy (the held-out run above)"}
+
+
+@block("fidelity_dram_copy", reads=tuple(DRAM_COPY_RUNS),
+       command=("dualpath fidelity --workload agents:max_len=24k,agents=5,seed=57203,gen_scale=0.65,turns=5 "
+                "--calibrate-on demo:rounds=0 --calibrate-on mooncake:start_s=0,conversations=3,load=1.0 "
+                "--mode dualpath+dram --repeat 3 --json docs/results/fidelity/dev_agents_24k_dram_F.json "
+                "(F: model, run at the code before the copy; copy); the held-out row: the fidelity table's"))
+def fidelity_dram_copy(r: Results) -> str:
+    """dualpath+dram on the workload that showed the gap, the router deciding by either picture of
+    the engines' tiers: how often the two worlds pick the same read side, and the errors."""
+    rows = []
+    for rel, what in DRAM_COPY_RUNS.items():
+        mode = r.json(rel)["modes"]["dualpath+dram"]
+        e = mode["errors"]["predicted"]
+        rows.append([f"`{r.json(rel)['workload'].split(',')[2]}`", what, f"{mode['decisions']['same_side_mean']:.0%}", pct(e["pe_path_bytes"]["rel_error"]),
+                     pct(e["de_path_bytes"]["rel_error"]),
+                     f"{pct(e['ttft_p50_s']['rel_error'])} ({e['ttft_p50_s']['verdict']})",
+                     f"{pct(e['jct_s']['rel_error'])} ({e['jct_s']['verdict']})"])
+    return table(["agents", "the router's picture of the tiers", "same read side as the simulator", "PE path bytes error",
+                  "DE path bytes error", "TTFT p50 error", "JCT error"], rows)

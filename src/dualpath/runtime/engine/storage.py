@@ -8,7 +8,9 @@
   2. Writes (`persist`): a FIFO of Full Blocks; the writer thread puts each through the SNIC's write
      bucket into the store and tells the router (`Persisted`: stored, or not, e.g. a full disk).
   3. With `+dram` (store/dram_tier.py) both fill the node's DRAM tier, and a read takes a block the
-     tier holds from there (no SNIC, counted as `dram_read_bytes`) before it asks the store.
+     tier holds from there (no SNIC, counted as `dram_read_bytes`) before it asks the store. After
+     each read job and each persist the tier's changes go to the router (`DramChanged`), one
+     report at a time, so the router's copy (router/dram_index.py) follows the tier in its order.
   4. A mode switch (`reopen`) waits for both queues to drain, then opens the new store (and a new
      tier, empty, if the new mode has one).
 The threads report through the engine's tally (`tally()`: the current mode's) and its timeline.
@@ -28,7 +30,7 @@ from ...config import RuntimeConfig
 from ...core.blocks import BlockLayout
 from ...metrics.timeline import Timeline, snic_tracks
 from ..clock import Clock
-from ..protocol import Persisted
+from ..protocol import DramChanged, Persisted
 from ..store import BlockStore, PutOutcome
 from ..store.dram_tier import DramTier
 from ..store.remote import RemoteStore, store_for
@@ -77,6 +79,7 @@ class NodeStorage:
         self.store = self._open(store_root)
         self.dram = self._tier(cfg)
         self._dram_count = threading.Lock()  # the engine's thread and the reader both count DRAM reads
+        self._dram_report = threading.Lock()  # one tier report at a time: the router applies them in order
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         self.writes_done = 0  # persists the writer finished (stored or not); only it counts
@@ -109,6 +112,7 @@ class NodeStorage:
         assert tier is not None
         read_s = self._timeline.now_s()
         if not all(tier.read_into(bytes(d), buf[off : off + fbb]) for d, off in zip(digests, offsets)):
+            self._report_tier()  # a block dropped for its CRC32
             return False  # the reader reads it (the blocks still held come from the tier again)
         self._counted_dram(len(digests))
         self._timeline.until_now(self._read_track, "read", read_s, rid)
@@ -156,6 +160,8 @@ class NodeStorage:
                 tier.put(bytes(d), buf[off : off + fbb])
         self._tally().storage_read_bytes += (ok - from_dram) * fbb
         self._counted_dram(from_dram)
+        if tier is not None:
+            self._report_tier()
         self._timeline.until_now(self._read_track, "read", read_s, rid)
         self._to_self(ReadFinished(rid, ok, (ok - from_dram) * fbb))
 
@@ -174,7 +180,19 @@ class NodeStorage:
         with `+dram` it is in the node's tier from now on (the copy, shared: neither side writes it)."""
         if self.dram is not None:
             self.dram.put(bytes(digest), payload, private=True)
+            self._report_tier()
         self._writes.put((digest, payload, queued_s))
+
+    def _report_tier(self) -> None:
+        """Send the tier's changes since the last report, if any (drained and sent under one lock:
+        the reader's reports and the engine thread's reach the router in the order they were drained)."""
+        tier = self.dram
+        if tier is None:
+            return
+        with self._dram_report:
+            held, dropped = tier.drain_changes()
+            if held or dropped:
+                self._to_router(DramChanged(self._engine, held, dropped))
 
     def _write_loop(self) -> None:
         while True:

@@ -1,21 +1,24 @@
-"""The router's picture of each engine node's DRAM tier (`+dram`; the tier itself: store/dram_tier.py).
+"""The router's copy of each engine node's DRAM tier (`+dram`; the tier itself: store/dram_tier.py).
 
 The read-side rule counts what each side's tier holds (core/policy/read_side.py), but the tiers
-live in the engines. The router keeps one LRU per node of the same capacity (core.dram.LruBytes),
-fed by the same events in the same order as the node's own: the hit blocks it sends a node to
-read (`read_sent`), and each block a DE announces it persists (`persisted`, at `PersistQueued`:
-the DE's tier takes the block at its copy out of HBM, just after; at `Persisted`, after the slow
-write to storage, the model would think a block younger than the tier does, and keep it after the
-tier evicted it). It is a model, not a mirror: a read that ends early (a block failing its
-checksum) or a tier entry dropped for a bad CRC32 leaves the two apart until the blocks age out. Only the rule's choice depends on it; what
-a read takes from DRAM is always the engine's tier's own answer.
+live in the engines. Each engine reports its tier's changes (`DramChanged`: the blocks it came to
+hold and those it dropped since its last report, in the tier's order), and the router applies them
+to a set per node: after each report the set is what the tier held when the report was drained, so
+the rule decides by the tier's contents, as the simulator's rule does (sim/dispatch.py), lagging
+only by the reports in flight. (A model of the tier kept by the router, an LRU fed with the reads it
+sent and the persists announced, drifted from it: the engine fills its tier when a read runs, behind
+its read queue, not when the router sends it, so the two evicted different blocks.)
+
+One thing is known before the tier reports it: a block a DE announces it persists (`PersistQueued`,
+sent before the token that lets the client send its next turn) enters the DE's tier at its copy out
+of HBM, just after; it counts as held from the announcement (`expected`) until a report names it.
+Only the rule's choice depends on this copy; what a read takes from DRAM is always the tier's own
+answer.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
-
-from ...core.dram import LruBytes
 
 
 class DramIndex:
@@ -23,38 +26,46 @@ class DramIndex:
         self.capacity_bytes = capacity_bytes
         self.full_block_bytes = full_block_bytes
         self.block_tokens = block_tokens
-        self._nodes: dict[int, LruBytes] = {}
+        self._held: dict[int, set[bytes]] = {}  # node -> what its tier held at its last report
+        self._expected: dict[int, set[bytes]] = {}  # node -> announced persists no report has named yet
 
-    def _node(self, node: int) -> LruBytes:
-        lru = self._nodes.get(node)
-        if lru is None:
-            lru = self._nodes[node] = LruBytes(self.capacity_bytes)
-        return lru
+    def changed(self, node: int, held: Sequence[bytes], dropped: Sequence[bytes]) -> None:
+        """A tier's report (`DramChanged`): `dropped` leave the copy, then `held` join it."""
+        mine = self._held.setdefault(node, set())
+        mine.difference_update(dropped)
+        mine.update(held)
+        expected = self._expected.get(node)
+        if expected:
+            expected.difference_update(dropped)
+            expected.difference_update(held)
 
-    def read_sent(self, node: int, digests: Sequence[bytes]) -> None:
-        lru = self._node(node)
-        for d in digests:
-            lru.put(d, self.full_block_bytes)
+    def persist_queued(self, node: int, digests: Sequence[bytes]) -> None:
+        """A DE announced these blocks' persist: its tier takes each at its copy out of HBM."""
+        self._expected.setdefault(node, set()).update(digests)
 
-    def persisted(self, node: int, digest: bytes) -> None:
-        self._node(node).put(digest, self.full_block_bytes)
+    def holds(self, node: int, digest: bytes) -> bool:
+        return digest in self._held.get(node, ()) or digest in self._expected.get(node, ())
 
     def held_tokens(self, node: int, digests: Sequence[bytes], hit_tokens: int) -> int:
         """Tokens of a hit of `hit_tokens` (its blocks' digests first in `digests`) that `node`'s tier holds."""
-        lru = self._nodes.get(node)
-        if lru is None or not hit_tokens:
+        if not hit_tokens or (node not in self._held and node not in self._expected):
             return 0
         b = self.block_tokens
         held = 0
         for i, d in enumerate(digests[: -(-hit_tokens // b)]):
-            if d in lru:
+            if self.holds(node, d):
                 held += min(hit_tokens, (i + 1) * b) - i * b
         return held
 
     def engine_lost(self, node: int) -> None:
         """A lost engine's tier is gone with it (its successor starts empty)."""
-        self._nodes.pop(node, None)
+        self._held.pop(node, None)
+        self._expected.pop(node, None)
 
     def check_invariants(self) -> None:
-        for lru in self._nodes.values():
-            lru.check_invariants()
+        """Each copy is what a tier of this capacity held at one moment: it fits."""
+        room = self.capacity_bytes // self.full_block_bytes if self.full_block_bytes else 0
+        for node, held in self._held.items():
+            if len(held) > room:
+                raise AssertionError(f"the router's copy of node {node}'s DRAM tier holds {len(held)} blocks, "
+                                     f"more than the tier's {room}")

@@ -28,7 +28,7 @@ class Placement:
         self.buffers = buffers
         self.block_tokens = block_tokens
         self.persisting: dict[bytes, int] = {}  # digest -> writes queued on a DE and not yet ended
-        self.dram: DramIndex | None = None  # each node's DRAM tier as the router models it (`+dram`; the router sets it)
+        self.dram: DramIndex | None = None  # the router's copy of each node's DRAM tier (`+dram`; the router sets it)
         self._persisting_on: dict[int, Counter[bytes]] = {}  # the same, per DE that queued them
 
     # 1. hit

@@ -36,7 +36,7 @@ from ...core.snapshot import QueuedRequest, ReadSide
 from ...errors import InputError
 from ...metrics.prometheus import Family
 from ..api import GenerationRequest, ServiceUnavailable, TokenEvent
-from ..protocol import (Cancel, Counters, DecodeAssign, EngineRole, DecodeDone, FirstToken, Heartbeat,
+from ..protocol import (Cancel, Counters, DecodeAssign, DramChanged, EngineRole, DecodeDone, FirstToken, Heartbeat,
                         Hello, Join, Leaving, PersistQueued, Persisted, PrefillAssign, PrefillDone, PromptLoaded, ReadDone,
                         Reconfigure, Reconfigured, RelayAssign, RelayDone, Token)
 from ..transport.channel import Inbox, SendsTogether
@@ -96,7 +96,8 @@ class Router:
         self.recovery = Recovery(self, self.membership, self.bookings, self.placement, config)
         self.membership.requests = self.recovery
         self._engine_messages = {Leaving: self._leaving, Counters: self._counters, Reconfigured: self._reconfigured,
-                                 PersistQueued: self._persist_queued, Persisted: self._persisted}
+                                 PersistQueued: self._persist_queued, Persisted: self._persisted,
+                                 DramChanged: self._dram_changed}
         self._request_messages = {FirstToken: self._first_token, Token: self._token, ReadDone: self._read_done,
                                   PrefillDone: self._prefill_done, PromptLoaded: self._prompt_loaded,
                                   DecodeDone: self._decode_done, RelayDone: self._relay_done}
@@ -310,8 +311,6 @@ class Router:
         hit_digests = rr.digests[: hit // self.cfg.block_tokens]
         de_offsets = [r.offset_bytes for r in rr.de_regions]
         pe_side = rr.pe_side
-        if self.placement.dram is not None and hit_digests:
-            self._reads_sent(rr, hit_digests)
         pe_endpoint = "" if pe_side is None else pe_side.endpoint
         self.sends.send(rr.de.outbox, DecodeAssign(rr.rid, prompt, hit, hit_digests, side, pe_endpoint, de_offsets,
                                        salted_root(rr.req.cache_salt), p.max_tokens, p.min_tokens, p.ignore_eos,
@@ -329,19 +328,6 @@ class Router:
                                         [r.offset_bytes for r in rr.pe_regions], p.temperature, p.top_p, seed,
                                         p.min_tokens > 0 or p.ignore_eos, self.features.layerwise_prefill, p.logprobs,
                                         p.n, rr.pe_part_tokens))
-
-    def _reads_sent(self, rr: RouterRequest, hit_digests: list[bytes]) -> None:
-        """Each reading node's tier will hold what it reads (dram_index.py): a split's PE part on the PE,
-        a local request's whole hit on its relay or DE, else the whole hit on the read side."""
-        dram = self.placement.dram
-        assert dram is not None
-        if rr.local:
-            dram.read_sent((rr.relay or rr.de).engine, hit_digests)
-            return
-        first = rr.pe_part_tokens // self.cfg.block_tokens
-        if first:
-            dram.read_sent(rr.pe.engine, hit_digests[:first])
-        dram.read_sent(rr.side_engine.engine, hit_digests[first:])
 
     # --- 4. engine messages -------------------------------------------------------------------------
     def _on_message(self, msg: Any) -> None:
@@ -383,8 +369,11 @@ class Router:
     def _persist_queued(self, msg: PersistQueued) -> None:
         self.placement.persist_queued(msg.digests, msg.engine)
         if self.placement.dram is not None:  # in the DE's tier from its copy out of HBM, just after this
-            for d in msg.digests:
-                self.placement.dram.persisted(msg.engine, d)
+            self.placement.dram.persist_queued(msg.engine, msg.digests)
+
+    def _dram_changed(self, msg: DramChanged) -> None:
+        if self.placement.dram is not None:  # (a report of the mode before a switch finds none)
+            self.placement.dram.changed(msg.engine, msg.held, msg.dropped)
 
     def _persisted(self, msg: Persisted) -> None:
         self.placement.persisted(msg.digest, msg.engine)

@@ -250,7 +250,7 @@ class RouterView(ClusterView):
         return self._placement.lookup(rr.req.prompt_ids, rr.digests)
 
     def dram_tokens(self, rr: RouterRequest, node: int, hit_tokens: int) -> int:
-        """What the router's model of `node`'s DRAM tier holds of the hit (`+dram`, dram_index.py)."""
+        """What the router's copy of `node`'s DRAM tier holds of the hit (`+dram`, dram_index.py)."""
         dram = self._placement.dram
         return 0 if dram is None else dram.held_tokens(node, rr.digests, hit_tokens)
 

@@ -6,6 +6,10 @@ read from the store and every block its engine persisted, and asks it first on a
 found here is copied into the read's buffer slot without crossing the SNIC. A block whose CRC32 no
 longer matches is dropped and read from the store instead: a stored block that fails its check is
 never used, in DRAM as on disk. Thread-safe: the reader and the writer thread share it.
+
+The tier keeps a log of what it came to hold and what it dropped (`drain_changes`): the engine
+sends it to the router (`DramChanged`), whose copy of the node's tier (router/dram_index.py) is then
+the tier's own contents as of the last report, not a model of them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class DramTier:
         self._lock = threading.Lock()
         self.hits = 0  # blocks a read took from here
         self.bad = 0  # blocks dropped for a CRC32 mismatch (read from the store instead)
+        self._changes: dict[bytes, bool] = {}  # since the last drain: digest -> held now (True) or dropped
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -53,8 +58,23 @@ class DramTier:
             self._blocks.pop(digest, None)
             for gone in self._lru.put(digest, len(block)):
                 del self._blocks[gone]  # type: ignore[arg-type]
-            if digest in self._lru:
+                self._changes[gone] = False  # type: ignore[index]
+            held = digest in self._lru
+            if held:
                 self._blocks[digest] = (block, crc)
+            self._changes[digest] = held
+
+    def drain_changes(self) -> tuple[list[bytes], list[bytes]]:
+        """(held, dropped) since the last drain, each digest by its last change: applied in drain
+        order to a copy that started empty (dropped first, then held), they make it hold exactly
+        what the tier holds now."""
+        with self._lock:
+            changes, self._changes = self._changes, {}
+        return [d for d, h in changes.items() if h], [d for d, h in changes.items() if not h]
+
+    def digests(self) -> set[bytes]:
+        with self._lock:
+            return set(self._blocks)
 
     def clear(self) -> None:
         with self._lock:
@@ -64,6 +84,7 @@ class DramTier:
     def _drop(self, digest: bytes) -> None:
         self._lru.pop(digest)
         del self._blocks[digest]
+        self._changes[digest] = False
 
     def check_invariants(self) -> None:
         with self._lock:
