@@ -117,3 +117,26 @@ def test_lock_step_bisection_ends_where_each_search_alone_ends(tmp_path, monkeyp
         assert len(points) == len(setup.grid) + (0 if mode == "oracle" else setup.bisect_steps)
     # one batch of every grid, then per step the searches still bisecting (not the oracle's)
     assert batches == [sum(len(s.grid) for s, _ in searches), 4, 2, 2]
+
+
+def test_a_batch_goes_out_longest_first_and_each_result_lands_under_its_own_spec(tmp_path, monkeypatch):
+    """prefetch sends the calls of most agents x MaxLen first (a batch on N workers then ends soon
+    after its longest call); each result is filed under the spec that made it, whatever the order."""
+    from dualpath.experiments import batch as batch_mod
+    from dualpath.experiments.simrun import SimSpec
+
+    sent = []
+
+    class Recording(Reversed):
+        def map(self, fn, args, on_done):
+            sent.extend(a[0] for a in args)
+            for i in reversed(range(len(args))):
+                on_done(i, {"wall_s": 0.0, "spec": args[i][0].label()})
+
+    monkeypatch.setattr(batch_mod, "run_spec", lambda spec, seed: None)
+    specs = [SimSpec("ds-27b", "1P1D", 32768, 64, "basic"), SimSpec("ds-27b", "1P1D", 65536, 128, "basic"),
+             SimSpec("ds-27b", "1P1D", 32768, 512, "dualpath"), SimSpec("ds-27b", "1P1D", 65536, 64, "dualpath")]
+    ctx = Context(tmp_path, progress=Counting(), executor=Recording())
+    assert batch_mod.prefetch(ctx, specs) == 4
+    assert [(s.num_agents, s.max_len_tokens) for s in sent] == [(512, 32768), (128, 65536), (64, 65536), (64, 32768)]
+    assert [r["spec"] for r in batch_mod.simulate_many(ctx, specs)] == [s.label() for s in specs]  # the caller's order

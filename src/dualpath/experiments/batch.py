@@ -35,7 +35,10 @@ def prefetch(ctx: Context, specs: Sequence[SimSpec]) -> int:
             ctx.memo[key] = cached
         else:
             todo[key] = spec
-    keys, batch = list(todo), list(todo.values())
+    # the longest first (the work grows with the agents and their MaxLen): a batch on N workers then
+    # ends soon after its longest call, instead of starting it last (longest processing time first)
+    keys = sorted(todo, key=lambda k: -todo[k].num_agents * todo[k].max_len_tokens)
+    batch = [todo[k] for k in keys]
     done = 0
 
     def landed(i: int, result: dict[str, Any]) -> None:
