@@ -308,16 +308,21 @@ def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
     from dualpath.metrics.decisions import DecisionLog, decisions_path, read_jsonl, write_jsonl
 
     log = DecisionLog(t0_s=10.0)
-    log.record("a0t0", 10.5, 0, 1, 1, 128)
+    log.record("a0t0", 10.5, 0, 1, 1, 128, 0, 640, 0)
     log.record("a1t0", 11.0, 1, 0, 0, 0)
     path = decisions_path(tmp_path / "out" / "d.jsonl", "basic+layerwise")
     assert path == tmp_path / "out" / "d.basic+layerwise.jsonl"
     write_jsonl(log.decisions, path)
-    assert read_jsonl(path) == [Decision("a0t0", 0.5, 0, 1, "decode", 128), Decision("a1t0", 1.0, 1, 0, "prefill", 0)]
+    assert read_jsonl(path) == [Decision("a0t0", 0.5, 0, 1, "decode", 128, 0, 640, 0),
+                                Decision("a1t0", 1.0, 1, 0, "prefill", 0)]
     assert json.loads(path.read_text().splitlines()[0]) == {"request": "a0t0", "t_s": 0.5, "pe": 0, "de": 1,
-                                                            "side": "decode", "hit_tokens": 128, "pe_part_tokens": 0}
+                                                            "side": "decode", "hit_tokens": 128, "pe_part_tokens": 0,
+                                                            "pe_cost_tokens": 640, "de_cost_tokens": 0}
+    old = {"request": "a2t0", "t_s": 1.5, "pe": 0, "de": 0, "side": "prefill", "hit_tokens": 64}  # a log before the costs
+    path.write_text(path.read_text() + json.dumps(old) + "\n")
+    assert read_jsonl(path)[-1] == Decision("a2t0", 1.5, 0, 0, "prefill", 64, 0, -1, -1)
     path.write_text(path.read_text() + '{"request": "x"}\n')
-    with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:3"):
+    with pytest.raises(InputError, match=r"d.basic\+layerwise.jsonl:4"):
         read_jsonl(path)
 
 

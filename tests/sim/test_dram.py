@@ -116,3 +116,31 @@ def test_a_hit_the_tier_holds_whole_takes_no_buffer_room_at_its_read():
     rec = sim.recorder
     assert r["num_turns"] == 16
     assert all(read_s == 0 for read_s, hit in zip(rec.read_s, rec.hit_tokens) if hit)
+
+
+@pytest.mark.parametrize("mode", ["dualpath", "dualpath+dram", "basic+dram"])
+def test_the_decision_log_carries_what_the_read_side_rule_compared(mode):
+    """Each decision's `pe_cost_tokens` and `de_cost_tokens` (metrics/decisions.py) are the rule's
+    inputs: the side is the one the rule picks from them, with `+dram` a side whose tier holds the
+    whole hit costs 0, and basic compares nothing (-1)."""
+    from dualpath.config import SimConfig, WorkloadConfig
+    from dualpath.core.policy import choose_read_side
+    from dualpath.metrics.decisions import DecisionLog
+    from dualpath.sim.simulator import Simulator
+    from sim_helpers import trajs
+
+    t = trajs(SPEC)
+    cfg = SimConfig(cluster=paper_cluster("ds-27b", "2P2D"), workload=WorkloadConfig(num_agents=len(t)))
+    sim = Simulator(cfg, parse_mode(mode), t, [0.0] * len(t))
+    sim.driver.decisions = DecisionLog()
+    sim.run()
+    log = sim.driver.decisions.decisions
+    assert len(log) == sum(len(a) for a in SPEC)
+    if mode.startswith("basic"):
+        assert all(d.pe_cost_tokens == d.de_cost_tokens == -1 and d.side == "prefill" for d in log)
+        return
+    assert all(min(d.pe_cost_tokens, d.de_cost_tokens) >= 0 for d in log)
+    assert all(d.side == ("prefill", "decode")[choose_read_side(d.pe_cost_tokens, d.de_cost_tokens)] for d in log)
+    assert len({d.side for d in log}) == 2  # the costs differ from turn to turn: both sides chosen
+    if mode.endswith("+dram"):
+        assert any(d.hit_tokens and d.de_cost_tokens == 0 and d.side == "decode" for d in log)

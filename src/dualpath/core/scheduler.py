@@ -152,10 +152,12 @@ class PrefillAssignment:
 class DecodeAssignment:
     """A DE choice with its read side; read-only like PrefillAssignment."""
 
-    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute", "pe_part_tokens", "local", "relay_node")
+    __slots__ = ("req", "ref", "engine", "side", "read_tokens", "recompute", "pe_part_tokens", "local", "relay_node",
+                 "pe_cost_tokens", "de_cost_tokens")
 
     def __init__(self, req: QueuedRequest, ref: Any, engine: int, side: ReadSide, read_tokens: int,
-                 recompute: bool = False, pe_part_tokens: int = 0, local: bool = False, relay_node: int = -1) -> None:
+                 recompute: bool = False, pe_part_tokens: int = 0, local: bool = False, relay_node: int = -1,
+                 pe_cost_tokens: int = -1, de_cost_tokens: int = -1) -> None:
         self.req: Final = req  # the request as the scheduler saw it
         self.ref: Final = ref  # the world's record of it
         self.engine: Final = engine  # the DE that takes it: tok_e += decode_tokens, seq_e += 1, free HBM -= hbm_bytes
@@ -169,6 +171,11 @@ class DecodeAssignment:
         # a local request read on the PE side (side PREFILL): the PE node that reads its hit and
         # relays it to the DE over the CNICs; -1: none (read on the DE's node)
         self.relay_node: Final = relay_node
+        # what the read-side rule compared (policy/read_side.py): each side's read queue, with
+        # `+dram` plus what it must read from storage (0: its DRAM holds the whole hit); -1: no
+        # comparison (basic, a forced side, round robin)
+        self.pe_cost_tokens: Final = pe_cost_tokens
+        self.de_cost_tokens: Final = de_cost_tokens
 
 
 _NONE: tuple = ()
@@ -399,6 +406,7 @@ class GlobalScheduler:
             return self._decided_local(w, de_node, engine, view, reads)
         rules = self.rules
         pe_queue = de_queue = -1  # the queues the read-side rule compared (dualpath only)
+        pe_cost = de_cost = -1  # what it compared them as (with `+dram`: plus the storage reads)
         tokens = -1  # the hit, once asked
         if rules.forced_side is not None:
             side = rules.forced_side
@@ -411,29 +419,31 @@ class GlobalScheduler:
                 de_queue += reads.get(de_node, 0)
             if rules.dram_tier:
                 tokens = view.read_tokens(ref)
-                side = choose_read_side(side_cost_tokens(pe_queue, tokens - view.dram_tokens(ref, pe_node, tokens)),
-                                        side_cost_tokens(de_queue, tokens - view.dram_tokens(ref, de_node, tokens)))
+                pe_cost = side_cost_tokens(pe_queue, tokens - view.dram_tokens(ref, pe_node, tokens))
+                de_cost = side_cost_tokens(de_queue, tokens - view.dram_tokens(ref, de_node, tokens))
             else:
-                side = choose_read_side(pe_queue, de_queue)
+                pe_cost, de_cost = pe_queue, de_queue
+            side = choose_read_side(pe_cost, de_cost)
         else:
             side, self._rr_side = round_robin_read_side(self._rr_side)
         if tokens < 0:
             tokens = view.read_tokens(ref)
         if not tokens:
-            return DecodeAssignment(req, ref, engine, side, 0)
+            return DecodeAssignment(req, ref, engine, side, 0, pe_cost_tokens=pe_cost, de_cost_tokens=de_cost)
         node = pe_node if side is ReadSide.PREFILL else de_node
         rule = rules.recompute
         if rule is not None and should_recompute(rule, tokens, view.store_latency_s(node)):
-            return DecodeAssignment(req, ref, engine, side, 0, True)
+            return DecodeAssignment(req, ref, engine, side, 0, True, pe_cost_tokens=pe_cost, de_cost_tokens=de_cost)
         if rules.split is not None and pe_queue >= 0:
             pe_part = split_read(rules.split, tokens, pe_queue, de_queue, side)
             if 0 < pe_part < tokens:  # both nodes read: each queue charged with its own part
                 reads[pe_node] = reads.get(pe_node, 0) + pe_part
                 reads[de_node] = reads.get(de_node, 0) + tokens - pe_part
-                return DecodeAssignment(req, ref, engine, ReadSide.DECODE, tokens, False, pe_part)
+                return DecodeAssignment(req, ref, engine, ReadSide.DECODE, tokens, False, pe_part,
+                                        pe_cost_tokens=pe_cost, de_cost_tokens=de_cost)
             side, node = (ReadSide.PREFILL, pe_node) if pe_part else (ReadSide.DECODE, de_node)
         reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(ref, node, tokens) if rules.dram_tier else tokens)
-        return DecodeAssignment(req, ref, engine, side, tokens)
+        return DecodeAssignment(req, ref, engine, side, tokens, pe_cost_tokens=pe_cost, de_cost_tokens=de_cost)
 
     def _decided_local(self, w: _Entry, de_node: int, engine: int, view: ClusterView, reads: dict[int, int]) -> DecodeAssignment:
         """A request prefilled on its DE: its hit read whole on the DE's node or, with DualPath's
@@ -442,6 +452,7 @@ class GlobalScheduler:
         relays it to the DE over the CNICs."""
         tokens = view.read_tokens(w.ref)
         node, side = de_node, ReadSide.DECODE
+        pe_queue = de_queue = -1  # the costs compared (the nearest PE node's), as in `_decided`
         rules = self.rules
         dram = rules.dram_tier
         if tokens and rules.dualpath and rules.de_read_path and rules.forced_side is None:
@@ -458,7 +469,8 @@ class GlobalScheduler:
         if tokens:
             reads[node] = reads.get(node, 0) + (tokens - view.dram_tokens(w.ref, node, tokens) if dram else tokens)
         return DecodeAssignment(w.req, w.ref, engine, side, tokens, local=True,
-                                relay_node=node if side is ReadSide.PREFILL else -1)
+                                relay_node=node if side is ReadSide.PREFILL else -1,
+                                pe_cost_tokens=pe_queue, de_cost_tokens=de_queue)
 
     # --- ledgers --------------------------------------------------------------------------------
     def check_invariants(self, view: ClusterView) -> None:

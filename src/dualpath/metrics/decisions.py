@@ -6,7 +6,8 @@ earlier or the same pass, docs/paper.md §3.1-3.4). `dualpath sim --decisions F`
 --decisions F` write one JSONL file per mode (`decisions_path`); `fidelity` keeps both worlds' logs
 in its report (`modes.<mode>.decision_logs`). One object per decision:
 
-    {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920, "pe_part_tokens": 0}
+    {"request": "a3t2", "t_s": 12.5, "pe": 0, "de": 1, "side": "decode", "hit_tokens": 1920, "pe_part_tokens": 0,
+     "pe_cost_tokens": 640, "de_cost_tokens": 0}
 
 - `request`: the request's name, `a<agent>t<turn>` (the simulator's `RequestId`, the runtime
   replay's request id); record i of a Mooncake trace is the one-turn agent `a<i>t0`.
@@ -20,6 +21,10 @@ in its report (`modes.<mode>.decision_logs`). One object per decision:
 - `pe_part_tokens`: a split read (`dualpath+split`, core/policy/split.py; side "decode"): the prefix
   of `hit_tokens` the PE node reads, the other `hit_tokens - pe_part_tokens` read by the DE node;
   0: not split (a log written before the field reads as 0).
+- `pe_cost_tokens`, `de_cost_tokens`: what the read-side rule compared (core/scheduler.py,
+  `DecodeAssignment`): each side's read queue in tokens, with `+dram` plus the hit tokens that side
+  must read from storage (0 when its DRAM holds the whole hit); -1: the rule compared nothing
+  (basic, a forced side; a log written before the fields).
 
 Lines appear in decision order (within one pass, the pass's order).
 """
@@ -43,6 +48,8 @@ class Decision:
     side: str
     hit_tokens: int
     pe_part_tokens: int = 0
+    pe_cost_tokens: int = -1
+    de_cost_tokens: int = -1
 
 
 class DecisionLog:
@@ -53,8 +60,9 @@ class DecisionLog:
         self.decisions: list[Decision] = []
 
     def record(self, request: str, now_s: float, pe: int, de: int, side: int, hit_tokens: int,
-               pe_part_tokens: int = 0) -> None:
-        self.decisions.append(Decision(request, now_s - self.t0_s, pe, de, _SIDES[side], hit_tokens, pe_part_tokens))
+               pe_part_tokens: int = 0, pe_cost_tokens: int = -1, de_cost_tokens: int = -1) -> None:
+        self.decisions.append(Decision(request, now_s - self.t0_s, pe, de, _SIDES[side], hit_tokens, pe_part_tokens,
+                                       pe_cost_tokens, de_cost_tokens))
 
 
 @dataclass(frozen=True, slots=True)

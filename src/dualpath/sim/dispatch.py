@@ -149,7 +149,7 @@ class Dispatch:
             req.pe_part_tokens = d.pe_part_tokens
             if self.decisions is not None:
                 self.decisions.record(str(req.rid), now, -1 if req.pe is None else req.pe.eid, eng.eid - self._first_de_engine, int(d.side),
-                                      d.read_tokens, d.pe_part_tokens)
+                                      d.read_tokens, d.pe_part_tokens, d.pe_cost_tokens, d.de_cost_tokens)
             if d.recompute:  # the store is slower than computing the hit again
                 self.life.recompute_hit(req)
             self.gate.admit(req, req.pe_side_node if d.side is ReadSide.PREFILL else eng.node, d.recompute)

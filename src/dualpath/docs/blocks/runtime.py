@@ -232,9 +232,22 @@ def fidelity_dram_copy(r: Results) -> str:
     for rel, what in DRAM_COPY_RUNS.items():
         mode = r.json(rel)["modes"]["dualpath+dram"]
         e = mode["errors"]["predicted"]
-        rows.append([f"`{r.json(rel)['workload'].split(',')[2]}`", what, f"{mode['decisions']['same_side_mean']:.0%}", pct(e["pe_path_bytes"]["rel_error"]),
+        rows.append([f"`{r.json(rel)['workload'].split(',')[2]}`", what, f"{mode['decisions']['same_side_mean']:.0%}",
+                     _de_dearer(mode["decision_logs"]), pct(e["pe_path_bytes"]["rel_error"]),
                      pct(e["de_path_bytes"]["rel_error"]),
                      f"{pct(e['ttft_p50_s']['rel_error'])} ({e['ttft_p50_s']['verdict']})",
                      f"{pct(e['jct_s']['rel_error'])} ({e['jct_s']['verdict']})"])
-    return table(["agents", "the router's picture of the tiers", "same read side as the simulator", "PE path bytes error",
+    return table(["agents", "the router's picture of the tiers", "same read side as the simulator",
+                  "turns whose DE side cost more in the runtime", "PE path bytes error",
                   "DE path bytes error", "TTFT p50 error", "JCT error"], rows)
+
+
+def _de_dearer(logs: Node) -> str:
+    """Of the turns with a hit, those whose DE side the read-side rule costed higher in the first
+    runtime run than in the simulation (the logs' `de_cost_tokens`, metrics/decisions.py); "-" for
+    logs written before the costs."""
+    sim = {d["request"]: d for d in logs["sim"]}
+    turns = [(d, sim[d["request"]]) for d in logs["runtime"][0] if d["hit_tokens"] and d["request"] in sim]
+    if any(d.get("de_cost_tokens", -1) < 0 for pair in turns for d in pair):
+        return "-"
+    return f"{sum(rt['de_cost_tokens'] > s['de_cost_tokens'] for rt, s in turns)} of {len(turns)}"

@@ -60,15 +60,16 @@ class RouterMetrics:
     def pe_assigned(self, rid: int) -> None:
         pass
 
-    def de_assigned(self, rr: Any, side: int, read_tokens: int, recompute: bool = False, pe_part_tokens: int = 0) -> None:
+    def de_assigned(self, rr: Any, side: int, read_tokens: int, recompute: bool = False, pe_part_tokens: int = 0,
+                    costs: tuple[int, int] = (-1, -1)) -> None:
         """A pass chose the DE and read side of `rr` (a RouterRequest): the decision log's line (a
-        split read's PE part in `pe_part_tokens`)."""
+        split read's PE part in `pe_part_tokens`; what the read-side rule compared in `costs`)."""
         self.num_recomputed_hits += recompute
         self.timeline.name(rr.rid, rr.req.request_id)  # the engines' spans name requests by rid
         if self.decisions is not None:
             pe = -1 if rr.pe is None else self.engine_index[rr.pe.engine]  # -1: prefilled on its DE (+selective)
             self.decisions.record(rr.req.request_id, self.clock.now_s(), pe,
-                                  self.engine_index[rr.de.engine], side, read_tokens, pe_part_tokens)
+                                  self.engine_index[rr.de.engine], side, read_tokens, pe_part_tokens, *costs)
 
     def placed(self, rid: int, hit_tokens: int, side: int) -> None:
         r = self.reqs[rid]

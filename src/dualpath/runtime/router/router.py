@@ -269,7 +269,8 @@ class Router:
                 rr.advance(Phase.PE_ASSIGNED)
             self.bookings.assigned_de(rr, self.engines[d.engine], d.side, d.read_tokens, d.recompute, d.pe_part_tokens)
             self.placing.append(rr)
-            self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute, d.pe_part_tokens)
+            self.metrics.de_assigned(rr, int(d.side), d.read_tokens, d.recompute, d.pe_part_tokens,
+                                     (d.pe_cost_tokens, d.de_cost_tokens))
 
     # --- 3. placement and assignment ----------------------------------------------------------------
     def _place(self) -> None:
