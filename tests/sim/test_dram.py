@@ -144,3 +144,45 @@ def test_the_decision_log_carries_what_the_read_side_rule_compared(mode):
     assert len({d.side for d in log}) == 2  # the costs differ from turn to turn: both sides chosen
     if mode.endswith("+dram"):
         assert any(d.hit_tokens and d.de_cost_tokens == 0 and d.side == "decode" for d in log)
+
+
+def test_with_timed_persists_a_generated_block_enters_the_des_tier_when_its_step_ends(monkeypatch):
+    """`+dram` with timed persists (the `local` preset's): each generated block goes into the DE node's
+    tier when the decode step that filled it ends (sim/decode.py `block_filled`), as the runtime's DE
+    copies it there, in order and before its turn ends; without them (the paper presets) the turn's
+    blocks go in together at its end and no step hands one over."""
+    from dualpath.sim.simulator import Simulator
+
+    filled: list = []
+    finished: dict = {}
+    real, real_finished = Simulator.block_filled, Simulator.decode_finished
+
+    def spy(self, req, index):
+        filled.append((str(req.rid), index, self.loop.now_s))
+        real(self, req, index)
+
+    def spy_finished(self, req):
+        finished[str(req.rid)] = self.loop.now_s
+        real_finished(self, req)
+
+    monkeypatch.setattr(Simulator, "block_filled", spy)
+    monkeypatch.setattr(Simulator, "decode_finished", spy_finished)
+    spec = [[(3000, 400), (200, 300), (100, 200)] for _ in range(2)]
+    cl = paper_cluster("ds-27b", "1P1D")
+    sim, r = run(spec, mode="dualpath+dram", cluster=replace(cl, persist_waits_for_snic_write=True), check_every=1)
+    assert sim.writes.timed
+    by_turn: dict = {}
+    for rid, index, t in filled:
+        by_turn.setdefault(rid, []).append((index, t))
+    assert len(by_turn) == r["num_turns"] == 6
+    for rid, blocks in by_turn.items():
+        indices, times = [i for i, _ in blocks], [t for _, t in blocks]
+        assert indices == sorted(indices) and times == sorted(times) and len(set(indices)) == len(indices)
+        assert times[-1] <= finished[rid] and times[0] < finished[rid]  # during the turn, not at its end
+    # the DE's tier holds every turn's generated blocks that it can hold, and the next turn reads them there
+    assert r["bytes"]["dram_via_decode"] > 0
+    first_blocks = [t for rid, blocks in by_turn.items() for i, t in blocks[:1]]
+    assert min(first_blocks) < max(first_blocks)  # handed over through the run, not all at one moment
+    filled.clear()
+    run(spec, mode="dualpath+dram", cluster=cl)
+    assert filled == []

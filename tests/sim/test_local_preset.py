@@ -21,6 +21,8 @@ from dualpath.sim.compute_measured import MeasuredCompute
 from dualpath.sim.simulator import Simulator
 from dualpath.workloads import Trajectory
 
+NO_TIER_FEATURES = SimpleNamespace(dram_tier=False)  # a fake context's mode: no `+dram` (sim/persists.py)
+
 
 def _machine(**kw) -> MeasuredMachine:
     base = dict(prefill_fixed_s=0.01, prefill_per_token_s=1e-4, prefill_per_key_s=1e-7, decode_fixed_s=0.005,
@@ -98,7 +100,7 @@ def test_a_decode_step_takes_the_longest_running_context():
     per_key_s = 1e-5
     m = _machine(decode_fixed_s=0.0, decode_per_seq_s=0.0, decode_per_key_s=per_key_s, decode_per_ctx_s=0.0)
     loop, done = EventLoop(), {}
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=NO_CPU_SHARE,
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=NO_CPU_SHARE, features=NO_TIER_FEATURES,
                           cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False), local=m),
                           timeline=NULL_TIMELINE)
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.input_tokens, loop.now_s))
@@ -127,7 +129,7 @@ def test_a_request_joins_a_running_batch_when_its_step_ends(waits):
     step_s = 0.1
     m = _machine(decode_fixed_s=step_s, decode_per_seq_s=0.0, decode_per_key_s=0.0, decode_per_ctx_s=0.0)
     loop, done = EventLoop(), {}
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=NO_CPU_SHARE,
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=NO_CPU_SHARE, features=NO_TIER_FEATURES,
                           cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=waits), local=m),
                           timeline=NULL_TIMELINE)
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.name, loop.now_s))
@@ -161,7 +163,7 @@ def test_steps_slow_while_the_node_moves_kv_and_a_join_costs_its_measured_time_o
                  decode_io_slowdown=1.0, decode_join_s=0.05)
     loop, done = EventLoop(), {}
     cpu = CpuShare(1.0)
-    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=cpu, timeline=NULL_TIMELINE,
+    ctx = SimpleNamespace(loop=loop, compute=MeasuredCompute(m), net=None, cpu=cpu, timeline=NULL_TIMELINE, features=NO_TIER_FEATURES,
                           cfg=SimpleNamespace(cluster=SimpleNamespace(model="tiny", decode_waits_for_step_end=False), local=m))
     life = SimpleNamespace(decode_finished=lambda r: done.setdefault(r.name, loop.now_s))
     cnic, snic = (SimpleNamespace(flows=({}, {}), watchers=[]) for _ in range(2))

@@ -32,7 +32,7 @@ def _ctx(timed=True, wait_s=10.0, buffers=False):
                               buffers_at_placement=buffers)
     io = SimpleNamespace(persists_take_time=lambda: True, reserves_buffers=lambda: True,
                          persist=lambda snic_out, nbytes, d2h=None, done=None, tag=None: nbytes, tokens_to_read=lambda req: req.hit_tokens)
-    return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster),
+    return SimpleNamespace(loop=EventLoop(), cfg=SimpleNamespace(cluster=cluster), features=SimpleNamespace(dram_tier=False),
                            kv_bytes_per_token=KVB, io=io, timeline=NULL_TIMELINE, cpu=NO_CPU_SHARE)
 
 

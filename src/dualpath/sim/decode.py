@@ -14,7 +14,9 @@ Numbered path of one request on the DE side (docs/paper.md §1.3 steps 8-9 / 6-7
      `local` preset's measured steps also slow down while the engines copy KV (cpu_share.py), and a
      join costs its measured extra time once (`decode_join_s`).
   4. `_on_finish`: the request leaves; the simulator persists its new full blocks and starts the
-     agent's next turn.
+     agent's next turn. With `+dram` and timed persists (the `local` preset) each generated block
+     enters the node's DRAM tier when the step that filled it ends (`block_filled`), as the
+     runtime's DE copies it there, not with the others at the turn's end.
 A request prefilled here (`+selective`, core/policy/local.py) first rides the steps as chunks
 (`prefill`): its uncached tokens in ceil(n / local_prefill_max_tokens) steps, each step longer by
 its share of `chunk_in_decode_s` (compute.py) for as long as it prefills; a group with no decoding
@@ -54,6 +56,11 @@ class DecodeGroup:
         # local prefills (+selective): (progress at their last chunk's end, seq, request, seconds added per step)
         self._prefills: list[tuple[float, int, SimRequest, float]] = []
         self.prefill_step_s = 0.0  # what the local prefills add to every step now
+        # `+dram` with timed persists (persists.py): (progress when a step fills a generated block, seq,
+        # request, block index), each handed to the node's DRAM tier when its step ends
+        self._fills: list[tuple[float, int, SimRequest, int]] = []
+        self._takes_blocks = (ctx.features.dram_tier and ctx.cfg.cluster.persist_waits_for_snic_write
+                              and ctx.io.persists_take_time())  # PersistWrites' `timed`, with a tier
         self.num_local_prefills = 0
         self._seq = 0
         self.busy_s = 0.0
@@ -171,6 +178,9 @@ class DecodeGroup:
             target = heap[0][0]
             if pre and pre[0][0] < target:
                 target = pre[0][0]
+            fills = self._fills
+            if fills and fills[0][0] < target:
+                target = fills[0][0]
         elif pre:
             target = pre[0][0]
         else:
@@ -235,7 +245,13 @@ class DecodeGroup:
         if self.ep is not None:  # every step's bursts at once: the ledger is exact once the request ends
             self.ep.book_one(i, steps)
         self._seq += 1
-        heapq.heappush(self._heap, (self.progress_steps + steps, self._seq, req, i, attn, kvb))
+        p0 = self.progress_steps
+        heapq.heappush(self._heap, (p0 + steps, self._seq, req, i, attn, kvb))
+        if self._takes_blocks:  # token j comes from step j: block k-1 fills with token j = k * b - input
+            b, n_in = self.ctx.cfg.cluster.block_tokens, req.input_tokens
+            for k in range(n_in // b + 1, (n_in + req.gen_tokens - 1) // b + 1):
+                self._seq += 1
+                heapq.heappush(self._fills, (p0 + (k * b - n_in), self._seq, req, k - 1))
         self._restep()
         if self._join_s > 0:  # every running request waits the joining step's extra time
             self.progress_steps -= self._join_s / self.step_s
@@ -250,6 +266,10 @@ class DecodeGroup:
         heap = self._heap
         reached = self.progress_steps + _EPS_STEPS
         attn_s, kv_bytes, running = self.attn_s, self.kv_bytes, self.running_per_gpu
+        fills = self._fills
+        while fills and fills[0][0] <= reached:  # before the requests that end now: their blocks fill first
+            _, _, freq, index = heapq.heappop(fills)
+            self.life.block_filled(freq, index)
         while heap and heap[0][0] <= reached:
             _, _, req, i, attn, kvb = heapq.heappop(heap)
             attn_s[i] -= attn

@@ -122,6 +122,11 @@ class HitModel:
         """A node's DRAM tier over this model's keys (`+dram`, dram.py)."""
         raise NotImplementedError
 
+    def generated_key(self, req: SimRequest, index: int) -> int:
+        """The key of block `index` of `req`'s sequence, one its generation fills (what `turn_finished`
+        returns for it); UNNAMED_BLOCK if no later turn can name it."""
+        raise NotImplementedError
+
 
 class TrajectoryHits(HitModel):
     """Hits within a trajectory, as the paper's client computes them (docs/paper.md §1.5, the paper's A.4): a turn
@@ -206,6 +211,9 @@ class TrajectoryHits(HitModel):
     def dram_tier(self, capacity_bytes: int, block_bytes: int) -> NoTier:
         return RunTier(capacity_bytes, self.block_tokens, block_bytes, _AGENT_KEY_STRIDE)
 
+    def generated_key(self, req: SimRequest, index: int) -> int:
+        return req.agent.aid * _AGENT_KEY_STRIDE + index
+
     def prompt_in_cache(self, req: SimRequest) -> list[int]:
         """The prompt's full blocks beyond the hit (blocks a short hit left out are written again)."""
         b = self.block_tokens
@@ -258,6 +266,9 @@ class StoreHits(HitModel):
 
     def dram_tier(self, capacity_bytes: int, block_bytes: int) -> NoTier:
         return BlockTier(capacity_bytes, self.block_tokens, block_bytes, self.blocks)
+
+    def generated_key(self, req: SimRequest, index: int) -> int:
+        return UNNAMED_BLOCK  # a trace request's generated blocks: no later request names them
 
     def prompt_in_cache(self, req: SimRequest) -> list[int]:
         aid = req.rid.agent

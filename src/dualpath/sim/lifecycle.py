@@ -73,5 +73,10 @@ class TurnLifecycle:
     def decode_finished(self, req: SimRequest) -> None:
         raise NotImplementedError
 
+    def block_filled(self, req: SimRequest, index: int) -> None:
+        """The decode step that gave block `index` of `req`'s sequence KV at every position ended
+        (`+dram` with timed persists: decode.py, persists.py)."""
+        raise NotImplementedError
+
     def local_prefill_done(self, req: SimRequest) -> None:
         raise NotImplementedError

@@ -64,6 +64,10 @@ class PersistWrites:
         self.on_written = on_written
         self.modelled = cl.persist_waits_for_snic_write  # the `local` preset; else a persist is only booked
         self.timed = self.modelled and ctx.io.persists_take_time()
+        # `+dram` with timed persists (the `local` preset, compared with the runtime): the DE node's tier
+        # took each generated block when the decode step that filled it ended (sim/decode.py
+        # `block_filled`, the same condition), as the runtime's DE copies it there, not at the turn's end
+        self._tier_took_them = ctx.features.dram_tier and self.timed
         assert hits.instant_writes != self.timed, "the hit model and the writer disagree on whether writes take time"
         self.copies_on_de_cnic = cl.cnic_as_runtime_arbiter  # a block's copy out of HBM crosses the DE's arbiter
         self.block_bytes = float(cl.block_tokens * ctx.kv_bytes_per_token)
@@ -104,7 +108,8 @@ class PersistWrites:
         assert num_prompt >= 0, (len(keys), len(filled))
         self.submit(keys[:num_prompt], de)  # a one-token turn's prompt blocks (StoreHits)
         gen = keys[num_prompt:]
-        de.node.dram.fill_keys(gen)
+        if not self._tier_took_them:
+            de.node.dram.fill_keys(gen)
         self.persisted_bytes += self.ctx.io.persist(de.node.snic_out, len(gen) * self.block_bytes, self._d2h_link(de),
                                                     self._copied_out, de)
         self._write(gen, de.node, filled)

@@ -341,6 +341,14 @@ class Simulator(TurnLifecycle):
     def decode_finished(self, req: SimRequest) -> None:
         self._finish(req)
 
+    def block_filled(self, req: SimRequest, index: int) -> None:
+        """Into its DE node's DRAM tier, as the runtime's DE copies it out of HBM (`+dram` with timed
+        persists: decode.py); a block no later turn can name is not kept."""
+        key, de = self.hits.generated_key(req, index), req.de
+        assert de is not None, "a block filled on no DE"
+        if key >= 0:
+            de.node.dram.fill_keys([key])
+
     def _finish(self, req: SimRequest) -> None:
         now = self.loop.now_s
         req.to(Phase.FINISHED)

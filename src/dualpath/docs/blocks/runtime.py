@@ -215,19 +215,24 @@ def fidelity(r: Results) -> str:
                    "predicted speed: prefill; decode"], rows) + "\n\n" + text)
 
 
-DRAM_COPY_RUNS = {"fidelity/dev_agents_24k_dram_model.json": "a model: an LRU fed by the reads it sent",
-                  "fidelity/dev_agents_24k_dram_copy.json": "a copy: the tiers' own reports (`DramChanged`)",
-                  "fidelity/heldout_agents_24k_dram.json": "a copy (the held-out run above)"}
+DRAM_COPY_RUNS = {
+    "fidelity/dev_agents_24k_dram_model.json": "the router: an LRU model of the tiers, fed by the reads it sent",
+    "fidelity/dev_agents_24k_dram_copy.json": "the router: a copy of the tiers from their reports (`DramChanged`)",
+    "fidelity/dev_agents_24k_dram_64007.json": "the copy (held out then, before the next row's change)",
+    "fidelity/dev_agents_24k_dram_fills.json": "the copy, and the simulator's DE tier takes each generated block as its step ends",
+    "fidelity/heldout_agents_24k_dram.json": "both (the held-out run above)",
+}
 
 
 @block("fidelity_dram_copy", reads=tuple(DRAM_COPY_RUNS),
        command=("dualpath fidelity --workload agents:max_len=24k,agents=5,seed=57203,gen_scale=0.65,turns=5 "
                 "--calibrate-on demo:rounds=0 --calibrate-on mooncake:start_s=0,conversations=3,load=1.0 "
                 "--mode dualpath+dram --repeat 3 --json docs/results/fidelity/dev_agents_24k_dram_F.json "
-                "(F: model, run at the code before the copy; copy); the held-out row: the fidelity table's"))
+                "(F: model, copy, fills, each at the code of its row; 64007: the seed in the workload, both dram "
+                "modes, at the code of its row); the held-out row: the fidelity table's"))
 def fidelity_dram_copy(r: Results) -> str:
-    """dualpath+dram on the workload that showed the gap, the router deciding by either picture of
-    the engines' tiers: how often the two worlds pick the same read side, and the errors."""
+    """dualpath+dram on the workload that showed the gap and the runs after it, each at the code of its
+    row: how often the two worlds pick the same read side, and the errors."""
     rows = []
     for rel, what in DRAM_COPY_RUNS.items():
         mode = r.json(rel)["modes"]["dualpath+dram"]
@@ -237,7 +242,7 @@ def fidelity_dram_copy(r: Results) -> str:
                      pct(e["de_path_bytes"]["rel_error"]),
                      f"{pct(e['ttft_p50_s']['rel_error'])} ({e['ttft_p50_s']['verdict']})",
                      f"{pct(e['jct_s']['rel_error'])} ({e['jct_s']['verdict']})"])
-    return table(["agents", "the router's picture of the tiers", "same read side as the simulator",
+    return table(["agents", "the code", "same read side as the simulator",
                   "turns whose DE side cost more in the runtime", "PE path bytes error",
                   "DE path bytes error", "TTFT p50 error", "JCT error"], rows)
 
