@@ -58,6 +58,8 @@ def test_an_slo_nobody_meets_is_said_and_gives_no_goodput(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(path.read_text())
     assert report["any_meets_slo"] is False and "no simulated configuration meets the SLOs" in r.stdout + r.stderr
+    assert report["outranked"] == [] or report["request"]["slo_ttft_p99_s"]  # a TPOT SLO alone bounds nothing
+    assert all(v > 1e5 for v in report["machine_heap_ops_per_s"].values())  # the machine's speed beside wall_s
     best = report["ranked"][0]
     assert best["pd"] == "1P1D" and best["predicted"]["goodput_rps"] == 0.0 and best["meets_slo"] is False
     assert set(best["predicted"]) == {"jct_s", "ttft_p50_s", "ttft_p99_s", "tpot_s", "goodput_rps"}

@@ -86,7 +86,8 @@ def check(case: Case, out_dir: Path, progress: Any, executor: Executor = SerialE
     return {
         "name": case.name, "request": _request_json(req), "objective_key": key,
         "planner": {"first": {"pd": mine[0], "mode": mine[1]}, "predicted": first.predicted, "wall_s": plan_wall_s,
-                    "simulated": len(plan.ranked), "pruned": len(plan.pruned), "estimated_only": len(plan.unconfirmed),
+                    "simulated": len(plan.ranked) + len(plan.outranked), "stopped_at_bound": len(plan.outranked),
+                    "pruned": len(plan.pruned), "estimated_only": len(plan.unconfirmed),
                     "ranked": [{"pd": c.estimate.shape.pd, "mode": c.estimate.mode} for c in plan.ranked]},
         "exhaustive": [{"pd": pd, "mode": m, **full[(pd, m)]} for pd, m in order],
         "best": {"pd": best[0], "mode": best[1]},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -16,6 +16,9 @@ from ..experiments.cli import RAY_HELP
 from .io import console, out, say_build
 from .sim import TOOL_TIME_HELP
 from .sweep import SweepLines
+
+if TYPE_CHECKING:
+    from ..plan.search import PlanRequest
 
 
 PLAN_WORKERS_HELP = ("simulations at once: with --ray local, the local cluster's CPUs; without --ray, processes of "
@@ -53,13 +56,11 @@ def plan(
 ) -> None:
     """Rank P/D shapes and loading policies for a GPU budget: the cost model prunes, the simulator
     (at the smallest unit of each shape) confirms the best estimates."""
-    from ..experiments.common import Context
-    from ..experiments.simrun import code_fingerprint
+    from ..bench.sim_speed import heap_ops_per_s
     from ..parsing import parse_tokens
     from ..plan.report import plot as draw, to_json
-    from ..plan.search import PlanRequest, make_plan
+    from ..plan.search import PlanRequest
     from ..plan.space import DEFAULT_MODES
-    from ..pool.executor import open_executor
     from ..sim.runner import write_json
 
     modes = _modes(mode, DEFAULT_MODES if local is None else LOCAL_MODES)
@@ -69,6 +70,29 @@ def plan(
         raise InputError(f"--agents must be positive, got {agents}")
     workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit, tool_time)
     req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm)
+    # with --json, the machine's speed before and after (bench/sim_speed.py's fixed task, not in wall_s):
+    # a plan's time means little without it on a machine whose speed drifts
+    speed = [heap_ops_per_s()] if json_path else []
+    result, wall_s = _make_plan(req, seed, cache, ray, workers)
+    report = to_json(result, wall_s)
+    if speed:
+        report["machine_heap_ops_per_s"] = {"before": speed[0], "after": heap_ops_per_s()}
+    _print(report)
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        console.print(f"wrote {draw(result, plot_path)}")
+
+
+def _make_plan(req: PlanRequest, seed: int, cache: Optional[Path], ray: Optional[str],
+               workers: Optional[int]) -> tuple[Any, float]:
+    """The plan and its wall time, its simulations on Ray, in `workers` processes, or one per core."""
+    from ..experiments.common import Context
+    from ..experiments.simrun import code_fingerprint
+    from ..plan.search import make_plan
+    from ..pool.executor import open_executor
+
     started = time.monotonic()
     if ray is None and workers is None:
         workers = len(os.sched_getaffinity(0))
@@ -76,14 +100,7 @@ def plan(
         ctx = Context(cache or Path("."), seed=seed, progress=SweepLines(0, "plan"), use_disk_cache=cache is not None,
                       executor=executor)
         result = make_plan(req, ctx)
-    wall_s = time.monotonic() - started
-    report = to_json(result, wall_s)
-    _print(report)
-    if json_path:
-        write_json(report, json_path)
-        console.print(f"wrote {json_path}")
-    if plot_path:
-        console.print(f"wrote {draw(result, plot_path)}")
+    return result, time.monotonic() - started
 
 
 LOCAL_MODES = ("basic", "dualpath")  # the local preset refuses dualpath+split (docs/guide/simulator.md)
@@ -182,13 +199,19 @@ def _print(report: dict) -> None:
                       f"{p['goodput_rps']:.1f}", "met" if c["meets_slo"] else "missed", c["binding"],
                       _estimate_cell(c["estimate"]))
     out.print(table)
+    for o in report.get("outranked", []):  # stopped at their bound (plan/search.py step 5)
+        why = " and TTFT p99 certain to miss" if o["misses_ttft_slo"] else ""
+        console.print(f"outranked: {o['pd']} {o['mode']}: JCT > {o['jct_above_s']:.0f} s{why} "
+                      f"(stopped past the best JCT then, {o['bound_jct_s']:.0f} s)", markup=False, highlight=False)
     if report["ranked"]:
         best = report["ranked"][0]
         if not report["any_meets_slo"] and (req["slo_ttft_p99_s"] or req["slo_tpot_s"]):
             console.print("no simulated configuration meets the SLOs; ranked by the objective alone", markup=False)
         console.print(f"first choice: {best['pd']} {best['mode']}\n  {best['commands']['sim']}\n  "
                       f"{best['commands']['serve']}", markup=False, highlight=False)
-    console.print(f"{len(report['ranked'])} simulated, {len(report['unconfirmed'])} estimated only, "
+    stopped = len(report.get("outranked", []))
+    console.print(f"{len(report['ranked']) + stopped} simulated ({stopped} stopped at their bound), "
+                  f"{len(report['unconfirmed'])} estimated only, "
                   f"{len(report['pruned'])} outside the bottleneck-free range; {report['wall_s']:.1f} s",
                   markup=False, highlight=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -27,6 +28,17 @@ def distribution(values: Sequence[float] | np.ndarray) -> Distribution:
         return Distribution(nan, nan, nan, nan, 0)
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
     return Distribution(float(a.mean()), float(p50), float(p90), float(p99), int(a.size))
+
+
+def certainly_above(num_above: int, total: int, q: float) -> bool:
+    """Whether the q-th percentile (as `distribution` computes it: numpy's linear interpolation) of
+    `total` values must exceed a threshold that `num_above` of them, known so far, exceed, whatever
+    the others turn out to be. Sorted ascending, the percentile lies at or above the value of rank
+    floor(q / 100 * (total - 1)), and that value exceeds the threshold once the values above it
+    number at least total - that rank (`dualpath plan` stops a run that must miss its TTFT SLO)."""
+    if total <= 0 or num_above <= 0:
+        return False
+    return num_above >= total - math.floor(q / 100 * (total - 1))
 
 
 def turn_latencies(arrival_s: Sequence[float] | np.ndarray, first_s: Sequence[float] | np.ndarray,

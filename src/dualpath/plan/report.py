@@ -1,4 +1,5 @@
-"""A plan's outputs: the JSON (`ranked` best first, then what was not simulated and why), the
+"""A plan's outputs: the JSON (`ranked` best first, `outranked`: stopped at their bound, then what
+was not simulated and why), the
 command lines that realise a choice, and the frontier plot (estimated JCT of every shape and mode
 against P/D, the simulated predictions on top)."""
 
@@ -37,6 +38,9 @@ def to_json(plan: Plan, wall_s: float) -> dict[str, Any]:
         "demand": {"agents": plan.demand.num_agents, "turns": plan.demand.num_turns, "hit_tokens": plan.demand.hit_tokens,
                    "miss_tokens": plan.demand.miss_tokens, "gen_tokens": plan.demand.gen_tokens},
         "ranked": [_choice_json(plan, c) for c in plan.ranked],
+        "outranked": [{"pd": o.estimate.shape.pd, "mode": o.estimate.mode, "jct_above_s": o.jct_above_s,
+                       "bound_jct_s": o.bound_jct_s, "misses_ttft_slo": o.misses_ttft,
+                       "estimate": _estimate_json(o.estimate)} for o in plan.outranked],
         "unconfirmed": [_estimate_json(e) for e in plan.unconfirmed],
         "pruned": [_estimate_json(e) for e in plan.pruned],
         "any_meets_slo": any(c.meets_slo for c in plan.ranked),
@@ -68,13 +72,18 @@ def plot(plan: Plan, path: Path) -> Path:
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    everything = [c.estimate for c in plan.ranked] + plan.unconfirmed + plan.pruned
+    everything = [c.estimate for c in plan.ranked] + [o.estimate for o in plan.outranked]
+    everything += plan.unconfirmed + plan.pruned
     for i, mode in enumerate(plan.request.modes):
         pts = sorted((e.shape.ratio, e.jct_s) for e in everything if e.mode == mode)
         ax.plot([x for x, _ in pts], [y for _, y in pts], "--", color=f"C{i}", alpha=0.6, label=f"{mode}: estimate")
         sims = sorted((c.estimate.shape.ratio, c.predicted["jct_s"]) for c in plan.ranked if c.estimate.mode == mode)
         if sims:
             ax.plot([x for x, _ in sims], [y for _, y in sims], "o", color=f"C{i}", label=f"{mode}: simulated")
+        cut = sorted((o.estimate.shape.ratio, o.jct_above_s) for o in plan.outranked if o.estimate.mode == mode)
+        if cut:  # stopped at their bound: the JCT is above the mark
+            ax.plot([x for x, _ in cut], [y for _, y in cut], "^", color=f"C{i}", fillstyle="none",
+                    label=f"{mode}: stopped, JCT above")
     if plan.ranked:
         best = plan.ranked[0]
         ax.annotate(f"first: {best.estimate.shape.pd} {best.estimate.mode}",

@@ -13,6 +13,13 @@
    turns per second at the highest load that meets the SLOs, goodput.py; one that misses them at
    every load gets 0). Either way a configuration that meets the SLOs ranks before one that
    misses them.
+5. Branch and bound (`jct`): from the second batch on, each simulation carries the best result of
+   the batches before it as a bound (sim/bound.py) and stops once it cannot rank above that one:
+   past its JCT, and, when the best misses the SLOs, only once its own TTFT p99 must miss them too.
+   Such a configuration is listed as `outranked` with the JCT it had passed, not ranked. The
+   first choice is the one an unbounded search finds (nothing that stops can rank above a result
+   already in hand), and the bounds come from whole batches, so the plan does not depend on how
+   many simulations run at once.
 
 Deterministic for a seed: the workload, the estimates and every simulation are.
 """
@@ -25,6 +32,7 @@ from typing import Any, Sequence
 from ..errors import InputError
 from ..config import paper_cluster
 from ..experiments.common import Context
+from ..sim.bound import RunBound
 from . import analytic, goodput
 from .space import DEFAULT_MODES, configurations, shapes, unit_mode
 from .workload import Generated, Trace
@@ -74,9 +82,21 @@ class Choice:
 
 
 @dataclass(frozen=True, slots=True)
+class Outranked:
+    """A configuration whose simulation stopped at its bound (step 5): it ranks below the result
+    that set the bound."""
+
+    estimate: analytic.Estimate
+    jct_above_s: float  # its JCT is longer than this (where its simulation stopped)
+    bound_jct_s: float  # the JCT of the result that set the bound
+    misses_ttft: bool  # stopped with its TTFT p99 certain to miss the SLO (the bound's owner missed it too)
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     request: PlanRequest
     ranked: list[Choice]
+    outranked: list[Outranked]  # stopped at their bound (step 5), in the order simulated
     unconfirmed: list[analytic.Estimate]  # in range, not simulated (ordered by estimate)
     pruned: list[analytic.Estimate]  # outside the bottleneck-free range
     demand: analytic.Demand
@@ -96,34 +116,58 @@ def make_plan(req: PlanRequest, ctx: Context) -> Plan:
         raise InputError(f"every configuration of {req.gpus} GPUs is outside the bottleneck-free range for "
                          f"{', '.join(req.modes)}; add basic to --mode or change --gpus")
     choices: list[Choice] = []
+    outranked: list[Outranked] = []
     batch = survivors[: req.confirm]
     while batch:
-        choices += _simulate(req, ctx, demand.num_turns, batch)
-        batch = _neighbours(rank(choices, req.objective)[0], survivors, choices)
-    done = {(c.estimate.shape.pd, c.estimate.mode) for c in choices}
+        bound = _bound(req, rank(choices, req.objective)[0]) if choices else None
+        got, stopped = _simulate(req, ctx, demand.num_turns, batch, bound)
+        choices += got
+        outranked += stopped
+        done = {(e.shape.pd, e.mode) for e in [c.estimate for c in choices] + [o.estimate for o in outranked]}
+        batch = _neighbours(rank(choices, req.objective)[0], survivors, done)
     rest = [e for e in survivors if (e.shape.pd, e.mode) not in done]
-    return Plan(req, rank(choices, req.objective), rest, pruned, demand)
+    return Plan(req, rank(choices, req.objective), outranked, rest, pruned, demand)
 
 
-def _simulate(req: PlanRequest, ctx: Context, num_turns: int, batch: list[analytic.Estimate]) -> list[Choice]:
-    """One batch of configurations: simulated at the given load (`jct`) or searched for their
-    highest load within the SLOs (`goodput`)."""
+def _bound(req: PlanRequest, best: Choice) -> RunBound | None:
+    """What a later simulation must beat to rank above `best` (step 5): a shorter JCT, or meeting
+    SLOs that `best` misses; None where that cannot be told before the end (the goodput objective,
+    or a missed TPOT SLO alone: a mean can still come down)."""
+    if req.objective != "jct":
+        return None
+    if best.meets_slo:
+        return RunBound(best.predicted["jct_s"])
+    if req.slo_ttft_p99_s is None:
+        return None
+    return RunBound(best.predicted["jct_s"], req.slo_ttft_p99_s)
+
+
+def _simulate(req: PlanRequest, ctx: Context, num_turns: int, batch: list[analytic.Estimate],
+              bound: RunBound | None) -> tuple[list[Choice], list[Outranked]]:
+    """One batch of configurations: simulated at the given load (`jct`, each stopped at `bound`
+    once it cannot come first) or searched for their highest load within the SLOs (`goodput`)."""
     wl = req.workload
     if req.objective == "goodput":
         searches = goodput.search(
             batch, lambda b: wl.simulate(ctx, req.model, [(e.shape, unit_mode(e.shape, e.mode), f) for e, f in b]),
             lambda run: _meets(req, latencies(run)))
-        return [_choice(req, num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches]
-    results = wl.simulate(ctx, req.model, [(e.shape, unit_mode(e.shape, e.mode), 1.0) for e in batch])
-    return [_choice(req, num_turns, e, r) for e, r in zip(batch, results)]
+        return [_choice(req, num_turns, s.estimate, s.reported[1], s.reported[0], s.runs) for s in searches], []
+    results = wl.simulate(ctx, req.model, [(e.shape, unit_mode(e.shape, e.mode), 1.0) for e in batch], bound)
+    got, stopped = [], []
+    for e, r in zip(batch, results):
+        if "stopped" in r:
+            s = r["stopped"]
+            stopped.append(Outranked(e, s["jct_above_s"], s["bound_jct_s"], s["bound_ttft_p99_s"] is not None))
+        else:
+            got.append(_choice(req, num_turns, e, r))
+    return got, stopped
 
 
-def _neighbours(best: Choice, survivors: Sequence[analytic.Estimate], done: Sequence[Choice]) -> list[analytic.Estimate]:
-    """What the best simulated configuration's neighbours are and no simulation has seen yet: its
-    shape one prefill node more or less in the same mode, and its shape in the other modes. The
-    search climbs until the best has none left (the simulated JCT or goodput moves smoothly with
-    P/D, so a better configuration next to the best estimates is found this way)."""
-    seen = {(c.estimate.shape.pd, c.estimate.mode) for c in done}
+def _neighbours(best: Choice, survivors: Sequence[analytic.Estimate], seen: set[tuple[str, str]]) -> list[analytic.Estimate]:
+    """What the best simulated configuration's neighbours are and no simulation has seen yet (`seen`:
+    P/D and mode): its shape one prefill node more or less in the same mode, and its shape in the
+    other modes. The search climbs until the best has none left (the simulated JCT or goodput moves
+    smoothly with P/D, so a better configuration next to the best estimates is found this way)."""
     b = best.estimate
     return [e for e in survivors if (e.shape.pd, e.mode) not in seen and (
         (e.mode == b.mode and abs(e.shape.num_prefill_nodes - b.shape.num_prefill_nodes) == 1) or e.shape.pd == b.shape.pd)]

@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..experiments.batch import simulate_many
 from ..experiments.common import Context
 from ..experiments.simrun import SimSpec
+from ..sim.bound import RunBound
 from ..parsing import format_tokens
 from .space import Shape
 
@@ -55,9 +56,13 @@ class Generated:
         """The same agents arriving `load` times as fast (online only)."""
         return self if load == 1.0 or self.aps is None else replace(self, aps=self.aps * load)
 
-    def simulate(self, ctx: Context, model: str, configs: Sequence[tuple[Shape, str, float]]) -> list[dict[str, Any]]:
-        """One batch: each (shape, mode, load) at its unit."""
-        return simulate_many(ctx, [self.at_load(f).unit_spec(model, s, m) for s, m, f in configs])
+    def simulate(self, ctx: Context, model: str, configs: Sequence[tuple[Shape, str, float]],
+                 bound: RunBound | None = None) -> list[dict[str, Any]]:
+        """One batch: each (shape, mode, load) at its unit, stopped at `bound` (sim/bound.py)."""
+        specs = [self.at_load(f).unit_spec(model, s, m) for s, m, f in configs]
+        if bound is not None:
+            specs = [replace(spec, bound_jct_s=bound.jct_s, bound_ttft_p99_s=bound.ttft_p99_s) for spec in specs]
+        return simulate_many(ctx, specs)
 
     def unit_spec(self, model: str, shape: Shape, mode: str) -> SimSpec:
         k = shape.copies
@@ -133,15 +138,17 @@ class Trace:
         """The same requests, their timestamps divided by `load`."""
         return self if load == 1.0 else replace(self, time_scale=self.time_scale / load)
 
-    def simulate(self, ctx: Context, model: str, configs: Sequence[tuple[Shape, str, float]]) -> list[dict[str, Any]]:
-        """One batch: each (shape, mode, load) whole, as `dualpath sim --trace` runs it."""
+    def simulate(self, ctx: Context, model: str, configs: Sequence[tuple[Shape, str, float]],
+                 bound: RunBound | None = None) -> list[dict[str, Any]]:
+        """One batch: each (shape, mode, load) whole, as `dualpath sim --trace` runs it, stopped at
+        `bound` (sim/bound.py)."""
         from ..sim.runner import TraceReplay, run_mode
 
         args = []
         for shape, mode, load in configs:
             cfg = SimConfig(cluster=paper_cluster(model, shape.pd),
                             workload=WorkloadConfig(max_len_tokens=self.max_len_tokens, trajectory_file=self.path))
-            args.append((cfg, mode, TraceReplay(self.at_load(load).time_scale, self.limit)))
+            args.append((cfg, mode, TraceReplay(self.at_load(load).time_scale, self.limit), True, bound))
         results: list[Any] = [None] * len(args)
 
         def landed(i: int, result: dict[str, Any]) -> None:

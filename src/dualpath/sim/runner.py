@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from ..config import SimConfig, parse_mode
 from ..errors import InputError
 from .hits import TraceRequest
+from .bound import RunBound
 from .simulator import Simulator
 
 Progress = Callable[[str, int, int], None]
@@ -153,13 +154,15 @@ def sim_trace(sim: Simulator) -> dict[str, Any]:
     return sim.ctx.timeline.to_chrome("sim")
 
 
-def run_mode(cfg: SimConfig, mode: str, replay: TraceReplay = TraceReplay(), with_progress: bool = True) -> dict[str, Any]:
+def run_mode(cfg: SimConfig, mode: str, replay: TraceReplay = TraceReplay(), with_progress: bool = True,
+             bound: RunBound | None = None) -> dict[str, Any]:
     """One mode of `run_modes` on its own (a Ray task of `dualpath sim --ray`): the same result as
     there. `with_progress`: run as `run_modes` does with a progress callback (the simulator's
-    loop then runs in chunks and stops a little later, which moves the end-of-run clock)."""
+    loop then runs in chunks and stops a little later, which moves the end-of-run clock);
+    `bound`: stop once the run cannot come first (bound.py; `dualpath plan`)."""
     work = load_workload(cfg, replay)
     sim = Simulator(cfg, parse_mode(mode), work.agents, work.arrivals_s)
-    result = sim.run(progress=(lambda done, total: None) if with_progress else None)
+    result = sim.run(progress=(lambda done, total: None) if with_progress else None, bound=bound)
     result["mode"] = mode
     return result
 

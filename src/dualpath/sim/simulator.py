@@ -49,6 +49,7 @@ from .persists import PersistWrites, PlacementGate
 from .lifecycle import SimContext, TurnLifecycle
 from .prefill import PrefillGroup
 from .reads import StorageReads
+from .bound import BoundWatch, RunBound
 from .results import build_result
 from .state import Agent, Engine, Node, SimRequest
 
@@ -391,8 +392,9 @@ class Simulator(TurnLifecycle):
             if horizon is None or nxt <= horizon:
                 self.loop.call_at(nxt, self._sample, None, PRIO_SAMPLE)
 
-    def run(self, progress: Any = None) -> dict[str, Any]:
-        """Run until every agent finishes, or until the workload's horizon (online runs).
+    def run(self, progress: Any = None, bound: RunBound | None = None) -> dict[str, Any]:
+        """Run until every agent finishes, or until the workload's horizon (online runs); with a
+        `bound` (bound.py, offline only), stop earlier once the run cannot come first.
 
         The workload and the cluster, built before, live as long as the run: they leave the cyclic
         garbage collector's sight for it (`gc.freeze`). A 48P96D run's 49,152 agents hold millions of
@@ -407,13 +409,13 @@ class Simulator(TurnLifecycle):
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._run(progress, t0)
+            return self._run(progress, t0, bound)
         finally:
             if was_enabled:
                 gc.enable()
             gc.unfreeze()
 
-    def _run(self, progress: Any, t0: float) -> dict[str, Any]:
+    def _run(self, progress: Any, t0: float, bound: RunBound | None = None) -> dict[str, Any]:
         for agent in self.agents:
             self.loop.call_at(agent.arrival_s, self._arrive, agent, PRIO_ARRIVAL)
         self.loop.call_at(0.0, self._sample, None, PRIO_SAMPLE)
@@ -422,10 +424,16 @@ class Simulator(TurnLifecycle):
         every = self.cfg.check_invariants_every
         total = len(self.agents)
         step = every or 20000
-        chunked = bool(every or progress is not None)
+        chunked = bool(every or progress is not None or bound is not None)
+        if bound is not None and (horizon is not None or self.cfg.workload.warmup_s):
+            raise ValueError("a run bound is for a run to its last agent, with no horizon and no warm-up")
+        watch = None if bound is None else BoundWatch(bound, self.recorder, self.agents)
         while self.loop.pending and self.num_agents_done < total and self.loop.now_s < until:
             before = self.loop.num_events
-            if chunked:
+            if watch is not None:
+                if self._run_watched(until, step, watch):
+                    return watch.stopped_result(self.loop.now_s, time.perf_counter() - t0)
+            elif chunked:
                 self.loop.run(until_s=until, stop=_counter_stop(step))
             else:
                 self.loop.run(until_s=until, stop_when_halted=True)  # halted when the last agent finishes
@@ -440,6 +448,24 @@ class Simulator(TurnLifecycle):
         self._sample(None)
         self.check_invariants()
         return build_result(self, time.perf_counter() - t0)
+
+    def _run_watched(self, until: float, step: int, watch: BoundWatch) -> bool:
+        """One chunk of `step` events, as `_run` runs it, in 20 parts with the bound checked after
+        each (bound.py): the same events in the same order, so a run that does not stop ends as an
+        unbounded one does; True: stopped at the bound."""
+        part = max(1, step // 20)
+        left = step
+        total = len(self.agents)
+        while left > 0:
+            n = min(part, left)
+            before = self.loop.num_events
+            self.loop.run(until_s=until, stop=_counter_stop(n))
+            if self.num_agents_done < total and watch.passed(self.loop.now_s):
+                return True
+            if self.loop.num_events - before < n:  # the heap ran out (or the horizon): the chunk ends here too
+                return False
+            left -= n
+        return False
 
     # --- ledgers -------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -86,13 +86,30 @@ def _example(d: Node, rel: str, command: str) -> str:
             else f"a Mooncake trace ({num(d['demand']['turns'])} requests in {num(d['demand']['agents'])} conversations)")
     text = (f"`{command} {EXAMPLE_FLAGS}` (`{rel.removeprefix('plan/').removesuffix('.json')}`): {req['model']}, "
             f"{req['gpus']} GPUs, {what}, objective {req['objective']}: "
-            f"{len(d['ranked'])} configurations simulated, {len(d['unconfirmed'])} estimated only, {len(d['pruned'])} "
+            f"{len(d['ranked']) + len(d.get('outranked', []))} configurations simulated"
+            f"{_stopped(d)}, {len(d['unconfirmed'])} estimated only, {len(d['pruned'])} "
             f"outside the bottleneck-free range, in **{sig(d['wall_s'])} s** on this machine "
-            f"({d.get('build', 'pure')} simulator; {met(d['wall_s'] < PLAN_TIME_GOAL_S)} against {num(PLAN_TIME_GOAL_S)} s). "
+            f"({d.get('build', 'pure')} simulator{_machine(d)}; {met(d['wall_s'] < PLAN_TIME_GOAL_S)} against "
+            f"{num(PLAN_TIME_GOAL_S)} s). "
             f"{'Some' if d['any_meets_slo'] else 'No'} simulated configuration meets the SLOs. First choice: "
             f"`{best['commands']['sim']}`." + (f" The first {SHOWN}:" if len(d["ranked"]) > SHOWN else ""))
     header = ["#", "P/D", "mode", "simulated as", "JCT s", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "SLO", "binding"]
     return text + "\n\n" + table(header, rows)
+
+
+def _machine(d: Node) -> str:
+    """The machine's speed around the plan (`dualpath bench sim-speed`'s heap task), where recorded."""
+    speed = d.get("machine_heap_ops_per_s")
+    if speed is None:
+        return ""
+    return (f"; the machine at {sig(speed['before'] / 1e6)} and {sig(speed['after'] / 1e6)} M heap operations/s "
+            f"before and after, `dualpath bench sim-speed`'s measure")
+
+
+def _stopped(d: Node) -> str:
+    """How many simulations stopped at their bound (plan/search.py step 5), and that they are not ranked."""
+    n = len(d.get("outranked", []))
+    return f" ({n} stopped once they could not come first, not ranked)" if n else ""
 
 
 LOCAL_JSON = "plan/local_ranking.json"
