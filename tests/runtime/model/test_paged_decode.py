@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dualpath.runtime.model import LayerKV, OutOfBlocksError, PagedKVCache, layer_kv_to_bytes
@@ -89,6 +89,8 @@ _OPS = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
+@example(ops=[("add", 0, 0), ("add", 1, 0), ("decode", 0, 1), ("extend", 0, 0), ("decode", 0, 1)], block_tokens=1,
+         num_blocks=4, workspace=True)  # a write outside a step moves seq 1 to row 0: rows no longer in batch order
 @given(ops=_OPS, block_tokens=st.sampled_from([1, 2, 4]), num_blocks=st.integers(1, 12), workspace=st.booleans())
 def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks, workspace):
     """The ledger, every sequence's values and what a decode step reads hold under random adds,
@@ -121,8 +123,12 @@ def test_paged_cache_conservation_under_random_ops(ops, block_tokens, num_blocks
                     cache.write_decode(decode, layer, kv_new[:, None, None, None].expand(-1, 2, cfg.num_kv_heads, cfg.head_dim))
                 for s in batch:
                     shadow[s] += 1
-                k, v = cache.gather_decode(decode, 1)  # what attention reads: each row's values, in order
-                for row, s in enumerate(batch):
+                # what attention reads: each sequence's values, in order; from the workspace its rows are in
+                # row order (`decode.rows[i]`: the batch's i-th sequence's row; attend permutes around them)
+                k, v = cache.gather_decode(decode, 1)
+                rows = range(len(batch)) if decode.rows is None else decode.rows.tolist()
+                assert sorted(rows) == list(range(len(batch)))
+                for row, s in zip(rows, batch):
                     want = torch.arange(shadow[s], dtype=torch.float32) + 1000 * s
                     assert torch.equal(k[row, 0, : shadow[s], 0], want) and torch.equal(v[row, 0, : shadow[s], 0], want)
             elif op == "free" and seq in shadow:
