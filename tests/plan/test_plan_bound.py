@@ -81,3 +81,11 @@ def test_the_bound_is_what_a_later_result_must_beat(tmp_path):
     assert _bound(dataclasses.replace(req, slo_tpot_s=0.01), missed) is None  # a mean TPOT can still come down
     online = dataclasses.replace(with_ttft, workload=Scripted(32768, 64, 1, aps=1.0), objective="goodput")
     assert _bound(online, best) is None  # the goodput search runs each load to its end
+
+
+def test_no_bound_runs_every_simulation_to_its_end(tmp_path):
+    CALLS.clear()
+    wl = Scripted(32768, 64, 1)
+    plan = make_plan(PlanRequest("ds-27b", 64, wl, confirm=2, bound=False), Context(tmp_path, seed=1, use_disk_cache=False))
+    assert CALLS and all(b is None for _, _, b in CALLS) and not plan.outranked
+    assert len(plan.ranked) == len(CALLS)

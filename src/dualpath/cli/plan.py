@@ -45,6 +45,8 @@ def plan(
     slo_ttft_p99: Annotated[Optional[float], typer.Option(help="TTFT p99 SLO, seconds")] = None,
     slo_tpot: Annotated[Optional[float], typer.Option(help="mean TPOT SLO, seconds")] = None,
     confirm: Annotated[int, typer.Option(help="configurations simulated (the best estimates)")] = 4,
+    bound: Annotated[bool, typer.Option(help="stop a later simulation once it cannot come first (listed as "
+                                             "outranked); --no-bound: every simulation to its end")] = True,
     seed: Annotated[int, typer.Option(help="workload seed")] = 1,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the plan JSON here")] = None,
     plot_path: Annotated[Optional[Path], typer.Option("--plot", help="write the frontier PNG here")] = None,
@@ -69,7 +71,7 @@ def plan(
     if agents <= 0:
         raise InputError(f"--agents must be positive, got {agents}")
     workload = _workload(parse_tokens(max_len), agents, seed, aps, trace, time_scale, limit, tool_time)
-    req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm)
+    req = PlanRequest(model, gpus, workload, modes, objective, slo_ttft_p99, slo_tpot, confirm, bound)
     # with --json, the machine's speed before and after (bench/sim_speed.py's fixed task, not in wall_s):
     # a plan's time means little without it on a machine whose speed drifts
     speed = [heap_ops_per_s()] if json_path else []

@@ -33,7 +33,7 @@ def to_json(plan: Plan, wall_s: float) -> dict[str, Any]:
         "request": {
             "model": req.model, "gpus": req.gpus, "workload": req.workload.describe(), "modes": list(req.modes),
             "objective": req.objective,
-            "slo_ttft_p99_s": req.slo_ttft_p99_s, "slo_tpot_s": req.slo_tpot_s, "confirm": req.confirm,
+            "slo_ttft_p99_s": req.slo_ttft_p99_s, "slo_tpot_s": req.slo_tpot_s, "confirm": req.confirm, "bound": req.bound,
         },
         "demand": {"agents": plan.demand.num_agents, "turns": plan.demand.num_turns, "hit_tokens": plan.demand.hit_tokens,
                    "miss_tokens": plan.demand.miss_tokens, "gen_tokens": plan.demand.gen_tokens},

@@ -50,6 +50,7 @@ class PlanRequest:
     slo_ttft_p99_s: float | None = None
     slo_tpot_s: float | None = None
     confirm: int = 4  # survivors simulated first (then the best one's neighbours)
+    bound: bool = True  # step 5: later simulations stop once they cannot come first (False: every one to its end)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -132,8 +133,9 @@ def make_plan(req: PlanRequest, ctx: Context) -> Plan:
 def _bound(req: PlanRequest, best: Choice) -> RunBound | None:
     """What a later simulation must beat to rank above `best` (step 5): a shorter JCT, or meeting
     SLOs that `best` misses; None where that cannot be told before the end (the goodput objective,
-    or a missed TPOT SLO alone: a mean can still come down)."""
-    if req.objective != "jct":
+    or a missed TPOT SLO alone: a mean can still come down) or where the request asks for every
+    simulation to its end (`--no-bound`)."""
+    if req.objective != "jct" or not req.bound:
         return None
     if best.meets_slo:
         return RunBound(best.predicted["jct_s"])
