@@ -21,7 +21,7 @@ def whole():
 
 
 def _bounded(jct_s, ttft_p99_s=None):
-    return run_spec(dataclasses.replace(SPEC, bound_jct_s=jct_s, bound_ttft_p99_s=ttft_p99_s), SEED)
+    return run_spec(dataclasses.replace(SPEC, bound=RunBound(jct_s, ttft_p99_s)), SEED)
 
 
 def _same_but_wall(a, b):
@@ -68,6 +68,6 @@ def test_a_bound_is_refused_where_a_run_has_a_horizon_and_must_be_positive():
         RunBound(0.0)
     with pytest.raises(ValueError, match="TTFT p99"):
         RunBound(10.0, -1.0)
-    online = dataclasses.replace(SPEC, aps=2.0, horizon_s=20.0, bound_jct_s=5.0)
+    online = dataclasses.replace(SPEC, aps=2.0, horizon_s=20.0, bound=RunBound(5.0))
     with pytest.raises(ValueError, match="no horizon"):
         run_spec(online, SEED)

@@ -68,13 +68,7 @@ class SimSpec:
     gpu: str | None = None  # None = the preset's (h800)
     knobs: tuple[str, ...] = ()  # `--set` assignments applied to the presets; () = the presets
     tool_time_s: float = 0.0  # median tool time between an agent's rounds (workloads/tool_time.py; sigma 1)
-    # stop once the run cannot come first (sim/bound.py, `dualpath plan`): past this JCT, and with
-    # `bound_ttft_p99_s` only once its TTFT p99 must exceed that; None: run to the end
-    bound_jct_s: float | None = None
-    bound_ttft_p99_s: float | None = None
-
-    def bound(self) -> RunBound | None:
-        return None if self.bound_jct_s is None else RunBound(self.bound_jct_s, self.bound_ttft_p99_s)
+    bound: RunBound | None = None  # stop once the run cannot come first (sim/bound.py, `dualpath plan`); None: to the end
 
     def label(self) -> str:
         base = f"{self.model} {self.pd} {self.max_len_tokens // 1024}K {self.mode}"
@@ -83,8 +77,7 @@ class SimSpec:
             return f"{base} {self.aps:.3g} APS{knobs}"
         extra = "" if self.append_scale == self.gen_scale == 1.0 else f" A x{self.append_scale:g} G x{self.gen_scale:g}"
         extra += f" tool {self.tool_time_s:g} s" if self.tool_time_s else ""
-        bound = self.bound()
-        extra += f" ({bound.describe()})" if bound is not None else ""
+        extra += f" ({self.bound.describe()})" if self.bound is not None else ""
         return f"{base} {self.num_agents} agents{extra}{knobs}"
 
     def run_id(self) -> str:
@@ -155,8 +148,8 @@ def _cache_key(spec: SimSpec, seed: int) -> str:
         del fields["knobs"]  # the presets keep the keys they had before specs could carry knobs
     if not spec.tool_time_s:
         del fields["tool_time_s"]  # and the keys they had before specs could carry tool time
-    if spec.bound_jct_s is None:  # and before a run could be bounded
-        del fields["bound_jct_s"], fields["bound_ttft_p99_s"]
+    if spec.bound is None:  # and before a run could be bounded
+        del fields["bound"]
     blob = json.dumps({"spec": fields, "seed": seed, "code": code_fingerprint(), "probe": PROBE_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -219,7 +212,7 @@ def run_spec(spec: SimSpec, seed: int, progress: Callable[[int, int], None] = _n
     cfg = sim_config(spec, seed)
     trajs, arrivals = _trajectories(cfg)
     sim = Simulator(cfg, parse_mode(spec.mode), trajs, arrivals)
-    result = sim.run(progress=progress, bound=spec.bound())
+    result = sim.run(progress=progress, bound=spec.bound)
     result["mode"] = spec.mode
     result["spec"] = asdict(spec)
     result["seed"] = seed

@@ -59,10 +59,7 @@ class Generated:
     def simulate(self, ctx: Context, model: str, configs: Sequence[tuple[Shape, str, float]],
                  bound: RunBound | None = None) -> list[dict[str, Any]]:
         """One batch: each (shape, mode, load) at its unit, stopped at `bound` (sim/bound.py)."""
-        specs = [self.at_load(f).unit_spec(model, s, m) for s, m, f in configs]
-        if bound is not None:
-            specs = [replace(spec, bound_jct_s=bound.jct_s, bound_ttft_p99_s=bound.ttft_p99_s) for spec in specs]
-        return simulate_many(ctx, specs)
+        return simulate_many(ctx, [replace(self.at_load(f).unit_spec(model, s, m), bound=bound) for s, m, f in configs])
 
     def unit_spec(self, model: str, shape: Shape, mode: str) -> SimSpec:
         k = shape.copies
