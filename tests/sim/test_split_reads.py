@@ -132,3 +132,20 @@ def test_split_reads_pay_off_where_the_pe_side_reads_at_half_rate():
 def test_split_reads_cost_nothing_on_a_balanced_cluster():
     dual, split = _pair("1P1D", 32, 32768, 1.0)
     assert split["jct_s"] <= 1.01 * dual["jct_s"]
+
+
+def test_with_agents_that_wait_dualpath_reads_on_the_slow_side_and_a_split_halves_the_wait():
+    """Agents arriving online and waiting for tools (experiments/beyond.py `waiting_points`): the
+    read queues are mostly empty when a request is placed, an empty queue on both sides is a tie,
+    and the read-side rule gives a tie to the PE node, whose SNIC here reads at half rate. So
+    dualpath reads nearly every hit on the slow side; a split reads on both, and the median TTFT
+    falls while the JCT, set by the agents' own chains, stays."""
+    cl = replace(paper_cluster("ds-27b", "2P1D"), prefill_snic_scale=0.5)
+    work = WorkloadConfig(max_len_tokens=65536, num_agents=32, seed=3, arrival_aps=1.0, tool_time_median_s=5.0)
+    dual, split = run_modes(SimConfig(cluster=cl, workload=work), ["dualpath", "dualpath+split"])["runs"]
+    assert _read_bytes(split) == pytest.approx(_read_bytes(dual), rel=1e-12)
+    assert dual["bytes"]["storage_to_prefill"] > 0.95 * _read_bytes(dual)  # the ties, on the half-rate side
+    assert split["bytes"]["storage_via_decode"] > 0.5 * _read_bytes(split)  # the faster side reads the larger part
+    assert split["ttft_s"]["p50"] < 0.8 * dual["ttft_s"]["p50"]
+    assert split["ttft_s"]["p99"] < dual["ttft_s"]["p99"]
+    assert split["jct_s"] <= 1.01 * dual["jct_s"]
