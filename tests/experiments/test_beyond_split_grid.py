@@ -15,7 +15,7 @@ from dualpath.costmodel.models import get_model
 from dualpath.docs.blocks.beyond import BEYOND_JSON, beyond
 from dualpath.docs.results import Loaded, Results
 from dualpath.experiments import beyond as experiment
-from dualpath.experiments.common import Context
+from dualpath.experiments.common import RECHECK_SEEDS, Context
 from dualpath.experiments.suite import resolve_names, run_suite
 
 # Total hit bytes are sums of integer byte counts (whole tokens times KV bytes per token), exact in
@@ -108,7 +108,7 @@ def test_goal_verdicts_follow_from_the_numbers(quick):
         recheck = r.get("recheck")
         assert (recheck is None) == r["goal"]["no_regression"], r["point"]
         if recheck is not None:
-            assert recheck["seeds"] == [2, 3, 4, 5] and len(recheck["split_jct_over_dualpath"]) == experiment.RECHECK_SEEDS
+            assert recheck["seeds"] == [2, 3, 4, 5] and len(recheck["split_jct_over_dualpath"]) == RECHECK_SEEDS
             assert recheck["num_no_regression"] == sum(x <= 1.01 for x in recheck["split_jct_over_dualpath"])
             assert all(_finite(x) and x > 0 for x in recheck["split_jct_over_dualpath"])
     goals = data["goals"]

@@ -16,7 +16,7 @@ from dualpath.costmodel.models import get_model
 from dualpath.docs.blocks.beyond import SELECTIVE_JSON, selective
 from dualpath.docs.results import Loaded, Results
 from dualpath.experiments import selective as experiment
-from dualpath.experiments.common import Context
+from dualpath.experiments.common import RECHECK_SEEDS, Context
 from dualpath.experiments.suite import resolve_names, run_suite
 
 
@@ -67,6 +67,11 @@ def test_goal_verdicts_follow_from_the_numbers(quick):
         over = m["dualpath+selective"]["jct_s"] / min(m["dualpath"]["jct_s"], m["selective"]["jct_s"])
         assert r["goal"]["jct_over_better"] == pytest.approx(over) and r["goal"]["holds"] == (over <= 1.0)
     assert data["goals"]["num_hold"] == sum(r["goal"]["holds"] for r in data["table"])
+    for r in data["table"]:  # a failing point is run again on other seeds, and only a failing one
+        assert ("recheck" in r) == (not r["goal"]["holds"]), r["point"]
+        if "recheck" in r:
+            xs = r["recheck"]["jct_over_better"]
+            assert len(xs) == RECHECK_SEEDS and r["recheck"]["num_hold"] == sum(x <= 1.0 for x in xs)
     nan = {"jct_s": float("nan")}
     assert not experiment.goal({"dualpath": {"jct_s": 1.0}, "selective": {"jct_s": 2.0}, "dualpath+selective": nan})["holds"]
 
@@ -79,3 +84,21 @@ def test_the_docs_block_renders_the_json(quick, tmp_path):
     goals = data["goals"]
     assert f"**{goals['num_hold']} of {goals['num_points']} points**" in text
     assert all(f"| {r['point']} |" in text for r in data["table"])
+
+
+def test_a_failing_point_is_run_again_on_other_seeds(tmp_path):
+    """`recheck` on a table whose first point is marked failing (the full run's DS 27B 1P1D 64K
+    was): its ratios are the goal's, dualpath+selective's JCT over the better of the other two,
+    simulated on each other seed; no other point is run again."""
+    ctx = Context(tmp_path, scale="quick", seed=1)
+    points = experiment.grid(ctx)
+    table = [{"goal": {"holds": i != 0}} for i in range(len(points))]
+    experiment.recheck(ctx, table)
+    assert all("recheck" not in r for r in table[1:])
+    got = table[0]["recheck"]
+    assert got["seeds"] == [2, 3, 4, 5]
+    for seed, x in zip(got["seeds"], got["jct_over_better"]):
+        other = Context(tmp_path, scale="quick", seed=seed)
+        jct = {m: experiment.simulate(other, points[0].spec(m))["jct_s"] for m in ("dualpath", "selective", "dualpath+selective")}
+        assert x == pytest.approx(jct["dualpath+selective"] / min(jct["dualpath"], jct["selective"]), rel=1e-12)
+    assert len(set(got["jct_over_better"])) > 1

@@ -32,7 +32,7 @@ The goals of split reads, evaluated per point from these numbers (`goal`), not a
   1. on every point split's JCT is at most 1% over dualpath's (NO_REGRESSION_JCT_FRACTION);
   2. on an unbalanced point it also lowers JCT by at least 5% (UNBALANCED_JCT_GAIN_FRACTION) or
      TTFT p99 by at least 15% (UNBALANCED_TTFT_P99_GAIN_FRACTION).
-A point over the line of goal 1 is run again on RECHECK_SEEDS other workloads (`recheck`), whose
+A point over the line of goal 1 is run again on common.RECHECK_SEEDS other workloads (`recheck`), whose
 ratios the table shows beside the verdict (which stays the run's seed's). They compare with no number of the paper, so the experiment has no headlines and adds nothing to
 the report's count of agreements with the paper.
 
@@ -50,11 +50,12 @@ Not part of the default suite (registry.OPT_IN): `dualpath repro --only beyond -
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from . import fig7, fig8
-from .common import MODE_COLORS, Context, ExperimentOutput, fmt, grouped_bars, md_table, pyplot, ratio, save_figure, scale_note
+from .common import (MODE_COLORS, Context, ExperimentOutput, fmt, grouped_bars, md_table, other_seeds, pyplot, ratio,
+                     save_figure, scale_note)
 from .simrun import SimSpec, simulate
 
 NAME = "beyond"
@@ -79,10 +80,6 @@ WAITING_APS = 1.0
 NO_REGRESSION_JCT_FRACTION = 0.01
 UNBALANCED_JCT_GAIN_FRACTION = 0.05
 UNBALANCED_TTFT_P99_GAIN_FRACTION = 0.15
-# choice: a point whose split JCT is over the no-regression line is run again on this many other
-# workloads (`recheck`): an offline batch's JCT is its slowest agent's finish, so one workload's
-# ratio within a few percent of 1 can be that agent's, not the rule's
-RECHECK_SEEDS = 4
 FIGURE_RATIO_CAP = 2.0  # the figure's axes end here (`_figure`)
 RESOURCES = {"pe_snic_read": "PE SNIC", "de_snic_read": "DE SNIC", "pe_compute": "PE compute"}
 
@@ -179,17 +176,14 @@ def _row(point: GridPoint, results: dict[str, dict[str, Any]]) -> dict[str, Any]
 
 def recheck(ctx: Context, table: list[dict[str, Any]]) -> None:
     """Each point whose split JCT is over the no-regression line gets `recheck`: split's JCT over
-    dualpath's on RECHECK_SEEDS other workloads (seeds after the run's), in place. The verdict stays
+    dualpath's on common.RECHECK_SEEDS other workloads (seeds after the run's), in place. The verdict stays
     the run's seed's; the other workloads say whether the rule or one agent's finish put it there."""
     for point, row in zip(points(ctx), table):
         if row["goal"]["no_regression"]:
             continue
-        seeds = list(range(ctx.seed + 1, ctx.seed + 1 + RECHECK_SEEDS))
-        ratios = []
-        for seed in seeds:
-            other = replace(ctx, seed=seed)
-            ratios.append(ratio(simulate(other, point.spec(SPLIT))["jct_s"], simulate(other, point.spec(BASELINE))["jct_s"]))
-        row["recheck"] = {"seeds": seeds, "split_jct_over_dualpath": ratios,
+        others = other_seeds(ctx)
+        ratios = [ratio(simulate(o, point.spec(SPLIT))["jct_s"], simulate(o, point.spec(BASELINE))["jct_s"]) for o in others]
+        row["recheck"] = {"seeds": [o.seed for o in others], "split_jct_over_dualpath": ratios,
                           "num_no_regression": sum(x <= 1 + NO_REGRESSION_JCT_FRACTION for x in ratios)}
 
 

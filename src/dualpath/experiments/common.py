@@ -280,6 +280,17 @@ def headline_table(headlines: Sequence[Headline], counts_as: Sequence[str] | Non
     return md_table(headers + (["counts as"] if counts_as is not None else []), rows)
 
 
+# choice: a goal missed on the run's seed is checked on this many other workloads (`other_seeds`):
+# an offline batch's JCT is its slowest agent's finish, so a ratio within a few percent of a goal's
+# line on one workload can be that agent's, not the policy's
+RECHECK_SEEDS = 4
+
+
+def other_seeds(ctx: Context, n: int = RECHECK_SEEDS) -> list[Context]:
+    """`ctx` on the n seeds after its own (its memo and caches shared: each run is keyed by its seed)."""
+    return [replace(ctx, seed=seed) for seed in range(ctx.seed + 1, ctx.seed + 1 + n)]
+
+
 def scale_note(ctx: Context) -> str:
     if ctx.scale == "full":
         return ""
