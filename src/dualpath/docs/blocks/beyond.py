@@ -27,19 +27,21 @@ def beyond(r: Results) -> str:
             f"{g['num_unbalanced']}.")
     header = ["point", "agents", *(f"JCT s {m}" for m in MODES), "split JCT / dualpath", "split TTFT p99 / dualpath",
               "split TTFT p50 / dualpath", "PE / DE path GB, dualpath", "PE / DE path GB, split", "binding, dualpath / split", "goal"]
-    return text + _rechecks(d["table"], t["no_regression_jct_fraction"]) + "\n\n" + table(header, rows)
+    rechecks = _rechecks(d["table"], "split_jct_over_dualpath", "split_jct_over_dualpath", "num_no_regression",
+                         "split's JCT over dualpath's", f"within {pct(t['no_regression_jct_fraction'], 0, False)}")
+    return text + rechecks + "\n\n" + table(header, rows)
 
 
-def _rechecks(points: list, line: float) -> str:
-    """The points over the no-regression line, each run again on other workloads (beyond.recheck)."""
+def _rechecks(points: list, ratios_key: str, goal_key: str, count_key: str, what: str, verdict: str) -> str:
+    """The points whose goal failed on the run's seed, each run again on other workloads
+    (experiments/common.py `other_seeds`): the seed's ratio, the other seeds' and how many hold."""
     out = []
     for p in points:
         r = p.get("recheck")
         if r is not None:
-            ratios = ", ".join(ratio(x, 3) for x in r["split_jct_over_dualpath"])
-            out.append(f" {p['point']}, over the line at {ratio(p['goal']['split_jct_over_dualpath'], 3)}, run again on "
-                       f"seeds {r['seeds'][0]} to {r['seeds'][-1]}: split's JCT over dualpath's {ratios}, within "
-                       f"{pct(line, 0, False)} on {r['num_no_regression']} of {len(r['seeds'])}.")
+            ratios = ", ".join(ratio(x, 3) for x in r[ratios_key])
+            out.append(f" {p['point']}, at {ratio(p['goal'][goal_key], 3)}, run again on seeds {r['seeds'][0]} to "
+                       f"{r['seeds'][-1]}: {what} {ratios}, {verdict} on {r[count_key]} of {len(r['seeds'])}.")
     return "".join(out)
 
 
@@ -182,22 +184,11 @@ def selective(r: Results) -> str:
     text = (f"Scale `{d['scale']}`, seed {d['seed']}, simulator code `{d['simulator_code']}`, {num(d['num_sims'])} "
             f"simulations ({num(d['sim_wall_s'])} s). Threshold {num(d['default_threshold_tokens'])} uncached tokens. "
             f"The goal (dualpath+selective's JCT at most the better of dualpath's and selective's) holds on "
-            f"**{g['num_hold']} of {g['num_points']} points**." + _selective_rechecks(d["table"]))
+            f"**{g['num_hold']} of {g['num_points']} points**."
+            + _rechecks(d["table"], "jct_over_better", "jct_over_better", "num_hold", "dualpath+selective's JCT over the better",
+                        "the goal holding"))
     sweep_header = ["point", "mode", "threshold, tokens", "local turns", "JCT x dualpath", "TTFT p99 x dualpath", "TPOT ms"]
     return text + "\n\n" + table(header, rows) + "\n\nThe threshold sweep:\n\n" + table(sweep_header, sweep)
-
-
-def _selective_rechecks(points: list) -> str:
-    """The points where the goal fails, each run again on other workloads (selective.recheck)."""
-    out = []
-    for p in points:
-        r = p.get("recheck")
-        if r is not None:
-            ratios = ", ".join(ratio(x, 3) for x in r["jct_over_better"])
-            out.append(f" {p['point']}, at {ratio(p['goal']['jct_over_better'], 3)} of the better, run again on seeds "
-                       f"{r['seeds'][0]} to {r['seeds'][-1]}: {ratios}, the goal holding on {r['num_hold']} of "
-                       f"{len(r['seeds'])}.")
-    return "".join(out)
 
 
 DRAM_JSON = "beyond/dram.json"
