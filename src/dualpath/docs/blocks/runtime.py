@@ -10,6 +10,7 @@ from ..results import Node, Results
 # held-out workloads: no part of the `local` preset was developed on them (docs/results.md, fidelity);
 # the agents workload's first run and its rerun (the same command, no code changed between them)
 FIDELITY_RUNS = {"fidelity/heldout_agents_24k.json": "", "fidelity/heldout_mooncake_1000s.json": "",
+                 "fidelity/heldout_mooncake_450s.json": "",
                  "fidelity/heldout_agents_24k_split.json": "", "fidelity/heldout_agents_64k_selective.json": "",
                  "fidelity/heldout_agents_24k_dram.json": ""}
 
@@ -182,7 +183,7 @@ def _speeds(mode: Node) -> str:
 @block("fidelity", reads=tuple(FIDELITY_RUNS),
        command=("dualpath fidelity --workload W --calibrate-on C [--calibrate-on C ...] --repeat R "
                 "--json docs/results/fidelity/heldout_F.json --plot docs/results/fidelity/heldout_F.png "
-                "(W, C, R and the modes per row below; F: agents_24k, mooncake_1000s, agents_24k_split, "
+                "(W, C, R and the modes per row below; F: agents_24k, mooncake_1000s, mooncake_450s, agents_24k_split, "
                 "agents_64k_selective, agents_24k_dram)"))
 def fidelity(r: Results) -> str:
     rows, held, unresolved, missed = [], 0, [], []
@@ -192,7 +193,7 @@ def fidelity(r: Results) -> str:
         for name, mode in f["modes"].items():
             errs, stats = mode["errors"], mode["runtime"]
             for g in GOAL_LABELS:
-                what = f"{f['workload'].split(':')[0]}{label} {name} {GOAL_LABELS[g]}"
+                what = f"{_short(f['workload'])}{label} {name} {GOAL_LABELS[g]}"
                 if errs["predicted"][g]["verdict"] in HOLDS:
                     held += 1
                 elif errs["predicted"][g]["verdict"] == "noise exceeds goal":
@@ -213,6 +214,13 @@ def fidelity(r: Results) -> str:
             + (f"; missed: {'; '.join(missed)}." if missed else "."))
     return (table(["workload, mode", "calibrated on", "runs", *GOAL_LABELS.values(), "bytes PE / DE path",
                    "predicted speed: prefill; decode"], rows) + "\n\n" + text)
+
+
+def _short(workload: str) -> str:
+    """A workload's name in a list of goals; a trace slice with where it starts (`mooncake@1000s`)."""
+    name, _, settings = workload.partition(":")
+    start = dict(kv.split("=", 1) for kv in settings.split(",") if "=" in kv).get("start_s")
+    return f"{name}@{start}s" if name == "mooncake" and start is not None else name
 
 
 DRAM_COPY_RUNS = {
