@@ -14,8 +14,8 @@ Grid (`grid`), offline batches as Figs. 7 and 8 run them (`simrun.SimSpec`, the 
     waits for its tools between rounds (log-normal, median WAITING_TOOL_TIME_S) and the agents
     arrive online (Poisson, WAITING_APS a second), so no start burst sets the tail and the read
     queues are mostly empty when a request is placed. An empty queue on both sides is a tie, which
-    the read-side rule gives to the PE node: dualpath then reads nearly every hit through the
-    half-rate PE SNIC, while a split reads it through both.
+    the read-side rule gives to the PE node: dualpath then reads most of the hit bytes through the
+    half-rate PE SNICs, while a split reads each hit through both.
 Modes: basic, dualpath, dualpath+split, oracle (config.parse_mode), all on one workload per point.
 `grid` is the offline part, which experiments/policies.py runs every mode on; `points` adds the
 waiting agents.
@@ -32,15 +32,16 @@ The goals of split reads, evaluated per point from these numbers (`goal`), not a
   1. on every point split's JCT is at most 1% over dualpath's (NO_REGRESSION_JCT_FRACTION);
   2. on an unbalanced point it also lowers JCT by at least 5% (UNBALANCED_JCT_GAIN_FRACTION) or
      TTFT p99 by at least 15% (UNBALANCED_TTFT_P99_GAIN_FRACTION).
-A point over the line of goal 1 is run again on common.RECHECK_SEEDS other workloads (`recheck`), whose
-ratios the table shows beside the verdict (which stays the run's seed's). They compare with no number of the paper, so the experiment has no headlines and adds nothing to
-the report's count of agreements with the paper.
+A point over the line of goal 1 is run again on common.RECHECK_SEEDS other workloads (`recheck`),
+whose ratios the table shows beside the verdict (which stays the run's seed's). The goals compare
+with no number of the paper, so the experiment has no headlines and adds nothing to the report's
+count of agreements with the paper.
 
 Agent counts (`agent_counts`): 512 per point, Fig. 8's smallest count for DS 27B [F] and half of
 Fig. 7's smallest for DS 660B, so that the full run's 56 simulations stay well within ~20 minutes
 (the offline grid's 40 took 528 s of simulation here, serially, pure build; 3-30 s each, 64K runs
-the longest: an agent runs ~157 turns at 64K, ~60 at 32K; the waiting agents' runs are as long). Fig. 7's 1,024 to 4,096
-agents would take 2-8 times as long. At 512 agents the reads carry load (the most utilised
+the longest: an agent runs ~157 turns at 64K, ~60 at 32K; the waiting agents' runs are as long).
+Fig. 7's 1,024 to 4,096 agents would take 2-8 times as long. At 512 agents the reads carry load (the most utilised
 resource reaches 0.8-0.95 on the 64K DS 27B points), but the paper's largest, most storage-bound
 points are not reached. `--quick` runs 16 agents per point (~30 s in all;
 tests/experiments/test_beyond_split_grid.py): too few to load any resource.
@@ -91,7 +92,7 @@ class GridPoint:
     pd: str
     max_len_tokens: int
     num_agents: int
-    origin: str  # "fig7", "fig8" or "unbalanced": which clusters it comes from
+    origin: str  # "fig7", "fig8", "unbalanced" or "unbalanced, waiting": which clusters and agents it comes from
     prefill_snic_scale: float = 1.0  # ClusterConfig.prefill_snic_scale
     tool_time_s: float = 0.0  # median tool time between an agent's rounds (0: back to back, offline)
     aps: float | None = None  # online: Poisson agent arrivals per second (None: every agent at t = 0)
@@ -170,14 +171,15 @@ def _row(point: GridPoint, results: dict[str, dict[str, Any]]) -> dict[str, Any]
     modes = over_dualpath({m: mode_metrics(r, point.num_prefill_nodes) for m, r in results.items()})
     return {"point": point.label, "model": point.model, "pd": point.pd, "max_len": point.max_len_tokens,
             "agents": point.num_agents, "origin": point.origin, "prefill_snic_scale": point.prefill_snic_scale,
-            "tool_time_s": point.tool_time_s, "aps": point.aps, "unbalanced": point.unbalanced, "modes": modes, "goal": goal(point.unbalanced, modes),
+            "tool_time_s": point.tool_time_s, "aps": point.aps, "unbalanced": point.unbalanced, "modes": modes,
+            "goal": goal(point.unbalanced, modes),
             "runs": {m: point.spec(m).run_id() for m in results}}
 
 
 def recheck(ctx: Context, table: list[dict[str, Any]]) -> None:
     """Each point whose split JCT is over the no-regression line gets `recheck`: split's JCT over
-    dualpath's on common.RECHECK_SEEDS other workloads (seeds after the run's), in place. The verdict stays
-    the run's seed's; the other workloads say whether the rule or one agent's finish put it there."""
+    dualpath's on common.RECHECK_SEEDS other workloads (seeds after the run's), in place. The verdict
+    stays the run's seed's; the other workloads say whether the rule or one agent's finish put it there."""
     for point, row in zip(points(ctx), table):
         if row["goal"]["no_regression"]:
             continue

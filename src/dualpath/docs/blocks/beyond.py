@@ -22,11 +22,13 @@ def beyond(r: Results) -> str:
             f"simulations ({num(d['sim_wall_s'])} s). The goals of split reads hold on **{g['num_hold']} of "
             f"{g['num_points']} grid points**: JCT at most {pct(t['no_regression_jct_fraction'], 0, False)} over "
             f"dualpath's on {g['num_no_regression']} of {g['num_points']}; on the unbalanced ones (PE SNICs at a "
-            f"fraction of the DE's, offline and with agents that wait), at least {pct(t['unbalanced_jct_gain_fraction'], 0, False)} lower JCT or "
+            f"fraction of the DE's, offline and with agents that wait), at least "
+            f"{pct(t['unbalanced_jct_gain_fraction'], 0, False)} lower JCT or "
             f"{pct(t['unbalanced_ttft_p99_gain_fraction'], 0, False)} lower TTFT p99 on {g['num_unbalanced_gain']} of "
             f"{g['num_unbalanced']}.")
     header = ["point", "agents", *(f"JCT s {m}" for m in MODES), "split JCT / dualpath", "split TTFT p99 / dualpath",
-              "split TTFT p50 / dualpath", "PE / DE path GB, dualpath", "PE / DE path GB, split", "binding, dualpath / split", "goal"]
+              "split TTFT p50 / dualpath", "PE / DE path GB, dualpath", "PE / DE path GB, split", "binding, dualpath / split",
+              "goal"]
     rechecks = _rechecks(d["table"], "split_jct_over_dualpath", "split_jct_over_dualpath", "num_no_regression",
                          "split's JCT over dualpath's", f"within {pct(t['no_regression_jct_fraction'], 0, False)}")
     return text + rechecks + "\n\n" + table(header, rows)
