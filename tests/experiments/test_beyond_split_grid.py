@@ -18,6 +18,8 @@ from dualpath.experiments import beyond as experiment
 from dualpath.experiments.common import RECHECK_SEEDS, Context
 from dualpath.experiments.suite import resolve_names, run_suite
 
+from recheck_helpers import recheck_first_failing
+
 # Total hit bytes are sums of integer byte counts (whole tokens times KV bytes per token), exact in
 # float below 2**53 bytes; two modes differ only in how the sum is cut and ordered. One block of
 # the smallest model (64 tokens of DS 27B's KV) is over 1e-6 of any quick point's total, so this
@@ -142,13 +144,9 @@ def test_a_point_over_the_line_is_run_again_on_other_seeds(tmp_path):
     """`recheck` on a table whose first point is marked over the line (the full run's 2P1D 32K with
     half-rate PE SNICs was, at 1.016, and 0.994-0.998 on seeds 2-5): its ratios are split's JCT over
     dualpath's simulated on each other seed, and no other point is run again."""
-    ctx = Context(tmp_path, scale="quick", seed=1)
-    point = experiment.points(ctx)[0]
-    table = [{"goal": {"no_regression": i != 0}} for i in range(len(experiment.points(ctx)))]
-    experiment.recheck(ctx, table)
-    assert all("recheck" not in r for r in table[1:])
-    got = table[0]["recheck"]
-    assert got["seeds"] == [2, 3, 4, 5]
+    points = experiment.points(Context(tmp_path, scale="quick"))
+    point = points[0]
+    got = recheck_first_failing(tmp_path, len(points), "no_regression", experiment.recheck)
     for seed, x in zip(got["seeds"], got["split_jct_over_dualpath"]):
         other = Context(tmp_path, scale="quick", seed=seed)
         want = (experiment.simulate(other, point.spec(experiment.SPLIT))["jct_s"]

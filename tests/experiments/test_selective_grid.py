@@ -19,6 +19,8 @@ from dualpath.experiments import selective as experiment
 from dualpath.experiments.common import RECHECK_SEEDS, Context
 from dualpath.experiments.suite import resolve_names, run_suite
 
+from recheck_helpers import recheck_first_failing
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
@@ -90,13 +92,8 @@ def test_a_failing_point_is_run_again_on_other_seeds(tmp_path):
     """`recheck` on a table whose first point is marked failing (the full run's DS 27B 1P1D 64K
     was): its ratios are the goal's, dualpath+selective's JCT over the better of the other two,
     simulated on each other seed; no other point is run again."""
-    ctx = Context(tmp_path, scale="quick", seed=1)
-    points = experiment.grid(ctx)
-    table = [{"goal": {"holds": i != 0}} for i in range(len(points))]
-    experiment.recheck(ctx, table)
-    assert all("recheck" not in r for r in table[1:])
-    got = table[0]["recheck"]
-    assert got["seeds"] == [2, 3, 4, 5]
+    points = experiment.grid(Context(tmp_path, scale="quick"))
+    got = recheck_first_failing(tmp_path, len(points), "holds", experiment.recheck)
     for seed, x in zip(got["seeds"], got["jct_over_better"]):
         other = Context(tmp_path, scale="quick", seed=seed)
         jct = {m: experiment.simulate(other, points[0].spec(m))["jct_s"] for m in ("dualpath", "selective", "dualpath+selective")}
