@@ -326,6 +326,24 @@ def test_decision_logs_round_trip_as_jsonl_and_a_bad_line_is_named(tmp_path):
         read_jsonl(path)
 
 
+
+def test_read_sides_that_differ_are_counted_as_near_ties_when_either_world_was_within_a_block():
+    """metrics/decisions.py `near_tie`: of the requests read on different sides, the share that one
+    block of timing could flip; the same sides, or logs without costs, count in neither."""
+    runtime = [Decision("a", 0, 0, 1, "decode", 640, 0, 64, 0),  # within a block here
+               Decision("b", 0, 0, 1, "prefill", 640, 0, 0, 1280),  # far from a tie in both
+               Decision("c", 0, 0, 1, "decode", 640, 0, 1280, 0),  # near in the other log
+               Decision("d", 0, 0, 1, "prefill", 640, 0, 0, 0),  # the same side in both
+               Decision("e", 0, 0, 1, "prefill", 640)]  # no costs logged
+    sim = [Decision("a", 0, 0, 1, "prefill", 640, 0, 0, 0), Decision("b", 0, 0, 1, "decode", 640, 0, 1280, 0),
+           Decision("c", 0, 0, 1, "prefill", 640, 0, 64, 128), Decision("d", 0, 0, 1, "prefill", 640, 0, 0, 0),
+           Decision("e", 0, 0, 1, "decode", 640)]
+    got = agreement(runtime, sim, tie_tokens=64)
+    assert got.same_side == pytest.approx(1 / 5) and got.near_tie == pytest.approx(2 / 3)  # a and c of a, b, c
+    assert agreement(runtime, sim, tie_tokens=63).near_tie == pytest.approx(1 / 3)  # c's 64-token gap is over it
+    assert math.isnan(agreement(runtime, sim).near_tie)  # not asked
+    assert math.isnan(agreement(runtime[3:4], sim[3:4], 64).near_tie)  # nothing differs
+
 # On the scored tiny workload (SCORED, 54 turns): bounds that catch a broken model or a calibration
 # that does not carry over, not the goals. Two runs of `dualpath fidelity --workload
 # tiny:agents=3,rounds=6,gen=12 --calibrate-on tiny:agents=3,rounds=4,gen=12 --model tiny --repeat 2`

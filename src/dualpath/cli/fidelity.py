@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -96,6 +97,10 @@ def print_fidelity(report: dict) -> None:
                           *(f"{100 * r['errors'][c][name]['rel_error']:+.1f}%" for c in _ERROR_COLUMNS))
         d = r["decisions"]
         table.add_row("same read side", "", "", "", f"{100 * d['same_side_mean']:.0f}%", "", "", "", "", "", "")
+        near = [x for x in (a.get("near_tie") for a in d["vs_sim"]) if isinstance(x, float) and not math.isnan(x)]
+        if near:  # of the turns read on different sides, those decided within a block of a tie
+            table.add_row("  of the rest, near-ties", "", "", "", f"{100 * min(near):.0f}-{100 * max(near):.0f}%",
+                          "", "", "", "", "", "")
         out.print(table)
         s = r["speed"]
         out.print(f"{mode}: speed on the profile (fidelity/speed.py): predicted {describe_speed(s['predicted'])}; "

@@ -158,11 +158,13 @@ def _runtime_snic(run: dict) -> list[float | None]:
     return [v.get("utilisation") for _, v in sorted(run.get("snic", {}).items(), key=lambda kv: int(kv[0]))]
 
 
-def compare_decisions(runtime_logs: Sequence[Sequence[Decision]], sim_logs: Sequence[Sequence[Decision]]) -> dict[str, Any]:
+def compare_decisions(runtime_logs: Sequence[Sequence[Decision]], sim_logs: Sequence[Sequence[Decision]],
+                      tie_tokens: int = 0) -> dict[str, Any]:
     """Each runtime repeat's decisions against its own simulation's, and the repeats against each
-    other (how reproducible the runtime's own decisions are)."""
-    vs_sim = [agreement(log, sim_log).to_json() for log, sim_log in zip(runtime_logs, sim_logs, strict=True)]
-    between = [agreement(runtime_logs[0], log).to_json() for log in runtime_logs[1:]]
+    other (how reproducible the runtime's own decisions are); `tie_tokens` (a block): how many of the
+    read sides that differ were near-ties (metrics/decisions.py `near_tie`)."""
+    vs_sim = [agreement(log, sim_log, tie_tokens).to_json() for log, sim_log in zip(runtime_logs, sim_logs, strict=True)]
+    between = [agreement(runtime_logs[0], log, tie_tokens).to_json() for log in runtime_logs[1:]]
     side = [a["same_side"] for a in vs_sim]
     return {"vs_sim": vs_sim, "runtime_repeats": between, "same_side_mean": mean(side) if side else math.nan,
             "side_goal": SIDE_AGREEMENT_GOAL, "side_met": bool(side) and min(side) >= SIDE_AGREEMENT_GOAL}

@@ -76,13 +76,22 @@ class Agreement:
     same_pe: float
     same_de: float
     same_hit: float  # fraction with equal hit tokens
+    # of the common requests read on different sides (and compared by both logs' read-side rule), the
+    # fraction that either log decided within `tie_tokens` of a tie: a choice a block of timing flips
+    near_tie: float = float("nan")
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def agreement(a: Sequence[Decision], b: Sequence[Decision]) -> Agreement:
-    """Match by request name (a name decided twice keeps its last decision: a retried request)."""
+def near_tie(d: Decision, tie_tokens: int) -> bool:
+    """The read-side rule compared the two sides' costs (dualpath's) and they were within `tie_tokens`."""
+    return d.pe_cost_tokens >= 0 and d.de_cost_tokens >= 0 and abs(d.pe_cost_tokens - d.de_cost_tokens) <= tie_tokens
+
+
+def agreement(a: Sequence[Decision], b: Sequence[Decision], tie_tokens: int = 0) -> Agreement:
+    """Match by request name (a name decided twice keeps its last decision: a retried request).
+    `tie_tokens` > 0 (one block, say) also measures `near_tie`."""
     da = {d.request: d for d in a}
     db = {d.request: d for d in b}
     common = sorted(da.keys() & db.keys())
@@ -91,9 +100,12 @@ def agreement(a: Sequence[Decision], b: Sequence[Decision]) -> Agreement:
     def frac(same) -> float:
         return sum(1 for r in common if same(da[r], db[r])) / n if n else float("nan")
 
+    compared = [r for r in common if da[r].side != db[r].side and da[r].pe_cost_tokens >= 0 and db[r].pe_cost_tokens >= 0]
+    near = (sum(near_tie(da[r], tie_tokens) or near_tie(db[r], tie_tokens) for r in compared) / len(compared)
+            if compared and tie_tokens > 0 else float("nan"))
     return Agreement(n, len(da.keys() - db.keys()), len(db.keys() - da.keys()),
                      frac(lambda x, y: x.side == y.side), frac(lambda x, y: x.pe == y.pe),
-                     frac(lambda x, y: x.de == y.de), frac(lambda x, y: x.hit_tokens == y.hit_tokens))
+                     frac(lambda x, y: x.de == y.de), frac(lambda x, y: x.hit_tokens == y.hit_tokens), near)
 
 
 def decisions_path(base: str | Path, mode: str) -> Path:
