@@ -17,7 +17,7 @@ from dualpath.runtime.transport.mooncake import mooncake_loads
 @pytest.mark.skipif(not mooncake_loads(), reason="Mooncake Transfer Engine does not load here")
 def test_bursts_keep_their_lane_beside_mooncakes_kv(tmp_path, monkeypatch):
     from dualpath.deploy.testbed import netns
-    from dualpath.deploy.testbed.lanes_bench import BURST_BYTES, run_lanes_testbed
+    from dualpath.deploy.testbed.lanes_bench import BULK_WRITE_BYTES, BURST_BYTES, run_lanes_testbed
 
     monkeypatch.setenv("DUALPATH_TESTBED_DIR", str(tmp_path / "state"))
     run_id = f"m{os.getpid() % 9999}"
@@ -25,8 +25,9 @@ def test_bursts_keep_their_lane_beside_mooncakes_kv(tmp_path, monkeypatch):
     r = run_lanes_testbed(32e6, bursts, run_id=run_id, bulk="mooncake")
     assert not netns.namespaces_with_prefix(f"dp{run_id}-")
     c = r["de_port_class_bytes"]
-    assert c["lc"] >= 2 * bursts * BURST_BYTES  # the bursts of the unloaded and two-class runs
-    assert c["kv"] > c["lc"], c  # Mooncake's bulk, in the KV class
+    burst_bytes = 2 * bursts * BURST_BYTES  # the bursts of the unloaded and two-class runs
+    # the LC class carries the bursts and their headers only, Mooncake's bulk (at least one write) the KV class
+    assert burst_bytes <= c["lc"] <= 1.25 * burst_bytes and c["kv"] >= BULK_WRITE_BYTES, c
     # two classes: a burst does not queue behind the KV (unloaded-like); one class: it does
     assert r["p50_over_unloaded"]["two_classes"] < 1.5, r["runs"]
     assert r["p50_over_unloaded"]["one_class"] > 3.0, r["runs"]

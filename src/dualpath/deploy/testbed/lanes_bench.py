@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -73,7 +74,8 @@ while True:
 """
 
 # Mooncake's bulk: the sink registers a buffer on the PE host and prints its address; the source, on
-# the DE host, writes into it BULK_WRITE_BYTES at a time for as long as it runs
+# the DE host, writes into it BULK_WRITE_BYTES at a time for as long as it runs, and says "flowing"
+# once its first write has landed (its engine's start can take longer than WARMUP_S on a loaded host)
 BULK_WRITE_BYTES = 4 * 1024 * 1024
 MOONCAKE_SINK = r"""
 import sys, time
@@ -93,9 +95,12 @@ t = MooncakeTransfer.start(sys.argv[1])
 src = np.full(int(sys.argv[3]), 0xA5, dtype=np.uint8)
 t.register("src", src)
 peer = MooncakeAddress.from_text(sys.argv[2])
+t.write(peer, [(address_of(src), "bulk", 0, src.nbytes)])
+print("flowing", flush=True)
 while True:
     t.write(peer, [(address_of(src), "bulk", 0, src.nbytes)])
 """
+MOONCAKE_START_TIMEOUT_S = 60.0  # the source's engine start and first write, on a loaded 2-core host
 
 _BURSTS = r"""
 import json, socket, sys, time
@@ -154,8 +159,20 @@ def mooncake_bulk(src_ns: str, dst_ns: str, src_ip: str, dst_ip: str,
         sink.kill()
         raise RuntimeError(f"Mooncake's sink did not start in {dst_ns} (is Mooncake Transfer Engine installed?)")
     source = subprocess.Popen(["ip", "netns", "exec", src_ns, *prefix, exe, "-c", MOONCAKE_SOURCE, src_ip, address,
-                               str(BULK_WRITE_BYTES)], stderr=subprocess.DEVNULL)
+                               str(BULK_WRITE_BYTES)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if _first_line(source, MOONCAKE_START_TIMEOUT_S) != "flowing":  # the bulk is on the wire before bursts are timed
+        for proc in (source, sink):
+            proc.kill()
+            proc.wait()
+        raise RuntimeError(f"Mooncake's source in {src_ns} wrote nothing into {dst_ns} within {MOONCAKE_START_TIMEOUT_S:g} s")
     return [source, sink]
+
+
+def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The first line `proc` prints, or "" if it prints none (or exits) within `timeout_s`."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return proc.stdout.readline().strip() if ready else ""
 
 
 def _kv_class_bytes(plan) -> dict[str, int]:
